@@ -1,0 +1,3 @@
+"""mono_tools."""
+
+__version__ = "0.1.0"
