@@ -1,0 +1,105 @@
+"""The protocol's numbers, shared by the host half and the device helpers (see PROTOCOL.md).
+
+Everything a kernel and the host must agree on lives here: the control words, the tag
+arithmetic, the peer-buffer head with its alarm words, and the health record layout.
+The Triton helpers import these as constexpr globals; the FlyDSL twin copies the numbers.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+# -- Control words: one int64 device tensor per runner (`MonoRunner.ctl`). ---------------
+CTL_EPOCH = 0  # bumped once per forward by step_begin (graph-capturable)
+CTL_ERA_BASE = 1  # the epoch at the last rezero; tags count steps from here
+CTL_DEADLINE = 2  # a wait's bound: ns on a GPU, polls under the CPU interpreter
+CTL_FAULT_RANK = 3  # fault injection: rank + 1 of the rank that stalls, 0 = off
+CTL_FAULT_DELAY = 4  # fault injection: the stall, in the deadline's unit
+CTL_WORDS = 8
+
+# -- Tags: a pair is one int64 word, tag in the high 32 bits, payload in the low 32. ------
+SLOT_BITS = 8
+SLOTS = 1 << SLOT_BITS  # launches a step may tag apart (slot 0..255)
+ERA_STEPS = (1 << (32 - SLOT_BITS)) - 1  # steps an era can tag: rel epoch 1..ERA_STEPS
+TAG_INVALID = 0  # what a step outside its era publishes; zeroed memory, matches no poll
+REZERO_EVERY = ERA_STEPS // 2  # after_step rezeroes (collectively) this often
+
+# -- Peer buffer head: one int32 alarm word per rank, then the kernels' data. ------------
+MAX_RANKS = 64
+PEER_HEAD = 4 * MAX_RANKS  # bytes; kernels see the buffer from here on
+ALARM_FOLLOWED = 1  # the rank gave up because another rank's alarm was set
+ALARM_GAVE_UP = 2  # the rank gave up on its own (deadline or era)
+
+# -- Health: int64 words of this rank, host-visible (pinned on CUDA). --------------------
+H_GIVEUPS = 0  # give-ups recorded or not; > 0 means this rank faulted
+HEALTH_HEAD = 8
+RECORD_WORDS = 8
+RECORDS = 8
+HEALTH_WORDS = HEALTH_HEAD + RECORDS * RECORD_WORDS
+R_KIND, R_REGION, R_PAIR, R_WANTED, R_SEEN, R_PROGRAM, R_TIME, R_ALARMS = range(RECORD_WORDS)
+
+KIND_DEADLINE = 1  # waited past the deadline
+KIND_ALARM = 2  # stopped because some rank's alarm word was set
+KIND_ERA = 3  # the step's tag was outside its era (a rezero was missed)
+KIND_NAMES = {KIND_DEADLINE: "deadline", KIND_ALARM: "alarm", KIND_ERA: "era"}
+
+
+def tag_of(epoch: int, base: int, slot: int) -> int:
+    """The 32-bit tag of launch `slot` in the step at `epoch`, or TAG_INVALID outside the era.
+
+    Mirrors the device helper `step_tag` exactly (tests compare the two)."""
+    if not 0 <= slot < SLOTS:
+        raise ValueError(f"slot {slot} outside 0..{SLOTS - 1}")
+    rel = epoch - base
+    if not 1 <= rel <= ERA_STEPS:
+        return TAG_INVALID
+    return (rel << SLOT_BITS) | slot
+
+
+@dataclass(frozen=True)
+class Tag:
+    """A decoded tag: the step (counted from the era's base, 1-based) and the launch slot."""
+
+    step: int
+    slot: int
+
+    @property
+    def valid(self) -> bool:
+        return self.step > 0
+
+    def __str__(self) -> str:
+        return f"step {self.step} slot {self.slot}" if self.valid else "nothing (zeroed)"
+
+
+def decode_tag(tag: int) -> Tag:
+    tag &= 0xFFFFFFFF
+    return Tag(tag >> SLOT_BITS, tag & (SLOTS - 1))
+
+
+def pack_pair(tag: int, payload: int) -> int:
+    """The int64 word of a pair (signed, as torch stores it)."""
+    word = ((tag & 0xFFFFFFFF) << 32) | (payload & 0xFFFFFFFF)
+    return word - (1 << 64) if word >= 1 << 63 else word
+
+
+def unpack_pair(word: int) -> tuple[int, int]:
+    """(tag, payload) of an int64 pair word, both unsigned 32-bit."""
+    word &= (1 << 64) - 1
+    return word >> 32, word & 0xFFFFFFFF
+
+
+_REGIONS: dict[int, str] = {}
+
+
+def region_id(name: str) -> int:
+    """A stable id (31 bits, never 0) a kernel passes to its polls; the timeline names it.
+
+    A hash, so every rank and every process derives the same id without registration."""
+    rid = zlib.crc32(name.encode()) & 0x7FFFFFFF or 1
+    _REGIONS[rid] = name
+    return rid
+
+
+def region_name(rid: int) -> str:
+    return _REGIONS.get(rid, f"region {rid:#x}")
