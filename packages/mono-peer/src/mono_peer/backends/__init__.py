@@ -1,0 +1,82 @@
+"""Peer-memory backends: allocate, export, open and free one rank's buffer.
+
+Each backend module is imported only when picked, so the package imports anywhere
+(no HIP runtime or CUDA driver needed to use the host backend).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+BACKENDS = ("cuda", "hip", "host")
+
+
+class Backend(Protocol):
+    """One rank's side of a peer buffer of ``nbytes``; PeerBuffer drives the collective part."""
+
+    name: str
+
+    def allocate(self) -> tuple[int, bytes | str]:
+        """Allocate and zero the local buffer; return (address, handle that peers can open)."""
+        ...
+
+    def open(self, handle: bytes | str) -> int:
+        """Map a peer's buffer from its handle; return its address in this process."""
+        ...
+
+    def exchanged(self) -> None:
+        """Every rank has finished opening (or given up); drop what only the exchange needed."""
+        ...
+
+    def close_peer(self, address: int) -> None:
+        """Unmap a peer buffer opened by :meth:`open`."""
+        ...
+
+    def free(self, address: int) -> None:
+        """Free the local buffer returned by :meth:`allocate`."""
+        ...
+
+    def view(self, address: int) -> torch.Tensor:
+        """A non-owning uint8 tensor over the local buffer."""
+        ...
+
+
+def default_backend(device: torch.device) -> str:
+    """The backend a device gets unless the caller overrides it."""
+    if device.type == "cpu":
+        return "host"
+    if device.type == "cuda":
+        return "hip" if torch.version.hip else "cuda"
+    raise ValueError(f"PeerBuffer: no peer-memory backend for device {device}")
+
+
+def device_problem(name: str, device: torch.device) -> str | None:
+    """Why ``device`` cannot use backend ``name``, or None (decided from arguments alone)."""
+    if name not in BACKENDS:
+        return f"unknown backend {name!r} (choose one of {', '.join(BACKENDS)})"
+    if name == "host" and device.type != "cpu":
+        return f"backend 'host' needs a cpu device, got {device}"
+    if name in ("cuda", "hip") and device.type != "cuda":
+        return f"backend {name!r} needs a cuda device (torch's name for a GPU), got {device}"
+    if name == "cuda" and torch.version.hip:
+        return "backend 'cuda' needs a CUDA build of torch; this one is built for ROCm"
+    if name == "hip" and not torch.version.hip:
+        return "backend 'hip' needs a ROCm build of torch; this one is not"
+    return None
+
+
+def make_backend(name: str, nbytes: int, device: torch.device, rank: int) -> Backend:
+    """Instantiate backend ``name`` (already validated by :func:`device_problem`)."""
+    if name == "host":
+        from .host import HostBackend
+
+        return HostBackend(nbytes, rank)
+    if name == "cuda":
+        from .cuda import CudaBackend
+
+        return CudaBackend(nbytes, device)
+    from .hip import HipBackend
+
+    return HipBackend(nbytes, device)

@@ -1,0 +1,173 @@
+"""spawn: run a function on N ranks, as real processes joined by a gloo group.
+
+For tests of anything collective (this package's and the packages built on it). The
+parent owns the rendezvous store (no free-port race), children import only what they
+need, and every wait is bounded: a rank that raises, dies or outlives the timeout makes
+the whole call fail with every rank's traceback or status.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+GRACE_S = 3.0
+"""After one rank fails, how long the others get to report before they are killed."""
+
+
+def _function_ref(fn: Callable[..., Any]) -> tuple[str, str, str | None]:
+    try:
+        path = inspect.getfile(fn)
+    except TypeError:
+        path = None
+    return fn.__module__, fn.__qualname__, path
+
+
+def _resolve(ref: tuple[str, str, str | None]) -> Callable[..., Any]:
+    """Import fn in the child; load its file by path when its module is not importable
+    (pytest's importlib mode names test modules that no child can import)."""
+    module_name, qualname, path = ref
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        module = None
+    found = getattr(module, "__file__", None) or ""
+    same_file = module is not None and (
+        path is None or os.path.realpath(found) == os.path.realpath(path)
+    )
+    if not same_file:
+        if path is None:
+            raise ImportError(f"spawn: cannot import {module_name} in a child process")
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _child(rank, world, port, timeout_s, ref, args, env, results) -> None:
+    os.environ.update(env)
+    try:
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, world, False, timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        try:
+            value = _resolve(ref)(rank, world, dist.group.WORLD, *args)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, True, value))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+
+
+def spawn(
+    fn: Callable[..., Any],
+    world: int,
+    timeout_s: float,
+    *args: Any,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world, group, *args)`` on ``world`` spawned processes; return their results.
+
+    ``fn`` must be a module-level function; ``args`` and the results must pickle. ``env``
+    is applied in each child before ``fn``'s module is imported (e.g. TRITON_INTERPRET=1).
+    Raises AssertionError naming every rank's traceback or status if any rank raises, dies,
+    or the timeout passes; every child is then killed.
+    """
+    if world < 1:
+        raise ValueError(f"spawn: world must be >= 1, got {world}")
+    import torch.distributed as dist
+
+    ctx = mp.get_context("spawn")
+    child_env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+    child_env.update(env or {})
+    store = dist.TCPStore(
+        "127.0.0.1", 0, world, True, timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+    results = ctx.Queue()
+    ref = _function_ref(fn)
+    procs = [
+        ctx.Process(
+            target=_child,
+            args=(rank, world, store.port, timeout_s, ref, args, child_env, results),
+            name=f"mono-peer-rank{rank}",
+            daemon=True,
+        )
+        for rank in range(world)
+    ]
+    outcome: dict[int, tuple[bool, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        for p in procs:
+            p.start()
+        _collect(procs, results, outcome, deadline)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        results.close()
+        del store
+    failed = [r for r in range(world) if not outcome.get(r, (False,))[0]]
+    if failed:
+        raise AssertionError(_report(procs, outcome, timeout_s))
+    return [outcome[r][1] for r in range(world)]
+
+
+def _collect(procs, results, outcome, deadline) -> None:
+    """Drain results until every rank reported, one failed (plus a grace), or time ran out."""
+    world = len(procs)
+    first_failure: float | None = None
+    while len(outcome) < world:
+        now = time.monotonic()
+        if now >= deadline or (first_failure is not None and now >= first_failure + GRACE_S):
+            return
+        try:
+            rank, ok, value = results.get(timeout=0.05)
+        except queue.Empty:
+            dead = [
+                r
+                for r, p in enumerate(procs)
+                if r not in outcome and not p.is_alive() and p.exitcode is not None
+            ]
+            # a dead rank may still have a result in flight: give the pipe one more look
+            if dead and first_failure is None:
+                first_failure = now
+            continue
+        outcome[rank] = (ok, value)
+        if not ok and first_failure is None:
+            first_failure = now
+
+
+def _report(procs, outcome, timeout_s) -> str:
+    lines = [f"spawn: {len(procs)} ranks, not all succeeded (timeout {timeout_s} s)"]
+    for rank, p in enumerate(procs):
+        if rank in outcome:
+            ok, value = outcome[rank]
+            lines.append(f"--- rank {rank}: " + ("returned" if ok else "raised"))
+            if not ok:
+                lines.append(value.rstrip())
+        else:
+            status = (
+                "killed (still running)"
+                if p.exitcode in (-9, None)
+                else (f"died with exit code {p.exitcode} before reporting")
+            )
+            lines.append(f"--- rank {rank}: {status}")
+    return "\n".join(lines)
