@@ -1,0 +1,62 @@
+"""Test helpers for FlyDSL builds: skip with a reason where the toolchain is absent, and
+find the bounded-wait loops of a kernel's ISA for assertions on them."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+
+from .isa import KernelIsa
+from .toolchain import find_lld
+
+
+def toolchain_missing() -> str | None:
+    """Why FlyDSL cannot compile for gfx9 here, or None when it can."""
+    if importlib.util.find_spec("flydsl") is None:
+        return "FlyDSL is not installed (it is in the workspace's dev group, linux x86_64 only)"
+    if find_lld() is None:
+        return "no ld.lld to link gfx9 code objects (apt-get install lld-19, or set ROCM_PATH)"
+    return None
+
+
+def require_toolchain() -> None:
+    import pytest
+
+    reason = toolchain_missing()
+    if reason:
+        pytest.skip(reason)
+
+
+@dataclass(frozen=True)
+class WaitLoop:
+    """One sleeping poll loop of a kernel: its body and the lines after it up to the next
+    label or branch target (where the acquire of the wait must be)."""
+
+    label: str
+    body: tuple[str, ...]
+    after: tuple[str, ...]
+
+    def loads(self) -> list[str]:
+        return [ln for ln in self.body if re.match(r"(global|buffer|flat)_load", ln)]
+
+
+def wait_loops(isa: KernelIsa) -> list[WaitLoop]:
+    """Every innermost loop whose body sleeps (``s_sleep``): the label it branches back to,
+    its lines, and the 40 lines after its back branch (a ticket loop around a wait sleeps
+    too, but only through the wait inside it)."""
+    body = list(isa.body)
+    loops = []
+    for i, line in enumerate(body):
+        m = re.match(r"s_cbranch_\w+\s+(\.LBB\w+)", line)
+        if not m:
+            continue
+        try:
+            start = body.index(f"{m.group(1)}:")
+        except ValueError:
+            continue
+        if start < i and any(ln.startswith("s_sleep") for ln in body[start:i]):
+            after = tuple(body[i + 1: i + 41])
+            loops.append(WaitLoop(m.group(1), tuple(body[start + 1: i]), after))
+    return [loop for loop in loops
+            if not any(f"{other.label}:" in loop.body for other in loops if other is not loop)]
