@@ -1,0 +1,391 @@
+"""K1's Triton build: one launch from a KDA layer's AttnRes inputs to o_proj's input.
+
+The work plan (six stages in one ticket loop) is described in `spec.py`. Each step
+names the vLLM 0.33 function whose numerics it follows; bf16 hand-offs between stock
+kernels are bf16 roundings here too, and split reductions differ only in their order.
+Intra-launch hand-offs go through the scratch region: a release add on the stage's
+done word after a CTA barrier, an acquire poll before reading, L1-bypassing loads of
+anything another program wrote. Every poll is bounded (`max_polls`); a poll that gives
+up sets the stage's bit in the error word (sticky: later polls give up at once) and the
+host raises on it, so a fault never hangs the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+from .spec import CTRL_WORDS, DONE0, ERROR, EXITS, ROW_TILE, TICKET, K1Build
+
+F32 = tl.float32
+BF16 = tl.bfloat16
+
+
+@triton.jit
+def _rne(x):
+    """x rounded to the nearest bf16 (ties to even), kept in fp32: what a bf16 store of
+    a GPU kernel does; the interpreter's own fp32 -> bf16 cast truncates instead."""
+    b = x.to(tl.uint32, bitcast=True)
+    b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+    return b.to(F32, bitcast=True)
+
+
+@triton.jit
+def _bf16(x):
+    return _rne(x).to(BF16)
+
+
+@triton.jit
+def _dot(a, b, INTERPRET: tl.constexpr):
+    """bf16 x bf16 -> fp32 on tensor cores; the interpreter multiplies bf16 storage as
+    integers, so it gets the (exact) fp32 upcasts."""
+    if INTERPRET:
+        return tl.dot(a.to(F32), b.to(F32))
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _done(ctrl, word: tl.constexpr):
+    tl.debug_barrier()
+    tl.atomic_add(ctrl + word, 1, sem="release")
+
+
+@triton.jit
+def _wait(ctrl, word: tl.constexpr, target, MAX_POLLS: tl.constexpr):
+    seen = tl.atomic_add(ctrl + word, 0, sem="acquire")
+    err = tl.load(ctrl + ERROR, volatile=True)
+    polls = 0
+    while (seen < target) & (polls < MAX_POLLS) & (err == 0):
+        seen = tl.atomic_add(ctrl + word, 0, sem="acquire")
+        err = tl.load(ctrl + ERROR, volatile=True)
+        polls += 1
+    if seen < target:
+        tl.atomic_or(ctrl + ERROR, 1 << (word - DONE0))
+    tl.debug_barrier()
+
+
+@triton.jit
+def _slots(state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC: tl.constexpr):
+    """(row base, conv slot, first column, initial slot, conv ok, live) of request r:
+    `causal_conv1d_update` reads/writes conv_state_indices = state_indices[:, 0] from
+    entry num_accepted - 1; `fused_recurrent_kda_fwd_kernel` starts from
+    state_indices[r, num_accepted - 1]; a slot <= 0 (null block / padding) or past the
+    cache is skipped."""
+    ibase = state_indices + r * indices_row_stride
+    conv_slot = tl.load(ibase).to(tl.int64)
+    if SPEC:
+        first = tl.load(num_accepted + r).to(tl.int64) - 1
+    else:
+        first = tl.zeros((), tl.int64)
+    init_slot = tl.load(ibase + first).to(tl.int64)
+    conv_ok = (conv_slot > 0) & (conv_slot < num_slots)
+    live = (init_slot > 0) & (init_slot < num_slots)
+    return ibase, tl.where(conv_ok, conv_slot, 0), first, tl.where(live, init_slot, 0), conv_ok, live
+
+
+@triton.jit
+def _conv_in(cbase, proj, ch, cmask, first, r, t: tl.constexpr, j: tl.constexpr,
+             conv_dim_stride, conv_pos_stride, L: tl.constexpr, NP: tl.constexpr):
+    """Tap j of token t's window [state[first], state[first+1], state[first+2], x_0 ..]."""
+    if t + j < 3:
+        v = tl.load(cbase + ch.to(tl.int64) * conv_dim_stride + (first + t + j) * conv_pos_stride,
+                    mask=cmask, other=0.0)
+    else:
+        v = tl.load(proj + (r * L + t + j - 3) * NP + ch, mask=cmask, other=0.0,
+                    cache_modifier=".cg")
+    return v.to(F32)
+
+
+@triton.jit
+def _conv_token(cbase, proj, ch, cmask, w4, first, r, t: tl.constexpr,
+                conv_dim_stride, conv_pos_stride, L: tl.constexpr, NP: tl.constexpr):
+    """One token of `_causal_conv1d_update_kernel` (width 4, no bias, SiLU), stored as
+    bf16 like its output tensor."""
+    jj = tl.arange(0, 4)[None, :]
+    acc = _conv_in(cbase, proj, ch, cmask, first, r, t, 0, conv_dim_stride, conv_pos_stride, L, NP) \
+        * tl.sum(tl.where(jj == 0, w4, 0.0), axis=1)
+    acc += _conv_in(cbase, proj, ch, cmask, first, r, t, 1, conv_dim_stride, conv_pos_stride, L, NP) \
+        * tl.sum(tl.where(jj == 1, w4, 0.0), axis=1)
+    acc += _conv_in(cbase, proj, ch, cmask, first, r, t, 2, conv_dim_stride, conv_pos_stride, L, NP) \
+        * tl.sum(tl.where(jj == 2, w4, 0.0), axis=1)
+    acc += _conv_in(cbase, proj, ch, cmask, first, r, t, 3, conv_dim_stride, conv_pos_stride, L, NP) \
+        * tl.sum(tl.where(jj == 3, w4, 0.0), axis=1)
+    acc = acc / (1 + tl.exp(-acc))
+    return _rne(acc)
+
+
+@triton.jit
+def _conv_state_write(cbase, proj, ch, cmask, first, r, conv_dim_stride, conv_pos_stride,
+                      L: tl.constexpr, NP: tl.constexpr):
+    """The spec conv state after the step: [window[1], window[2], x_0 .. x_{L-1}] from
+    entry 0 (`_causal_conv1d_update_kernel`'s sliding window)."""
+    cp = cbase + ch.to(tl.int64) * conv_dim_stride
+    old1 = tl.load(cp + (first + 1) * conv_pos_stride, mask=cmask)
+    old2 = tl.load(cp + (first + 2) * conv_pos_stride, mask=cmask)
+    tl.debug_barrier()
+    tl.store(cp, old1, mask=cmask)
+    tl.store(cp + conv_pos_stride, old2, mask=cmask)
+    for t in tl.static_range(L):
+        x = tl.load(proj + (r * L + t) * NP + ch, mask=cmask, cache_modifier=".cg")
+        tl.store(cp + (2 + t) * conv_pos_stride, x, mask=cmask)
+
+
+@triton.jit
+def k1_kernel(
+    prefix, delta, blocks, ares_norm, ares_qk, in_norm, in_proj, f_b,
+    conv_w, a_log, dt_bias, o_norm, conv_state, state, state_indices,
+    num_accepted, out, scratch,
+    blocks_row_stride, blocks_block_stride,
+    conv_slot_stride, conv_dim_stride, conv_pos_stride, state_slot_stride,
+    indices_row_stride, num_blocks, write_idx, num_slots,
+    eps, out_eps, o_norm_eps, lower_bound,
+    S: tl.constexpr, R: tl.constexpr, L: tl.constexpr, SPEC: tl.constexpr,
+    HAS_DELTA: tl.constexpr, WRITE_BLOCK: tl.constexpr,
+    HID: tl.constexpr, NH: tl.constexpr, D: tl.constexpr, DFA: tl.constexpr,
+    NP: tl.constexpr, G_OFF: tl.constexpr, FA_OFF: tl.constexpr, BETA_OFF: tl.constexpr,
+    BH: tl.constexpr, C1: tl.constexpr, C1P: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, MAX_SRC: tl.constexpr,
+    E1: tl.constexpr, E2: tl.constexpr, E3: tl.constexpr, E4: tl.constexpr,
+    E5: tl.constexpr, E6: tl.constexpr,
+    OFF_PART: tl.constexpr, OFF_MSQ: tl.constexpr, OFF_MIXED: tl.constexpr,
+    OFF_X: tl.constexpr, OFF_PROJ: tl.constexpr, OFF_O: tl.constexpr,
+    NPROG: tl.constexpr, MAX_POLLS: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    P: tl.constexpr = NH * D
+    NVC: tl.constexpr = D // BV
+    RT: tl.constexpr = ROW_TILE
+    ctrl = scratch.to(tl.pointer_type(tl.int32))
+    part = (scratch + OFF_PART).to(tl.pointer_type(F32))
+    msq = (scratch + OFF_MSQ).to(tl.pointer_type(F32))
+    mixbuf = (scratch + OFF_MIXED).to(tl.pointer_type(F32))
+    xbuf = (scratch + OFF_X).to(tl.pointer_type(BF16))
+    proj = (scratch + OFF_PROJ).to(tl.pointer_type(BF16))
+    obuf = (scratch + OFF_O).to(tl.pointer_type(BF16))
+
+    t = tl.atomic_add(ctrl + TICKET, 1, sem="relaxed")
+    while t < E6:
+        if t < E1:
+            # -- 1 ares: `_attn_res_kernel` (nvidia/ops/attn_res.py), per hidden slice --
+            cols = t * BH + tl.arange(0, BH)
+            cm = cols < HID
+            wnq = tl.load(ares_norm + cols, mask=cm, other=0.0).to(F32) * tl.load(
+                ares_qk + cols, mask=cm, other=0.0).to(F32)
+            for s in tl.static_range(S):
+                p = tl.load(prefix + s * HID + cols, mask=cm, other=0.0).to(F32)
+                if HAS_DELTA:
+                    d = tl.load(delta + s * HID + cols, mask=cm, other=0.0).to(F32)
+                    p = _rne(p + d)  # the bf16 prefix-add
+                    tl.store(prefix + s * HID + cols, p.to(BF16), mask=cm)
+                if WRITE_BLOCK:
+                    tl.store(blocks + s * blocks_row_stride + write_idx * blocks_block_stride
+                             + cols, p.to(BF16), mask=cm)
+                for j in range(0, num_blocks + 1):
+                    v = tl.load(blocks + s * blocks_row_stride + j * blocks_block_stride + cols,
+                                mask=cm & (j < num_blocks), other=0.0).to(F32)
+                    v = tl.where(j < num_blocks, v, p)
+                    pp = part + ((s * MAX_SRC + j) * C1P + t) * 2
+                    tl.store(pp, tl.sum(v * v, axis=0))
+                    tl.store(pp + 1, tl.sum(v * wnq, axis=0))
+            _done(ctrl, DONE0 + 0)
+        elif t < E2:
+            # -- 2 mix: the AttnRes softmax over sources (prefix last), per slice --
+            c = t - E1
+            _wait(ctrl, DONE0 + 0, C1, MAX_POLLS)
+            cols = c * BH + tl.arange(0, BH)
+            cm = cols < HID
+            ci = tl.arange(0, C1P)
+            cim = ci < C1
+            for s in tl.static_range(S):
+                p = tl.load(prefix + s * HID + cols, mask=cm, other=0.0,
+                            cache_modifier=".cg").to(F32)
+                mx = tl.full((), float("-inf"), F32)
+                den = tl.zeros((), F32)
+                mixed = tl.zeros((BH,), F32)
+                for j in range(0, num_blocks + 1):
+                    pp = part + (s * MAX_SRC + j) * C1P * 2 + ci * 2
+                    ss = tl.sum(tl.load(pp, mask=cim, other=0.0, cache_modifier=".cg"), axis=0)
+                    qd = tl.sum(tl.load(pp + 1, mask=cim, other=0.0, cache_modifier=".cg"), axis=0)
+                    logit = qd * tl.rsqrt(ss * (1.0 / HID) + eps)
+                    v = tl.load(blocks + s * blocks_row_stride + j * blocks_block_stride + cols,
+                                mask=cm & (j < num_blocks), other=0.0).to(F32)
+                    v = tl.where(j < num_blocks, v, p)
+                    new_mx = tl.maximum(mx, logit)
+                    old_scale = tl.exp(mx - new_mx)
+                    e = tl.exp(logit - new_mx)
+                    den = den * old_scale + e
+                    mixed = mixed * old_scale + e * v
+                    mx = new_mx
+                mixed = mixed / den
+                tl.store(mixbuf + s * HID + cols, mixed, mask=cm)
+                tl.store(msq + s * C1P + c, tl.sum(tl.where(cm, mixed * mixed, 0.0), axis=0))
+            _done(ctrl, DONE0 + 1)
+        elif t < E3:
+            # -- 3 x: the input RMSNorm (AttnRes APPLY_OUTPUT_NORM) -> bf16 x --
+            c = t - E2
+            _wait(ctrl, DONE0 + 1, C1, MAX_POLLS)
+            cols = c * BH + tl.arange(0, BH)
+            cm = cols < HID
+            ci = tl.arange(0, C1P)
+            wn = tl.load(in_norm + cols, mask=cm, other=0.0).to(F32)
+            for s in tl.static_range(S):
+                ssum = tl.sum(tl.load(msq + s * C1P + ci, mask=ci < C1, other=0.0,
+                                      cache_modifier=".cg"), axis=0)
+                rstd = tl.rsqrt(ssum * (1.0 / HID) + out_eps)
+                mixed = tl.load(mixbuf + s * HID + cols, mask=cm, other=0.0, cache_modifier=".cg")
+                tl.store(xbuf + s * HID + cols, _bf16(mixed * rstd * wn), mask=cm)
+            _done(ctrl, DONE0 + 2)
+        elif t < E4:
+            # -- 4 proj: in_proj_qkvgfab (a bf16 GEMM, fp32 accumulate) --
+            n = t - E3
+            _wait(ctrl, DONE0 + 2, C1, MAX_POLLS)
+            rows = n * BN + tl.arange(0, BN)
+            nm = rows < NP
+            si = tl.arange(0, RT)
+            sm = si < S
+            acc = tl.zeros((RT, BN), F32)
+            for k0 in range(0, HID, BK):
+                kk = k0 + tl.arange(0, BK)
+                km = kk < HID
+                xt = tl.load(xbuf + si[:, None] * HID + kk[None, :], mask=sm[:, None] & km[None, :],
+                             other=0.0, cache_modifier=".cg")
+                wt = tl.load(in_proj + rows[:, None] * HID + kk[None, :],
+                             mask=nm[:, None] & km[None, :], other=0.0)
+                acc += _dot(xt, tl.trans(wt), INTERPRET)
+            tl.store(proj + si[:, None] * NP + rows[None, :], _bf16(acc),
+                     mask=sm[:, None] & nm[None, :])
+            _done(ctrl, DONE0 + 3)
+        elif t < E5:
+            # -- 5 kda: f_b + gate, conv update, l2norm, delta rule on BV state rows --
+            u = t - E4
+            r = u // (NH * NVC)
+            h = (u // NVC) % NH
+            vc = u % NVC
+            _wait(ctrl, DONE0 + 3, E4 - E3, MAX_POLLS)
+            ibase, cslot, first, islot, conv_ok, live = _slots(
+                state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC)
+            cbase = conv_state + cslot * conv_slot_stride
+            dk = tl.arange(0, D)
+            dv = vc * BV + tl.arange(0, BV)
+            qch = h * D + dk
+            kch = P + h * D + dk
+            vch = 2 * P + h * D + dv
+            allk = dk < D
+            allv = dv < D
+            # f_b_proj (bf16 GEMM) for the request's L tokens, then the gate of
+            # fused_recurrent_kda_fwd_kernel: lower_bound * sigmoid(exp(A_log) * (g + dt_bias))
+            li = tl.arange(0, RT)
+            fcol = tl.arange(0, DFA)
+            fa = tl.load(proj + (r * L + li)[:, None] * NP + FA_OFF + fcol[None, :],
+                         mask=(li < L)[:, None], other=0.0, cache_modifier=".cg")
+            fbw = tl.load(f_b + (h * D + dk)[:, None] * DFA + fcol[None, :])
+            g1 = _rne(_dot(fa, tl.trans(fbw), INTERPRET))
+            a = tl.exp(tl.load(a_log + h).to(F32))
+            dtb = tl.load(dt_bias + h * D + dk).to(F32)
+            decay = tl.exp(lower_bound * tl.sigmoid(a * (g1 + dtb[None, :])))
+            jj = tl.arange(0, 4)
+            wq = tl.load(conv_w + qch[:, None] * 4 + jj[None, :]).to(F32)
+            wk = tl.load(conv_w + kch[:, None] * 4 + jj[None, :]).to(F32)
+            wv = tl.load(conv_w + vch[:, None] * 4 + jj[None, :]).to(F32)
+            hoff = h * D * D
+            sp = state + islot * state_slot_stride + hoff + dv[:, None] * D + dk[None, :]
+            st = tl.load(sp, mask=live, other=0.0).to(F32)
+            for tt in tl.static_range(L):
+                s = r * L + tt
+                q = _conv_token(cbase, proj, qch, allk, wq, first, r, tt,
+                                conv_dim_stride, conv_pos_stride, L, NP)
+                k = _conv_token(cbase, proj, kch, allk, wk, first, r, tt,
+                                conv_dim_stride, conv_pos_stride, L, NP)
+                v = _conv_token(cbase, proj, vch, allv, wv, first, r, tt,
+                                conv_dim_stride, conv_pos_stride, L, NP)
+                q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (D ** -0.5)
+                k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+                dec = tl.sum(tl.where(li[:, None] == tt, decay, 0.0), axis=0)
+                beta = tl.sigmoid(tl.load(proj + s * NP + BETA_OFF + h,
+                                          cache_modifier=".cg").to(F32))
+                st = st * dec[None, :]
+                v = (v - tl.sum(st * k[None, :], axis=1)) * beta
+                st = st + v[:, None] * k[None, :]
+                o = tl.sum(st * q[None, :], axis=1)
+                tl.store(obuf + s * P + h * D + dv, _bf16(o), mask=allv & live)
+                slot_t = tl.load(ibase + tt).to(tl.int64)
+                ok_t = live & (slot_t > 0) & (slot_t < num_slots)
+                dst = state + tl.where(ok_t, slot_t, 0) * state_slot_stride + hoff \
+                    + dv[:, None] * D + dk[None, :]
+                tl.store(dst, st, mask=ok_t)
+            _conv_state_write(cbase, proj, vch, allv & conv_ok, first, r,
+                              conv_dim_stride, conv_pos_stride, L, NP)
+            _done(ctrl, DONE0 + 4)
+        else:
+            # -- 6 norm: FusedRMSNormGated(sigmoid) per head; q/k conv state --
+            u = t - E5
+            r = u // NH
+            h = u % NH
+            _wait(ctrl, DONE0 + 4, E5 - E4, MAX_POLLS)
+            ibase, cslot, first, islot, conv_ok, live = _slots(
+                state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC)
+            dk = tl.arange(0, D)
+            wn = tl.load(o_norm + dk).to(F32)
+            for tt in tl.static_range(L):
+                s = r * L + tt
+                o = tl.load(obuf + s * P + h * D + dk, cache_modifier=".cg").to(F32)
+                g2 = tl.load(proj + s * NP + G_OFF + h * D + dk, cache_modifier=".cg").to(F32)
+                y = o * tl.rsqrt(tl.sum(o * o, axis=0) / D + o_norm_eps) * wn * tl.sigmoid(g2)
+                tl.store(out + s * P + h * D + dk, _bf16(tl.where(live, y, 0.0)))
+            cbase = conv_state + cslot * conv_slot_stride
+            allk = (dk < D) & conv_ok
+            _conv_state_write(cbase, proj, h * D + dk, allk, first, r,
+                              conv_dim_stride, conv_pos_stride, L, NP)
+            _conv_state_write(cbase, proj, P + h * D + dk, allk, first, r,
+                              conv_dim_stride, conv_pos_stride, L, NP)
+            _done(ctrl, DONE0 + 5)
+        t = tl.atomic_add(ctrl + TICKET, 1, sem="relaxed")
+
+    # The last program out zeroes the ticket, exit and done words (not the error word).
+    tl.debug_barrier()
+    n_out = tl.atomic_add(ctrl + EXITS, 1, sem="acq_rel")
+    if n_out == NPROG - 1:
+        w = tl.arange(0, CTRL_WORDS)
+        tl.store(ctrl + w, tl.zeros((CTRL_WORDS,), tl.int32), mask=w < ERROR)
+
+
+def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
+    """The kernel's constexpr arguments for a build (`cfg_offsets`: g, f_a, beta column
+    offsets in an in_proj row)."""
+    items = build.stage_items
+    ends, acc = [], 0
+    for n in items:
+        acc += n
+        ends.append(acc)
+    lay = build.scratch_layout()
+    c1 = build.slices
+    return dict(
+        S=build.rows, R=build.requests, L=build.L, SPEC=build.spec,
+        HAS_DELTA=build.delta, WRITE_BLOCK=build.write_block,
+        HID=build.hidden, NH=build.heads, D=build.head_dim, DFA=build.f_a_dim,
+        NP=build.in_proj_rows, G_OFF=cfg_offsets[0], FA_OFF=cfg_offsets[1],
+        BETA_OFF=cfg_offsets[2], BH=build.block_h, C1=c1, C1P=1 << max(0, (c1 - 1).bit_length()),
+        BN=build.block_n, BK=build.block_k, BV=build.block_v, MAX_SRC=build.max_sources,
+        E1=ends[0], E2=ends[1], E3=ends[2], E4=ends[3], E5=ends[4], E6=ends[5],
+        OFF_PART=lay["part"][0], OFF_MSQ=lay["msq"][0], OFF_MIXED=lay["mixed"][0],
+        OFF_X=lay["x"][0], OFF_PROJ=lay["proj"][0], OFF_O=lay["o"][0],
+        NPROG=build.programs, MAX_POLLS=build.max_polls,
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
+    )
+
+
+def offsets(build: K1Build) -> tuple[int, int, int]:
+    p = build.local_proj
+    return 3 * p, 4 * p, 4 * p + build.f_a_dim
+
+
+def launch(build: K1Build, args: dict, num_warps: int | None = None) -> None:
+    """Launch K1 with `args` holding every name of `spec.ARGS` (validated by the caller)."""
+    from .spec import ARGS
+
+    k1_kernel[(build.programs,)](
+        *(args[name] for name in ARGS),
+        **constexprs(build, offsets(build)),
+        num_warps=num_warps or build.num_warps,
+    )
