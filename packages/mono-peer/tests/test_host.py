@@ -60,10 +60,13 @@ def _sibling(name: str):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("world", [1, 2, 4])
-def test_every_rank_writes_every_peer_through_addresses(world):
+@pytest.mark.parametrize(
+    "world, start_method", [(1, "spawn"), (1, "forkserver"), (2, "forkserver"), (4, "forkserver")]
+)
+def test_every_rank_writes_every_peer_through_addresses(world, start_method):
     expected = [100 + r for r in range(world)]
-    for own, seen, unlinked, mapped in spawn(_write_read, world, 45, False):
+    results = spawn(_write_read, world, 45, False, start_method=start_method)
+    for own, seen, unlinked, mapped in results:
         assert own == expected
         assert seen == [expected] * world
         assert unlinked, "a segment outlived the exchange"

@@ -1,9 +1,14 @@
 """spawn: run a function on N ranks, as real processes joined by a gloo group.
 
 For tests of anything collective (this package's and the packages built on it). The
-parent owns the rendezvous store (no free-port race), children import only what they
-need, and every wait is bounded: a rank that raises, dies or outlives the timeout makes
-the whole call fail with every rank's traceback or status.
+parent owns the rendezvous store (no free-port race), and every wait is bounded: a rank
+that raises, dies or outlives the timeout makes the whole call fail with every rank's
+traceback or status.
+
+Ranks start from a forkserver that has imported torch once (a fresh interpreter, like
+"spawn", but without paying torch's ~3 s import per rank: on a 2-core CI machine that is
+most of a multi-rank test's time). Each rank applies the parent's environment as it is at
+the call, so variables set since the server started (TRITON_INTERPRET=1) still reach it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+
+PRELOAD = ["torch", "torch.distributed", "mono_peer.testing"]
+"""What the forkserver imports once for every rank it starts (no triton: ranks may need
+TRITON_INTERPRET set before triton's first import)."""
 
 GRACE_S = 3.0
 """After one rank fails, how long the others get to report before they are killed."""
@@ -59,6 +68,7 @@ def _resolve(ref: tuple[str, str, str | None]) -> Callable[..., Any]:
 
 
 def _child(rank, world, port, timeout_s, ref, args, env, results) -> None:
+    os.environ.clear()
     os.environ.update(env)
     try:
         import torch.distributed as dist
@@ -81,11 +91,14 @@ def spawn(
     timeout_s: float,
     *args: Any,
     env: dict[str, str] | None = None,
+    start_method: str = "forkserver",
 ) -> list[Any]:
     """Run ``fn(rank, world, group, *args)`` on ``world`` spawned processes; return their results.
 
     ``fn`` must be a module-level function; ``args`` and the results must pickle. ``env``
-    is applied in each child before ``fn``'s module is imported (e.g. TRITON_INTERPRET=1).
+    is applied in each child, over the parent's environment, before ``fn``'s module is
+    imported (e.g. TRITON_INTERPRET=1). ``start_method="spawn"`` gives every rank a
+    brand-new interpreter instead of a forkserver child (slower, nothing preloaded).
     Raises AssertionError naming every rank's traceback or status if any rank raises, dies,
     or the timeout passes; every child is then killed.
     """
@@ -93,9 +106,10 @@ def spawn(
         raise ValueError(f"spawn: world must be >= 1, got {world}")
     import torch.distributed as dist
 
-    ctx = mp.get_context("spawn")
-    child_env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
-    child_env.update(env or {})
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)  # takes effect when the server first starts
+    child_env = {"GLOO_SOCKET_IFNAME": "lo", **os.environ, **(env or {})}
     store = dist.TCPStore(
         "127.0.0.1", 0, world, True, timedelta(seconds=timeout_s), wait_for_workers=False
     )
