@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from mono_tools.errors import UsageError
+
 PACKAGES = (
     "mono_peer",
     "mono_runtime",
@@ -13,6 +15,13 @@ PACKAGES = (
     "mono_kernels_kimi",
     "mono_tools",
 )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line on stderr (status 2), like every other one."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def _version(_: argparse.Namespace) -> int:
@@ -29,18 +38,29 @@ def _version(_: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mono", description="mono: specialized decode of large MoE models."
-    )
+    from mono_tools.bench.command import add_parser as add_bench
+    from mono_tools.qualify.command import add_parser as add_qualify
+
+    parser = _Parser(prog="mono", description="mono: specialized decode of large MoE models.")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("version", help="import every mono package and print its version")
+    commands.add_parser(
+        "version", help="import every mono package and print its version"
+    ).set_defaults(handler=_version)
+    add_qualify(commands)
+    add_bench(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    handlers = {"version": _version}
-    return handlers[args.command](args)
+    try:
+        args = build_parser().parse_args(argv)
+        return args.handler(args)
+    except UsageError as exc:
+        print(f"mono: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mono: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,36 @@
+"""Run RankProcesses on targets that misbehave, in a process of its own (the forkserver needs
+importable targets): `python rank_targets.py MODE...` with MODE in ok, hang, crash, exit;
+prints what the parent saw, one line per mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from mono_tools.ranks import RankProcesses
+
+
+def target(rank, world, group, reporter, mode):
+    if rank == world - 1:
+        time.sleep(600 if mode == "hang" else 1.0)  # rank 0 answers first
+        if mode == "crash":
+            raise RuntimeError("boom on purpose")
+        if mode == "exit":
+            os._exit(7)
+    reporter.send("done", step="work", value=rank * 10)
+
+
+if __name__ == "__main__":
+    for mode in sys.argv[1:]:
+        began = time.monotonic()
+        with RankProcesses(target, 2, mode) as procs:
+            procs.wait_all("ready", 60)
+            got, problem = procs.wait_all("done", 3.0, step="work")
+        seen = {
+            "got": sorted([r, d["value"]] for r, d in got.items()),
+            "problem": problem,
+            "seconds": time.monotonic() - began,
+        }
+        print(mode, json.dumps(seen), flush=True)
