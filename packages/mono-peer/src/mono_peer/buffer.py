@@ -87,9 +87,12 @@ class PeerBuffer:
         problem = _argument_problem(nbytes, rank, npes, device, name, group)
         self._agree_arguments(problem, nbytes, group)
         self.nbytes, self.rank, self.npes, self.device = nbytes, rank, npes, device
-        self._backend: Backend = make_backend(name, nbytes, device, rank)
+        self._name = name
+        self._backend: Backend | None = None
         self._local: int | None = None
         self._peers: dict[int, int] = {}
+        self._addresses: torch.Tensor | None = None
+        self._bytes: torch.Tensor | None = None
         self._build(group)
         self._closed = False
 
@@ -109,14 +112,16 @@ class PeerBuffer:
             raise ValueError(f"PeerBuffer: nbytes differs between ranks ({low} to {-neg_high})")
 
     def _build(self, group: Any) -> None:
-        backend, rank = self._backend, self.rank
+        """Allocate, exchange, open, agree; on failure release on every rank and raise."""
         error: str | None = None
         handle: bytes | str | None = None
         try:
-            _inject("alloc", rank)
-            self._local, handle = backend.allocate()
+            self._backend = make_backend(self._name, self.nbytes, self.device, self.rank)
+            self.device = self._backend.device
+            _inject("alloc", self.rank)
+            self._local, handle = self._backend.allocate()
         except Exception as exc:  # reported on every rank through the agreement below
-            error = f"could not allocate {self.nbytes} bytes ({backend.name}): {exc}"
+            error = f"could not allocate {self.nbytes} bytes ({self._name}): {exc}"
         try:
             handles = _exchange(handle, self.npes, group)
             missing = [r for r, h in enumerate(handles) if h is None]
@@ -125,17 +130,16 @@ class PeerBuffer:
             if error is None and not missing:
                 table = [self._peers.get(r, self._local) for r in range(self.npes)]
                 self._addresses = torch.tensor(table, dtype=torch.int64, device=self.device)
-                self._bytes = backend.view(self._local)
+                self._bytes = self._backend.view(self._local)
             ok = tp_agree(error is None and not missing, group)
         except BaseException:
-            backend.exchanged()
-            self._release()
+            self._release(None)
             raise
-        backend.exchanged()
         if ok:
+            self._backend.exchanged()
             return
-        self._release()
-        where = f"rank {rank} of {self.npes}"
+        self._release(group)
+        where = f"rank {self.rank} of {self.npes}"
         if error is not None:
             raise RuntimeError(f"PeerBuffer: this rank ({where}) failed: {error}")
         who = f"rank(s) {missing} could not allocate" if missing else "it could not map a peer"
@@ -157,8 +161,12 @@ class PeerBuffer:
             return f"could not map its peers: {exc}"
         return None
 
-    def _release(self) -> None:
-        """Unmap every peer and free the local buffer; raise once, after trying all."""
+    def _release(self, group: Any) -> None:
+        """Unmap every peer, then free the local buffer; raise once, after trying all.
+
+        With ``group``, every rank unmaps before any rank frees (freeing memory that a peer
+        still maps is undefined behaviour for CUDA and HIP IPC).
+        """
         errors = []
         for peer, address in sorted(self._peers.items()):
             try:
@@ -166,13 +174,17 @@ class PeerBuffer:
             except Exception as exc:
                 errors.append(f"rank {peer}'s mapping: {exc}")
         self._peers.clear()
+        self._addresses = self._bytes = None
+        if group is not None:
+            tp_agree(True, group)
+        if self._backend is not None:
+            self._backend.exchanged()
         if self._local is not None:
             try:
                 self._backend.free(self._local)
             except Exception as exc:
                 errors.append(f"local buffer: {exc}")
             self._local = None
-        self._addresses = self._bytes = None
         if errors:
             raise RuntimeError("PeerBuffer: release failed: " + "; ".join(errors))
 
@@ -182,7 +194,7 @@ class PeerBuffer:
 
     @property
     def backend(self) -> str:
-        return self._backend.name
+        return self._name
 
     @property
     def addresses(self) -> torch.Tensor:
@@ -202,6 +214,14 @@ class PeerBuffer:
         self._live()
         return self._bytes
 
+    def peer(self, rank: int) -> torch.Tensor:
+        """A non-owning uint8 view of rank ``rank``'s buffer as mapped in this process."""
+        self._live()
+        if not 0 <= rank < self.npes:
+            raise ValueError(f"PeerBuffer.peer: rank must be in [0, {self.npes}), got {rank}")
+        address = self._local if rank == self.rank else self._peers[rank]
+        return self._backend.view(address)
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -214,7 +234,7 @@ class PeerBuffer:
         if self._closed:
             return
         self._closed = True
-        self._release()
+        self._release(None)
 
     def __enter__(self) -> PeerBuffer:
         return self

@@ -17,6 +17,7 @@ class Backend(Protocol):
     """One rank's side of a peer buffer of ``nbytes``; PeerBuffer drives the collective part."""
 
     name: str
+    device: torch.device  # normalized (a GPU index filled in)
 
     def allocate(self) -> tuple[int, bytes | str]:
         """Allocate and zero the local buffer; return (address, handle that peers can open)."""
@@ -80,3 +81,21 @@ def make_backend(name: str, nbytes: int, device: torch.device, rank: int) -> Bac
     from .hip import HipBackend
 
     return HipBackend(nbytes, device)
+
+
+class _DeviceMemory:
+    """Raw device memory offered to torch through ``__cuda_array_interface__``; owns nothing."""
+
+    def __init__(self, address: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+def device_bytes(address: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    """A non-owning uint8 tensor over ``nbytes`` of GPU memory at ``address``."""
+    return torch.as_tensor(_DeviceMemory(address, nbytes), device=device)

@@ -50,6 +50,7 @@ def _unmap(address: int, nbytes: int) -> None:
 
 class HostBackend:
     name = "host"
+    device = torch.device("cpu")
 
     def __init__(self, nbytes: int, rank: int) -> None:
         self.nbytes = nbytes
