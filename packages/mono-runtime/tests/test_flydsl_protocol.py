@@ -1,8 +1,9 @@
 """The FlyDSL device half of the protocol, compiled for gfx950 and gfx942 on this CPU (in
-child processes) and checked in the ISA the GPU would run: scopes of mailbox stores and
-polls, their cache write-backs and invalidates, sleeping and clocked waits, no spills.
+child processes) and checked in the ISA the GPU would run: the scope of every mailbox store,
+poll and alarm, their cache write-backs and invalidates, sleeping and clocked waits, the
+give-up order, no spills, a resident grid.
 
-Execution on an AMD GPU is in the ``rocm``-marked test at the end.
+Execution on an AMD GPU (values, tags, health) is the ``rocm``-marked test at the end.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from mono_runtime.flydsl.testing import require_toolchain, wait_loops
 WORLD = 4
 ARCHES = ("gfx950", "gfx942")
 PROBE = "mono_runtime.flydsl.probes:build_protocol_probe"
+SYS, DEV = "sc0 sc1", "sc1"
+MEM_OP = re.compile(r"^(global|buffer|flat)_(store|atomic|load)")
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +28,7 @@ def probes():
     """The protocol probe compiled once per target, both targets in parallel."""
     require_toolchain()
     job = Job(PROBE, {"world": WORLD})
-    with ThreadPoolExecutor(len(ARCHES)) as pool:
+    with ThreadPoolExecutor(len(ARCHES)) as pool:  # compiles run in child processes
         got = pool.map(lambda arch: compile_jobs([job], arch, timeout_s=240)[0], ARCHES)
         return dict(zip(ARCHES, got, strict=True))
 
@@ -35,77 +38,109 @@ def isa(request, probes):
     return probes[request.param]
 
 
-def _releases(isa, scope_bits):
-    """Indices of release write-backs at a scope (``sc0 sc1`` system, ``sc1`` device)."""
-    return [i for i, ln in enumerate(isa.body) if re.fullmatch(rf"buffer_wbl2 {scope_bits}", ln)]
+def _scope(line: str) -> str | None:
+    return SYS if line.endswith(SYS) else DEV if line.endswith(" " + DEV) else None
+
+
+def _next_mem_op(lines, i):
+    return next(ln for ln in lines[i + 1:] if MEM_OP.match(ln))
 
 
 @pytest.mark.timeout(300)
-def test_system_publishes_write_back_then_store_with_system_scope(isa):
+def test_every_release_is_followed_by_a_store_of_its_scope(isa):
     body = isa.body
-    releases = _releases(isa, "sc0 sc1")
+    releases = [i for i, ln in enumerate(body) if ln.startswith("buffer_wbl2")]
     assert releases
     for i in releases:
-        nxt = body[i + 1: i + 4]
-        assert nxt[0].startswith("s_waitcnt vmcnt(0)"), nxt
-        store = next(ln for ln in nxt if ln.startswith("global_store"))
-        assert store.startswith("global_store_dwordx2") and store.endswith("sc0 sc1"), nxt
-    # every 64-bit system-scope store is a pair behind a release, but for the health
-    # record's clock word (written after the record's compare-and-swap)
-    in_record = set()
-    for r in (i for i, ln in enumerate(body) if ln.startswith("global_atomic_cmpswap")):
-        skip = next(re.search(r"(\.LBB\w+)", ln).group(1) for ln in body[r: r + 6]
-                    if ln.startswith("s_cbranch_execz"))
-        in_record.update(range(r, body.index(f"{skip}:")))
-    pairs = [i for i, ln in enumerate(body)
-             if ln.startswith("global_store_dwordx2") and ln.endswith("sc0 sc1")
-             and i not in in_record]
-    assert pairs and all(any(0 < i - r <= 3 for r in releases) for i in pairs), pairs
+        scope = _scope(body[i])
+        op = _next_mem_op(body, i)
+        assert body[i + 1].startswith("s_waitcnt vmcnt(0)"), body[i: i + 3]
+        if op.startswith("global_atomic_add_x2") and scope == DEV:
+            continue  # the ticket counter's acq_rel add: "sc0" there returns the old value
+        assert _scope(op) == scope, (body[i], op)
+
+
+def _release_before(body, k):
+    """The scope of the release that the store at line k is behind: walking back over
+    the text (branches may merge stores of several paths into one block), the first write
+    back met before any other store or atomic."""
+    for ln in reversed(body[:k]):
+        if ln.startswith("buffer_wbl2"):
+            return _scope(ln)
+        if re.match(r"^(global|buffer|flat)_(store|atomic)", ln):
+            return None
+    return None
 
 
 @pytest.mark.timeout(300)
-def test_device_publishes_stay_on_device_scope(isa):
-    releases = _releases(isa, "sc1")
-    assert releases
-    stores = [next((ln for ln in isa.body[i + 1: i + 4] if ln.startswith("global_store")), None)
-              for i in releases]
-    # the publish of the device hand-off (the others release the ticket atomic)
-    assert any(st is not None for st in stores)
-    for st in filter(None, stores):
-        assert st.startswith("global_store_dwordx2") and st.endswith(" sc1"), st
-        assert "sc0" not in st, st
+def test_pairs_are_one_64_bit_store_behind_a_release(isa):
+    """Every 64-bit system-scope store is a pair behind a system release, but for the
+    fields of a health record (written after the give-up counter's add, KIND last)."""
+    body = isa.body
+    stores = [k for k, ln in enumerate(body)
+              if ln.startswith("global_store_dwordx2") and ln.endswith(SYS)]
+    fields = set()
+    counters = [i for i, ln in enumerate(body)
+                if ln.startswith("global_atomic_add_x2") and ln.endswith(SYS)]
+    for c in counters:
+        after = [k for k in stores if k > c]
+        kind = next(k for k in after if _release_before(body, k) == SYS)
+        record = [k for k in after if k < kind]
+        assert len(record) == 7, [body[k] for k in record]  # REGION .. ALARMS, then KIND
+        fields.update(record)
+    pairs = [k for k in stores if k not in fields]
+    assert all(_release_before(body, k) == SYS for k in pairs), [body[k] for k in pairs]
+    # the KIND words, and the pushes (the compiler may merge the peers' stores into one
+    # block, each path keeping its own release)
+    assert len(pairs) > len(counters)
+    assert sum(ln == "buffer_wbl2 sc0 sc1" for ln in body) >= WORLD
 
 
 @pytest.mark.timeout(300)
 def test_every_wait_sleeps_reads_the_clock_and_watches_the_alarms(isa):
     loops = wait_loops(isa)
-    assert len(loops) == 2  # the device hand-off and the system reduce
-    scopes = set()
+    stalls = [lp for lp in loops if "s_sleep 8" in lp.body]
+    polls = [lp for lp in loops if "s_sleep 1" in lp.body]
+    assert len(stalls) == 1 and len(polls) == 2, [lp.label for lp in loops]
+    alarm_loads = -(-WORLD // 2)  # the alarm words, two a load, at system scope
+    scopes = []
     for loop in loops:
         assert any(ln.startswith("s_memrealtime") for ln in loop.body), loop.label
         loads = loop.loads()
-        # only mailbox and alarm loads in a poll (never a weight load): all atomic, scoped
-        assert loads and all(ln.endswith((" sc1", "sc0 sc1")) for ln in loads), loads
-        # the alarm words are read at system scope on every iteration
-        assert any(ln.startswith("global_load_dword ") and ln.endswith("sc0 sc1")
-                   for ln in loads), loads
-        pairs = [ln for ln in loads if ln.startswith("global_load_dwordx2")]
-        scope = "sc0 sc1" if all(ln.endswith("sc0 sc1") for ln in pairs) else "sc1"
-        scopes.add(scope)
-        # after the wait: the acquire's invalidate at the pairs' scope
-        assert f"buffer_inv {scope}" in loop.after, loop.after
-    assert scopes == {"sc0 sc1", "sc1"}
+        # nothing but atomic, scoped loads in a wait: never a weight load behind a poll
+        assert all(_scope(ln) for ln in loads), loads
+        assert sum(_scope(ln) == SYS for ln in loads) >= alarm_loads, loads
+    for loop in polls:
+        pair_scope = DEV if any(_scope(ln) == DEV for ln in loop.loads()) else SYS
+        scopes.append(pair_scope)
+        # the acquire after the wait: an invalidate at the pairs' scope
+        assert f"buffer_inv {pair_scope}" in loop.after, loop.after
+    assert sorted(scopes) == [SYS, DEV]  # the hand-off between programs; the peer reduce
+    system_poll = polls[scopes.index(SYS)]
+    assert len(system_poll.loads()) >= WORLD + alarm_loads
 
 
 @pytest.mark.timeout(300)
-def test_give_up_raises_alarms_at_every_peer_then_records(isa):
-    text = "\n".join(isa.body)
-    cas = isa.lines(r"^global_atomic_cmpswap .*sc0 sc1$")
-    assert len(cas) == 2  # one health record per wait site
-    # WORLD alarm stores (system scope) come right before each record's clock read + CAS
-    block = re.findall(r"((?:global_store_dword v\[\d+:\d+\], v\d+, off sc0 sc1\n)+)"
-                       r"s_memrealtime s\[\d+:\d+\]\nglobal_atomic_cmpswap", text)
-    assert [b.count("\n") for b in block] == [WORLD, WORLD], block
+def test_give_up_raises_alarms_everywhere_before_recording(isa):
+    body = isa.body
+    counters = [i for i, ln in enumerate(body)
+                if ln.startswith("global_atomic_add_x2") and ln.endswith(SYS)]
+    assert len(counters) == 2  # one give-up path a wait site
+    start = 0
+    for c in counters:
+        cas = [ln for ln in body[start:c] if ln.startswith("global_atomic_cmpswap")]
+        # atomic max of this rank's alarm word: its own head first, then every peer's
+        assert len(cas) == WORLD + 1 and all(ln.endswith(SYS) for ln in cas), cas
+        start = c
+
+
+@pytest.mark.timeout(300)
+def test_tickets_are_device_scope_acq_rel(isa):
+    takes = [i for i, ln in enumerate(isa.body)
+             if ln.startswith("global_atomic_add_x2") and not ln.endswith(SYS)]
+    assert len(takes) == 2  # before the loop and at its end
+    for i in takes:
+        assert isa.body[i - 2] == "buffer_wbl2 sc1" and "buffer_inv sc1" in isa.body[i: i + 3]
 
 
 @pytest.mark.timeout(300)
@@ -117,7 +152,8 @@ def test_no_spills_and_the_grid_is_resident(isa):
 
 @pytest.mark.timeout(300)
 def test_kernel_arguments_are_the_probe_signature(isa):
-    assert [a.size for a in isa.args] == [8, 8, 8, 4, 8, 8, 8]
+    assert [(a.offset, a.size) for a in isa.args] == [(0, 8), (8, 8), (16, 8), (24, 4),
+                                                      (32, 8), (40, 8)]
 
 
 @pytest.mark.timeout(120)
@@ -130,28 +166,42 @@ def test_poll_with_weight_loads_in_flight_is_refused_at_trace_time():
 @pytest.mark.rocm
 @pytest.mark.timeout(120)
 def test_probe_runs_on_an_amd_gpu():
-    """One rank (its own peer): the ticket hand-off and the reduce give the known values,
-    no wait gives up, and the ticket counter is reset for the next launch."""
+    """One rank (its own peer), two steps: the hand-off pairs carry the spec's tag, the
+    reduce gives 1.5, no wait gives up, the ticket counter is back to 0; then a step past
+    the era (TAG_INVALID) gives up with KIND_ERA and raises this rank's alarm."""
     import torch
-    from mono_runtime.flydsl import layout as L
+    from mono_runtime import protocol as proto
     from mono_runtime.flydsl.probes import build_protocol_probe
 
     dev = torch.device("cuda")
-    programs = 64
+    programs, slot = 64, 3
     launch, _ = build_protocol_probe(world=1, programs=programs, threads=64)
-    scratch = torch.zeros(1 << 16, dtype=torch.uint8, device=dev)
-    peer = torch.zeros(1 << 16, dtype=torch.uint8, device=dev)
+    ctl = torch.zeros(proto.CTL_WORDS, dtype=torch.int64, device=dev)
+    ctl[proto.CTL_DEADLINE] = 100_000_000  # 100 ms
+    health = torch.zeros(proto.HEALTH_WORDS, dtype=torch.int64, device=dev)
+    peer = torch.zeros(proto.PEER_HEAD + (1 << 16), dtype=torch.uint8, device=dev)
     peers = torch.tensor([peer.data_ptr()], dtype=torch.int64, device=dev)
-    health = torch.zeros(16, dtype=torch.int32, device=dev)
-    epoch = torch.zeros(1, dtype=torch.int32, device=dev)
-    out = torch.zeros(4 * programs, dtype=torch.int32, device=dev)
-    for step in range(2):
-        epoch.fill_(step)
-        launch(scratch.data_ptr(), peers.data_ptr(), health.data_ptr(), 0, epoch.data_ptr(),
-               100_000_000, out.data_ptr())
+    scratch = torch.zeros(1 << 16, dtype=torch.uint8, device=dev)
+    items = 2 * programs
+    out = torch.zeros(2 * items + programs, dtype=torch.int32, device=dev)
+
+    def run():
+        launch(ctl.data_ptr(), health.data_ptr(), peers.data_ptr(), 0, scratch.data_ptr(),
+               out.data_ptr())
         torch.cuda.synchronize()
-        items = 2 * programs
-        assert out[1:items].tolist() == list(range(items - 1))
-        assert out[items: items + programs].view(torch.float32).eq(1.5).all()
-        assert int(health[L.HEALTH_FLAG]) == 0
-        assert int(scratch[:4].view(torch.int32)) == 0
+
+    for epoch in (1, 2):
+        ctl[proto.CTL_EPOCH] = epoch
+        run()
+        want = proto.pack_pair(proto.tag_of(epoch, 0, slot), 1)
+        words = out[: 2 * items].view(torch.int64)
+        assert words[1:items].eq(want).all()
+        assert out[2 * items:].view(torch.float32).eq(1.5).all()
+        assert int(health[proto.H_GIVEUPS]) == 0
+        assert int(scratch[:8].view(torch.int64)) == 0
+    ctl[proto.CTL_EPOCH] = proto.ERA_STEPS + 1  # past the era: every poll gives up
+    run()
+    assert int(health[proto.H_GIVEUPS]) >= 1
+    assert int(health[proto.HEALTH_HEAD + proto.R_KIND]) == proto.KIND_ERA
+    assert int(peer[:4].view(torch.int32)) == proto.ALARM_GAVE_UP
+    assert out[2 * items:].view(torch.float32).isnan().all()

@@ -28,55 +28,61 @@ def build_trivial(threads: int = 64):
 
 def build_protocol_probe(world: int = 4, programs: int = 256, threads: int = 256,
                          poll_with_prefetch: bool = False):
-    """One kernel that uses every protocol helper the way the FFN build does: a ticket loop
-    over ``programs * 2`` items, a device-scope hand-off between programs, a system-scope
-    push to every peer, a rank-ordered reduce of the peers' pushes, and bounded waits.
+    """One kernel that uses every protocol helper the way a mono kernel does: a ticket loop
+    over ``2 * programs`` items in which item t waits for item t - 1 (device scope), the
+    injected stall, a push of 1.5 from this rank into every peer (system scope) and the
+    rank-ordered reduce of what every rank pushed here, all waits bounded.
 
-    Outputs: ``out[t]`` = t - 1 for items t >= 1 (from the hand-off), ``out[items + b]`` =
-    the reduce of column b (1.5 from every rank: 1.5 * world). ``poll_with_prefetch``
-    breaks the weight-load rule on purpose (the trace must refuse it)."""
+    ``scratch``: int64 words, [0] the ticket counter, [8 ..] the items' done pairs.
+    Outputs (int32 words): ``out[t]`` = t - 1 for items t >= 1 (read through the hand-off),
+    ``out[items + b]`` = program b's reduce (1.5 * world as fp32 bits, NaN if a wait gave
+    up). ``poll_with_prefetch`` breaks the weight-load rule on purpose: the trace refuses.
+    """
     import flydsl.compiler as flyc
     import flydsl.expr as fx
     from flydsl.expr import const_expr, range_constexpr
     from flydsl.expr.typing import Int32, Int64
 
+    from .. import protocol as proto
     from . import protocol as P
 
     items = 2 * programs
+    handoff = proto.region_id("probe.handoff")
+    pushed = proto.region_id("probe.push")
 
     @flyc.kernel(name=f"mono_protocol_probe_w{world}", known_block_size=[threads, 1, 1])
-    def probe(scratch: Int64, peers: Int64, health: Int64, rank: Int32, epoch: Int64,
-              deadline: Int64, out: Int64):
+    def probe(ctl: Int64, health: Int64, peers: Int64, rank: Int32, scratch: Int64,
+              out: Int64):
         tid = fx.thread_idx.x
-        ep = P.load32(epoch, 0, P.DEVICE)
-        prog = P.program(peers, health, rank, world, ep, deadline)
-        tag = P.tag_of(ep, 3)
+        bid = fx.block_idx.x
+        prog = P.program(ctl, health, peers, rank, world)
+        tag = P.step_tag(ctl, 3)
+        done = scratch + 64
         if tid == 0:
-            ticket = P.ticket_take(scratch)
-            while ticket < items:
-                # device scope: item t announces itself; item t - 1 (a smaller ticket) is awaited
-                P.publish(scratch + 64, ticket, ticket, tag, P.DEVICE)
-                if ticket > 0:
-                    got, _ = P.poll(prog, [(scratch + 64, ticket - 1)], tag, P.DEVICE, 1)
-                    P.store32(out, ticket, got[0], P.DEVICE)
-                ticket = P.ticket_take(scratch)
-            P.ticket_finish(scratch, ticket, items, programs)
-        if tid < world:
-            # system scope: this rank's partial of column bid into slot (bid * world + rank)
-            for r in range_constexpr(world):
-                if tid == r:
-                    P.publish(P.peer(prog, r), fx.Int32(fx.block_idx.x) * world + rank,
-                              fx.Float32(1.5), tag, P.SYSTEM)
+            t = P.ticket_take(scratch, items, programs)
+            while t < items:
+                if t > 0:
+                    ok = P.ticket_wait(prog, done, t - 1, tag, handoff)
+                    got = P.load64(done, t - 1, P.DEVICE)
+                    P.store64(out, t, got, P.DEVICE)
+                P.ticket_finish(done, t, tag)
+                t = P.ticket_take(scratch, items, programs)
+        P.fault_stall(prog)
+        for r in range_constexpr(world):
+            if tid == r:
+                P.publish(P.peer_data(prog, r), fx.Int64(bid) + fx.Int64(rank) * programs,
+                          fx.Float32(1.5), tag, P.SYSTEM)
         if tid == 0:
             if const_expr(poll_with_prefetch):
                 P.loads_issued(prog)
-            total, _ = P.poll_reduce(prog, 0, fx.block_idx.x, tag, 2)
-            P.store32(out, items + fx.block_idx.x, total.bitcast(fx.Int32), P.DEVICE)
+            total, ok = P.reduce_f32(prog, P.own_data(prog), programs, bid, tag, pushed)
+            total = ok.select(total, fx.Float32(float("nan")))
+            fx.generic_store(P.word_ptr(out, items + bid, fx.Int32), total.bitcast(fx.Int32))
 
     @flyc.jit
-    def launch(scratch: Int64, peers: Int64, health: Int64, rank: Int32, epoch: Int64,
-               deadline: Int64, out: Int64, stream: fx.Stream = fx.Stream(None)):  # noqa: B008
-        probe(scratch, peers, health, rank, epoch, deadline, out).launch(
+    def launch(ctl: Int64, health: Int64, peers: Int64, rank: Int32, scratch: Int64,
+               out: Int64, stream: fx.Stream = fx.Stream(None)):  # noqa: B008
+        probe(ctl, health, peers, rank, scratch, out).launch(
             grid=(programs,), block=(threads,), stream=stream)
 
-    return launch, (0, 0, 0, 0, 0, 0, 0)
+    return launch, (0, 0, 0, 0, 0, 0)

@@ -48,7 +48,7 @@ def wait_loops(isa: KernelIsa) -> list[WaitLoop]:
     body = list(isa.body)
     loops = []
     for i, line in enumerate(body):
-        m = re.match(r"s_cbranch_\w+\s+(\.LBB\w+)", line)
+        m = re.match(r"s_(?:c)?branch\w*\s+(\.LBB\w+)", line)
         if not m:
             continue
         try:
@@ -58,5 +58,27 @@ def wait_loops(isa: KernelIsa) -> list[WaitLoop]:
         if start < i and any(ln.startswith("s_sleep") for ln in body[start:i]):
             after = tuple(body[i + 1: i + 41])
             loops.append(WaitLoop(m.group(1), tuple(body[start + 1: i]), after))
-    return [loop for loop in loops
-            if not any(f"{other.label}:" in loop.body for other in loops if other is not loop)]
+    inner = [loop for loop in loops
+             if not any(f"{other.label}:" in loop.body for other in loops if other is not loop)]
+    # a loop can have several back branches (a latch block and a continue): keep the longest
+    by_label: dict[str, WaitLoop] = {}
+    for loop in inner:
+        if len(loop.body) > len(by_label.get(loop.label, WaitLoop("", (), ())).body):
+            by_label[loop.label] = loop
+    return list(by_label.values())
+
+
+def blocks(isa: KernelIsa) -> list[tuple[str, ...]]:
+    """The kernel's instruction lines cut at labels and branches (basic blocks, roughly)."""
+    out, cur = [], []
+    for line in isa.body:
+        if line.endswith(":") and cur:
+            out.append(tuple(cur))
+            cur = []
+        cur.append(line)
+        if re.match(r"s_(?:c)?branch", line):
+            out.append(tuple(cur))
+            cur = []
+    if cur:
+        out.append(tuple(cur))
+    return out
