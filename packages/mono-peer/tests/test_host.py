@@ -217,3 +217,18 @@ def _sleepy(rank, world, group):
 def test_spawn_times_out():
     with pytest.raises(AssertionError, match="rank 0: killed"):
         spawn(_sleepy, 1, 3)
+
+
+def _dies_or_returns_junk(rank, world, group):
+    if rank == 0:
+        os._exit(3)
+    return lambda: None  # cannot be pickled back to the parent
+
+
+@pytest.mark.timeout(60)
+def test_spawn_reports_a_dead_rank_and_an_unpicklable_result():
+    with pytest.raises(AssertionError) as info:
+        spawn(_dies_or_returns_junk, 2, 30)
+    text = str(info.value)
+    assert "rank 0: died with exit code 3 before reporting" in text
+    assert "rank 1: raised" in text and "pickle" in text

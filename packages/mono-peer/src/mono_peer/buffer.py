@@ -40,8 +40,8 @@ def _group_shape(group: Any) -> tuple[int, int]:
 def _argument_problem(
     nbytes: Any, rank: Any, npes: Any, device: torch.device, backend: str, group: Any
 ) -> str | None:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
-        return f"nbytes must be a positive int, got {nbytes!r}"
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 < nbytes < 2**62:
+        return f"nbytes must be a positive int (below 2**62), got {nbytes!r}"
     if isinstance(npes, bool) or not isinstance(npes, int) or npes <= 0:
         return f"npes must be a positive int, got {npes!r}"
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < npes:

@@ -18,6 +18,7 @@ import importlib.util
 import inspect
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import sys
 import time
@@ -80,7 +81,8 @@ def _child(rank, world, port, timeout_s, ref, args, env, results) -> None:
             value = _resolve(ref)(rank, world, dist.group.WORLD, *args)
         finally:
             dist.destroy_process_group()
-        results.put((rank, True, value))
+        payload = pickle.dumps(value)  # here, so an unpicklable result becomes a traceback
+        results.put((rank, True, payload))
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
 
@@ -129,7 +131,7 @@ def spawn(
     try:
         for p in procs:
             p.start()
-        _collect(procs, results, outcome, deadline)
+        timed_out = _collect(procs, results, outcome, deadline)
     finally:
         for p in procs:
             if p.is_alive():
@@ -140,18 +142,21 @@ def spawn(
         del store
     failed = [r for r in range(world) if not outcome.get(r, (False,))[0]]
     if failed:
-        raise AssertionError(_report(procs, outcome, timeout_s))
-    return [outcome[r][1] for r in range(world)]
+        raise AssertionError(_report(procs, outcome, timeout_s, timed_out))
+    return [pickle.loads(outcome[r][1]) for r in range(world)]
 
 
-def _collect(procs, results, outcome, deadline) -> None:
-    """Drain results until every rank reported, one failed (plus a grace), or time ran out."""
+def _collect(procs, results, outcome, deadline) -> bool:
+    """Drain results until every rank reported, one failed (plus a grace), or time ran out
+    (then return True)."""
     world = len(procs)
     first_failure: float | None = None
     while len(outcome) < world:
         now = time.monotonic()
-        if now >= deadline or (first_failure is not None and now >= first_failure + GRACE_S):
-            return
+        if now >= deadline:
+            return True
+        if first_failure is not None and now >= first_failure + GRACE_S:
+            return False
         try:
             rank, ok, value = results.get(timeout=0.05)
         except queue.Empty:
@@ -167,10 +172,12 @@ def _collect(procs, results, outcome, deadline) -> None:
         outcome[rank] = (ok, value)
         if not ok and first_failure is None:
             first_failure = now
+    return False
 
 
-def _report(procs, outcome, timeout_s) -> str:
-    lines = [f"spawn: {len(procs)} ranks, not all succeeded (timeout {timeout_s} s)"]
+def _report(procs, outcome, timeout_s, timed_out) -> str:
+    why = f"timed out after {timeout_s} s" if timed_out else "a rank failed"
+    lines = [f"spawn: {len(procs)} ranks, not all succeeded ({why})"]
     for rank, p in enumerate(procs):
         if rank in outcome:
             ok, value = outcome[rank]

@@ -66,6 +66,7 @@ class HostBackend:
         self._segment = segment
         try:
             os.ftruncate(fd, self.nbytes)  # a fresh segment reads as zeros
+            os.posix_fallocate(fd, 0, self.nbytes)  # a full /dev/shm fails here, not as SIGBUS
             address = _map(fd, self.nbytes)
         except BaseException:
             self.exchanged()
