@@ -9,8 +9,11 @@ hip backend); no AMD GPU was available to run them.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -152,3 +155,33 @@ def test_rocm_hip_allocates_uncached_memory_with_a_handle():
         buf.close()
     with pytest.raises(RuntimeError, match="PeerBuffer is closed"):
         _ = buf.addresses
+
+
+@pytest.fixture
+def fake_hip(tmp_path, monkeypatch):
+    """The hip backend bound to tests/fake_hip.c (same C signatures, host memory)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the fake HIP runtime")
+    library = tmp_path / "libamdhip64.so"
+    source = Path(__file__).with_name("fake_hip.c")
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", library, source], check=True)
+    monkeypatch.setattr(hip, "loaded_library_path", lambda: str(library))
+    monkeypatch.setattr(hip.torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(hip.torch.cuda, "device", lambda device: contextlib.nullcontext())
+    hip._hip.cache_clear()
+    yield hip.HipBackend(64, torch.device("cuda", 0))
+    hip._hip.cache_clear()
+
+
+def test_hip_bindings_against_a_fake_runtime(fake_hip):
+    address, handle = fake_hip.allocate()  # uncached flag, zeroed, 64-byte handle
+    assert len(handle) == 64 and handle.startswith(b"fakehip")
+    assert ctypes.string_at(address, 64) == bytes(64)
+    assert fake_hip.open(handle) == address  # handle passed by value, lazy-peer flag
+    fake_hip.close_peer(address)
+    fake_hip.free(address)
+    with pytest.raises(RuntimeError, match=r"hipFree failed: hipErrorInvalidDevicePointer"):
+        fake_hip.free(address)
+    with pytest.raises(ValueError, match="not a HIP IPC handle"):
+        fake_hip.open(b"short")
