@@ -8,7 +8,8 @@ that compares a model on the kernels with the same model on reference layers:
   profiling and graph capture). Every refusal is agreed on all ranks.
 - `prepare_kv` binds it to the KV cache the engine just bound (each one it allocates).
 - `plan(meta)` decides the step (`mono_runtime.planner.plan`) and bumps the step's epoch;
-  `layer(i)` is then the kernel replacing decoder layer i, or None; `finish()` ends it.
+  `layer(i)` is then the kernel replacing decoder layer i, or None; `finish(hidden)`
+  ends it (and poisons `hidden` if any rank gave up).
 - `after_step()` runs once per executed step on every rank (eager, also after a graph
   replay) and raises `MonoFault` on every rank once any rank gave up an in-kernel wait.
 
@@ -147,8 +148,13 @@ class MonoExecutor:
         """The kernel replacing decoder layer `index` in the current step, or None."""
         return None if self.current is None else self.current.layer(index)
 
-    def finish(self) -> None:
-        self.current = None
+    def finish(self, hidden: Any = None) -> None:
+        """Ends the step. After a step on the kernels, `hidden` (the layer loop's output)
+        is poisoned with NaN on the device when any rank gave up (a FULL graph captures
+        it), so a failed step yields no finite logits even before `after_step` sees it."""
+        step, self.current = self.current, None
+        if step is not None and hidden is not None:
+            self.runner.guard(hidden)
 
     def after_step(self) -> None:
         """Raises `MonoFault` on every rank once any rank gave up an in-kernel wait."""

@@ -3,15 +3,13 @@
 Created in the model's ``__init__`` when ``mono_decode`` is set (cheap: it reads the
 config); the model state calls `build` once the weights are loaded, `prepare_kv` after
 each KV cache is bound and `record_batch` with each step's metadata; the model calls
-`step` around its forward and `after_step` before its logits. Every refusal is agreed on
+`begin` / `end` around its forward and `after_step` before its logits. Every refusal is agreed on
 all TP ranks, logged once with its reasons, and leaves vLLM's path running: the plugin
 never stops a server that vLLM alone could run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from mono_runtime.errors import MonoUnsupported
@@ -146,12 +144,10 @@ class MonoDecode:
             positions_dtype=str(positions.dtype).removeprefix("torch."),
         )
 
-    @contextmanager
-    def step(self, positions: Any, intermediate_tensors: Any) -> Iterator[None]:
-        """Plans the forward it wraps; the dispatching layers read the plan."""
+    def begin(self, positions: Any, intermediate_tensors: Any) -> None:
+        """Plans the forward that follows; the dispatching layers read the plan."""
         executor = self.executor
         if executor is None:
-            yield
             return
         meta = self.meta(positions, intermediate_tensors)
         step = executor.plan(meta) if isinstance(meta, StepMeta) else None
@@ -159,10 +155,17 @@ class MonoDecode:
             if step.width not in self._captured and self.rank == 0:
                 _logger().info("mono: FULL graph of %d rows captured on the kernels", step.width)
             self._captured.add(step.width)
-        try:
-            yield
-        finally:
-            executor.finish()
+
+    def end(self, output: Any) -> Any:
+        """Ends the forward (`MonoExecutor.finish`: the fault guard on its output)."""
+        if self.executor is not None:
+            self.executor.finish(output[0] if isinstance(output, tuple) else output)
+        return output
+
+    def abandon(self) -> None:
+        """The forward raised: drop the plan."""
+        if self.executor is not None:
+            self.executor.finish()
 
     def after_step(self) -> None:
         if self.executor is not None:

@@ -14,6 +14,7 @@ the kernels the hand-offs change accordingly:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -160,3 +161,60 @@ class MiniMaxFfnKernels:
 
     def kv_check(self) -> list[str]:
         return []  # the FFN kernel reads no KV cache
+
+
+Front = Callable[[Any, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Ffn = Callable[[torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, torch.Tensor]]
+
+
+class FfnLayer:
+    """One decoder layer on the FFN kernel at one width (what `Step.layer(i)` returns).
+
+    `front(positions, hidden, residual) -> (o_proj partial, residual)`: the layer up to
+    its unreduced o_proj output; `ffn(partial, residual, slots) -> (out, residual)`: the
+    kernel launch (`out` all-reduced); `slots()`: this step's per-row KV slots (negative:
+    a padding row, which joins no expert). `hand_off`: the next consumer all-reduces its
+    input, so only rank 0 hands the sum over (the others zeros, which it adds back)."""
+
+    def __init__(self, front: Front, ffn: Ffn, slots: Callable[[], Any], hand_off: bool, rank: int):
+        self.front, self.ffn, self.slots = front, ffn, slots
+        self.zero_out = hand_off and rank != 0
+
+    def __call__(self, positions, hidden_states, residual, *args, **kwargs):
+        partial, residual = self.front(positions, hidden_states, residual)
+        out, residual = self.ffn(partial, residual, self.slots())
+        if self.zero_out:
+            out = torch.zeros_like(out)
+        return out, residual
+
+
+def vllm_front(layer: Any, after_kernel: bool) -> Front:
+    """vLLM's input norm and attention of a `MiniMaxM3DecoderLayer`, up to the unreduced
+    o_proj output. After a kernel layer the input is already all-reduced: a plain add +
+    Gemma norm replaces vLLM's fused all-reduce + norm."""
+    from vllm.model_executor.layers.fused_allreduce_gemma_rms_norm import (
+        fused_allreduce_gemma_rms_norm,
+    )
+
+    def front(positions, hidden_states, residual):
+        if after_kernel or not layer.fuse_input_allreduce:
+            x, residual = layer.input_layernorm(hidden_states, residual)
+        else:
+            x, residual = fused_allreduce_gemma_rms_norm(
+                hidden_states, residual, layer.input_layernorm
+            )
+        return layer.self_attn(positions=positions, hidden_states=x), residual
+
+    return front
+
+
+def vllm_slots(key: str, rows: int) -> Callable[[], Any]:
+    """This step's KV slot of each row of the layer `key` (vLLM's PAD_SLOT_ID, -1, marks
+    padding rows), from the forward context: a persistent buffer under FULL graphs."""
+    from vllm.forward_context import get_forward_context
+
+    def slots():
+        mapping = get_forward_context().slot_mapping
+        return mapping[key][:rows]
+
+    return slots

@@ -23,8 +23,13 @@ class MonoTextModel:
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kw):
         if self.mono is None:
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kw)
-        with self.mono.step(positions, intermediate_tensors):
-            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kw)
+        self.mono.begin(positions, intermediate_tensors)
+        try:
+            out = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kw)
+        except BaseException:
+            self.mono.abandon()
+            raise
+        return self.mono.end(out)
 
     def compute_logits(self, hidden_states, *args, **kwargs):
         # eager on every rank, also when the forward was a graph replay: a rank's give-up
