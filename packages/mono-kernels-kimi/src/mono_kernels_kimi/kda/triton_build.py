@@ -17,10 +17,18 @@ import os
 import triton
 import triton.language as tl
 
-from .spec import CTRL_WORDS, DONE0, ERROR, EXITS, ROW_TILE, TICKET, K1Build
+from . import spec
+from .spec import K1Build
 
 F32 = tl.float32
 BF16 = tl.bfloat16
+# spec's numbers as constexprs the kernel may read
+CTRL_WORDS = tl.constexpr(spec.CTRL_WORDS)
+TICKET = tl.constexpr(spec.TICKET)
+EXITS = tl.constexpr(spec.EXITS)
+DONE0 = tl.constexpr(spec.DONE0)
+ERROR = tl.constexpr(spec.ERROR)
+ROW_TILE = tl.constexpr(spec.ROW_TILE)
 
 
 @triton.jit
@@ -204,9 +212,9 @@ def k1_kernel(
                 den = tl.zeros((), F32)
                 mixed = tl.zeros((BH,), F32)
                 for j in range(0, num_blocks + 1):
-                    pp = part + (s * MAX_SRC + j) * C1P * 2 + ci * 2
-                    ss = tl.sum(tl.load(pp, mask=cim, other=0.0, cache_modifier=".cg"), axis=0)
-                    qd = tl.sum(tl.load(pp + 1, mask=cim, other=0.0, cache_modifier=".cg"), axis=0)
+                    pq = part + (s * MAX_SRC + j) * C1P * 2 + ci * 2
+                    ss = tl.sum(tl.load(pq, mask=cim, other=0.0, cache_modifier=".cg"), axis=0)
+                    qd = tl.sum(tl.load(pq + 1, mask=cim, other=0.0, cache_modifier=".cg"), axis=0)
                     logit = qd * tl.rsqrt(ss * (1.0 / HID) + eps)
                     v = tl.load(blocks + s * blocks_row_stride + j * blocks_block_stride + cols,
                                 mask=cm & (j < num_blocks), other=0.0).to(F32)
@@ -297,7 +305,7 @@ def k1_kernel(
                                 conv_dim_stride, conv_pos_stride, L, NP)
                 k = _conv_token(cbase, proj, kch, allk, wk, first, r, tt,
                                 conv_dim_stride, conv_pos_stride, L, NP)
-                v = _conv_token(cbase, proj, vch, allv, wv, first, r, tt,
+                val = _conv_token(cbase, proj, vch, allv, wv, first, r, tt,
                                 conv_dim_stride, conv_pos_stride, L, NP)
                 q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (D ** -0.5)
                 k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
@@ -305,8 +313,8 @@ def k1_kernel(
                 beta = tl.sigmoid(tl.load(proj + s * NP + BETA_OFF + h,
                                           cache_modifier=".cg").to(F32))
                 st = st * dec[None, :]
-                v = (v - tl.sum(st * k[None, :], axis=1)) * beta
-                st = st + v[:, None] * k[None, :]
+                val = (val - tl.sum(st * k[None, :], axis=1)) * beta
+                st = st + val[:, None] * k[None, :]
                 o = tl.sum(st * q[None, :], axis=1)
                 tl.store(obuf + s * P + h * D + dv, _bf16(o), mask=allv & live)
                 slot_t = tl.load(ibase + tt).to(tl.int64)
@@ -326,12 +334,12 @@ def k1_kernel(
             ibase, cslot, first, islot, conv_ok, live = _slots(
                 state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC)
             dk = tl.arange(0, D)
-            wn = tl.load(o_norm + dk).to(F32)
+            wo = tl.load(o_norm + dk).to(F32)
             for tt in tl.static_range(L):
                 s = r * L + tt
-                o = tl.load(obuf + s * P + h * D + dk, cache_modifier=".cg").to(F32)
+                o6 = tl.load(obuf + s * P + h * D + dk, cache_modifier=".cg").to(F32)
                 g2 = tl.load(proj + s * NP + G_OFF + h * D + dk, cache_modifier=".cg").to(F32)
-                y = o * tl.rsqrt(tl.sum(o * o, axis=0) / D + o_norm_eps) * wn * tl.sigmoid(g2)
+                y = o6 * tl.rsqrt(tl.sum(o6 * o6, axis=0) / D + o_norm_eps) * wo * tl.sigmoid(g2)
                 tl.store(out + s * P + h * D + dk, _bf16(tl.where(live, y, 0.0)))
             cbase = conv_state + cslot * conv_slot_stride
             allk = (dk < D) & conv_ok
@@ -382,10 +390,35 @@ def offsets(build: K1Build) -> tuple[int, int, int]:
 
 def launch(build: K1Build, args: dict, num_warps: int | None = None) -> None:
     """Launch K1 with `args` holding every name of `spec.ARGS` (validated by the caller)."""
-    from .spec import ARGS
-
     k1_kernel[(build.programs,)](
-        *(args[name] for name in ARGS),
+        *(args[name] for name in spec.ARGS),
         **constexprs(build, offsets(build)),
         num_warps=num_warps or build.num_warps,
     )
+
+
+# Pointer element types of the kernel's tensor arguments (the rest are i32/fp32 scalars).
+_POINTERS = {
+    "prefix": "*bf16", "delta": "*bf16", "blocks": "*bf16", "ares_norm": "*bf16",
+    "ares_qk": "*bf16", "in_norm": "*bf16", "in_proj": "*bf16", "f_b": "*bf16",
+    "conv_w": "*fp32", "a_log": "*fp32", "dt_bias": "*fp32", "o_norm": "*bf16",
+    "conv_state": "*bf16", "state": "*fp32", "state_indices": "*i32", "num_accepted": "*i32",
+    "out": "*bf16", "scratch": "*u8",
+}
+_FLOATS = ("eps", "out_eps", "o_norm_eps", "lower_bound")
+
+
+def compile_for(build: K1Build, target: str):
+    """Compile K1 ahead of time for `target` ("sm90" or "gfx950") without a GPU; returns
+    triton's CompiledKernel (asm, n_regs, n_spills, metadata). Run it in a subprocess:
+    a backend abort would take the caller down."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    gpu = {"sm90": GPUTarget("cuda", 90, 32), "gfx950": GPUTarget("hip", "gfx950", 64)}[target]
+    consts = constexprs(build, offsets(build))
+    consts["INTERPRET"] = False
+    sig = {name: _POINTERS.get(name, "fp32" if name in _FLOATS else "i32") for name in spec.ARGS}
+    sig.update({name: "constexpr" for name in consts})
+    src = ASTSource(fn=k1_kernel, signature=sig, constexprs=consts)
+    return triton.compile(src, target=gpu, options={"num_warps": build.num_warps})

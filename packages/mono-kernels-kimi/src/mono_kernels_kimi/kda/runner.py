@@ -1,0 +1,179 @@
+"""K1's host runner for one rank: builds per width and layer flags, one scratch region,
+argument checks before every launch, `warm()` before graph capture, the error word.
+
+K1 needs no collective, so the runner needs no peer memory. Its scratch region holds
+the launch's control words, which the kernel leaves zeroed; launches on one stream
+share it (one launch at a time). The scratch can be handed in (e.g. a slice of a
+`mono_runtime` runner's scratch buffer) or is allocated here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import KimiK3Config
+from . import triton_build
+from .checks import check_args
+from .spec import ARGS, ERROR, MAX_ROWS, K1Build
+
+
+def default_tiling(cfg: KimiK3Config, device: torch.device) -> dict:
+    """Tile sizes that fit the model's sizes; programs = one per SM on a GPU."""
+    def pow2_at_most(n, cap):
+        p = 1
+        while p * 2 <= min(n, cap):
+            p *= 2
+        return p
+
+    programs = 3
+    if device.type == "cuda":
+        programs = torch.cuda.get_device_properties(device).multi_processor_count
+    return dict(
+        programs=programs,
+        block_h=pow2_at_most(cfg.hidden_size, 512),
+        block_n=32 if cfg.in_proj_rows >= 4096 else 16,
+        block_k=pow2_at_most(cfg.hidden_size, 256),
+        block_v=min(16, cfg.kda_head_dim // 2),
+        max_polls=(1 << 22) if device.type == "cuda" else 1000,
+    )
+
+
+class KdaRunner:
+    """K1 launches for steps of `requests` x `L` rows (requests in `widths`)."""
+
+    def __init__(
+        self,
+        cfg: KimiK3Config,
+        device,
+        L: int,
+        *,
+        spec: bool = True,
+        max_rows: int = MAX_ROWS,
+        scratch: torch.Tensor | None = None,
+        **tiling,
+    ) -> None:
+        if not 1 <= L <= max_rows <= MAX_ROWS:
+            raise ValueError(f"L = {L} and max_rows = {max_rows} must satisfy 1 <= L <= max_rows <= {MAX_ROWS}")
+        if not spec and L != 1:
+            raise ValueError("a plain-decode runner has L = 1")
+        self.cfg, self.device, self.L, self.spec = cfg, torch.device(device), L, spec
+        self.widths = tuple(range(1, max_rows // L + 1))
+        self.tiling = {**default_tiling(cfg, self.device), **tiling}
+        self._builds: dict[tuple, K1Build] = {}
+        need = max(self.build(r, d, w).scratch_bytes for r in self.widths
+                   for d in (False, True) for w in (False, True))
+        if scratch is None:
+            scratch = torch.zeros(need, dtype=torch.uint8, device=self.device)
+        elif scratch.numel() < need or scratch.dtype != torch.uint8:
+            raise ValueError(f"scratch: {scratch.numel()} bytes of {scratch.dtype}, need {need} uint8")
+        self.scratch = scratch
+
+    def build(self, requests: int, delta: bool, write_block: bool) -> K1Build:
+        key = (requests, delta, write_block)
+        if key not in self._builds:
+            if requests not in self.widths:
+                raise ValueError(f"requests = {requests}: this runner serves {self.widths} "
+                                 f"(rows = requests x {self.L} <= {MAX_ROWS})")
+            self._builds[key] = K1Build.for_step(
+                self.cfg, requests, self.L, spec=self.spec, delta=delta,
+                write_block=write_block, **self.tiling)
+        return self._builds[key]
+
+    def __call__(
+        self,
+        requests: int,
+        *,
+        prefix, delta, blocks, num_blocks: int, write_idx: int, weights: dict,
+        conv_state, state, state_indices, num_accepted, out,
+    ) -> torch.Tensor:
+        """One KDA layer; updates prefix, blocks, conv_state and state in place and writes
+        `out` [rows, local_proj] (o_proj's input). `conv_state` is vLLM's conv cache as
+        [slots, dim, state_len] (its SD layout transposed)."""
+        build = self.build(requests, delta is not None, write_idx >= 0)
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        check_args(
+            build, prefix=prefix, delta=delta, blocks=blocks, num_blocks=num_blocks,
+            write_idx=write_idx, weights=weights, conv_state=conv_state, state=state,
+            state_indices=state_indices, num_accepted=num_accepted, out=out,
+            scratch=self.scratch, values=not capturing,
+        )
+        cfg = self.cfg
+        args = dict(
+            prefix=prefix, delta=prefix if delta is None else delta, blocks=blocks,
+            ares_norm=weights["ares_norm"], ares_qk=weights["ares_qk"], in_norm=weights["in_norm"],
+            in_proj=weights["in_proj"], f_b=weights["f_b"], conv_w=weights["conv"],
+            a_log=weights["a_log"], dt_bias=weights["dt_bias"], o_norm=weights["o_norm"],
+            conv_state=conv_state, state=state, state_indices=state_indices,
+            num_accepted=state_indices if num_accepted is None else num_accepted,
+            out=out, scratch=self.scratch,
+            blocks_row_stride=blocks.stride(0), blocks_block_stride=blocks.stride(1),
+            conv_slot_stride=conv_state.stride(0), conv_dim_stride=conv_state.stride(1),
+            conv_pos_stride=conv_state.stride(2), state_slot_stride=state.stride(0),
+            indices_row_stride=state_indices.stride(0), num_blocks=num_blocks,
+            write_idx=max(write_idx, 0), num_slots=state.shape[0],
+            eps=cfg.rms_norm_eps, out_eps=cfg.rms_norm_eps, o_norm_eps=cfg.o_norm_eps,
+            lower_bound=cfg.gate_lower_bound,
+        )
+        assert tuple(args) == ARGS
+        triton_build.launch(build, args)
+        return out
+
+    def warm(self) -> list[K1Build]:
+        """Compile and load every build (each width, with and without a delta and a block
+        write) by launching it on a padded step: every slot -1, so it returns after the
+        AttnRes and projection stages and writes no cache. Call before graph capture."""
+        cfg, dev = self.cfg, self.device
+        P, H = cfg.local_proj, cfg.hidden_size
+        weights = {
+            "ares_norm": torch.zeros(H, dtype=torch.bfloat16, device=dev),
+            "ares_qk": torch.zeros(H, dtype=torch.bfloat16, device=dev),
+            "in_norm": torch.zeros(H, dtype=torch.bfloat16, device=dev),
+            "in_proj": torch.zeros(cfg.in_proj_rows, H, dtype=torch.bfloat16, device=dev),
+            "f_b": torch.zeros(P, cfg.f_a_dim, dtype=torch.bfloat16, device=dev),
+            "conv": torch.zeros(3 * P, 4, dtype=torch.float32, device=dev),
+            "a_log": torch.zeros(cfg.local_heads, dtype=torch.float32, device=dev),
+            "dt_bias": torch.zeros(P, dtype=torch.float32, device=dev),
+            "o_norm": torch.zeros(cfg.kda_head_dim, dtype=torch.bfloat16, device=dev),
+        }
+        conv_state = torch.zeros(1, 3 * P, 3 + self.L - 1, dtype=torch.bfloat16, device=dev)
+        state = torch.zeros(1, cfg.local_heads, cfg.kda_head_dim, cfg.kda_head_dim, device=dev)
+        warmed = []
+        for r in self.widths:
+            S = r * self.L
+            shape = (r, self.L) if self.spec else (r,)
+            idx = torch.full(shape, -1, dtype=torch.int32, device=dev)
+            acc = torch.ones(r, dtype=torch.int32, device=dev) if self.spec else None
+            for delta in (False, True):
+                for write in (False, True):
+                    self(
+                        r, prefix=torch.zeros(S, H, dtype=torch.bfloat16, device=dev),
+                        delta=torch.zeros(S, H, dtype=torch.bfloat16, device=dev) if delta else None,
+                        blocks=torch.zeros(S, 2, H, dtype=torch.bfloat16, device=dev),
+                        num_blocks=1 if write else 0, write_idx=1 if write else -1,
+                        weights=weights, conv_state=conv_state, state=state,
+                        state_indices=idx, num_accepted=acc,
+                        out=torch.empty(S, P, dtype=torch.bfloat16, device=dev),
+                    )
+                    warmed.append(self.build(r, delta, write))
+        self.check()
+        return warmed
+
+    def error_word(self) -> int:
+        """Bit i set: a stage-i wait gave up (a device read: call outside capture)."""
+        return int(self.scratch[: 4 * (ERROR + 1)].view(torch.int32)[ERROR])
+
+    def check(self) -> None:
+        """Raise MonoFault if any launch since the last reset gave up a wait."""
+        err = self.error_word()
+        if err:
+            from mono_runtime.errors import MonoFault
+
+            from .spec import STAGES
+
+            stages = [s for i, s in enumerate(STAGES) if err >> i & 1]
+            raise MonoFault(f"K1 gave up waiting for stage(s) {', '.join(stages)} "
+                            f"(error word {err:#x}); call reset() before the next launch")
+
+    def reset(self) -> None:
+        """Zero the scratch region (control and error words); no launch may be in flight."""
+        self.scratch.zero_()

@@ -1,0 +1,95 @@
+"""Child process of test_k1_interpret.py: runs K1 under TRITON_INTERPRET=1 on every case
+and prints one JSON object of measurements per case (the parent asserts on them).
+
+Kept out of the pytest process so that the interpreter switch can never leak into GPU
+tests collected in the same session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import zlib
+
+import torch
+
+from mono_kernels_kimi.config import KimiK3Config
+from mono_kernels_kimi.kda.inputs import make_inputs
+
+TILING = dict(programs=3, block_h=32, block_n=16, block_k=32, block_v=8)
+
+
+def cases():
+    """(name, R, L, spec, layer_idx, pad, pad_slot, conv_layout): every (R, L) with
+    R x L <= 8 as spec-verify, plus plain decodes; layers cycle through the first layer
+    (no delta), block-write layers and ordinary ones; padding and conv layouts vary."""
+    out = []
+    n = 0
+    for L in range(1, 9):
+        for R in range(1, 8 // L + 1):
+            layer = (0, 1, 2, 3, 4)[n % 5]
+            pad = (R - 1,) if R > 1 else ()
+            out.append((f"spec-R{R}-L{L}", R, L, True, layer, pad, (-1, 0)[n % 2],
+                        ("SD", "DS")[n % 2]))
+            n += 1
+    for R in (1, 3, 8):
+        out.append((f"decode-R{R}", R, 1, False, 3, (0,) if R > 1 else (), -1, "SD"))
+    return out
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def run_case(name, R, L, spec, layer, pad, pad_slot, layout):
+    cfg = KimiK3Config.tiny()
+    inp = make_inputs(cfg, R, L, spec=spec, layer_idx=layer, delta=layer > 0, pad=pad,
+                      pad_slot=pad_slot, conv_layout=layout, seed=zlib.crc32(name.encode()) % 1000)
+    init = inp.clone()
+    ref = inp.clone()
+    want = ref.reference()
+    from mono_kernels_kimi.kda.runner import KdaRunner
+
+    runner = KdaRunner(cfg, "cpu", L, spec=spec, **TILING)
+    runner(R, prefix=inp.prefix, delta=inp.delta, blocks=inp.blocks,
+           num_blocks=inp.num_blocks, write_idx=inp.write_idx, weights=inp.weights,
+           conv_state=inp.conv_state, state=inp.state, state_indices=inp.state_indices,
+           num_accepted=inp.num_accepted, out=inp.out)
+    idx = inp.state_indices.view(R, -1).long()
+    valid = [r for r in range(R) if r not in pad]
+    owned = {int(idx[r, t]) for r in valid for t in range(idx.shape[1])}
+    written = all(
+        rel(inp.state[int(idx[r, t])], ref.state[int(idx[r, t])]) < 1e-3
+        and not torch.equal(inp.state[int(idx[r, t])], init.state[int(idx[r, t])])
+        for r in valid for t in range(L)
+    )
+    untouched = all(
+        torch.equal(inp.state[s], init.state[s]) and torch.equal(inp.conv_state[s], init.conv_state[s])
+        for s in range(inp.state.shape[0]) if s not in owned
+    )
+    pad_rows = [r * L + t for r in pad for t in range(L)]
+    return dict(
+        core=rel(inp.out, want),
+        state=rel(inp.state, ref.state),
+        conv=rel(inp.conv_state, ref.conv_state),
+        prefix=torch.equal(inp.prefix, ref.prefix),
+        blocks=torch.equal(inp.blocks, ref.blocks),
+        written=written,
+        untouched=untouched,
+        pad_zero=bool(torch.all(inp.out[pad_rows] == 0)) if pad_rows else True,
+        finite=bool(torch.isfinite(inp.out.float()).all()),
+        ctrl=int(runner.scratch[:40].view(torch.int32).abs().sum()),
+        error=runner.error_word(),
+    )
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run me with TRITON_INTERPRET=1"
+    only = set(sys.argv[1:])
+    results = {}
+    for case in cases():
+        if not only or case[0] in only:
+            results[case[0]] = run_case(*case)
+    print(json.dumps(results))

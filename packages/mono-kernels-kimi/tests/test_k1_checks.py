@@ -1,0 +1,113 @@
+"""Bad input raises ValueError naming the argument, before any launch; build keys and
+the scratch layout hold what the kernel assumes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mono_kernels_kimi.config import KimiK3Config
+from mono_kernels_kimi.kda.checks import check_args
+from mono_kernels_kimi.kda.inputs import make_inputs
+from mono_kernels_kimi.kda.spec import MAX_ROWS, K1Build
+
+CFG = KimiK3Config.tiny()
+
+
+def good(R=2, L=3, spec=True, layer=4):
+    inp = make_inputs(CFG, R, L, spec=spec, layer_idx=layer)
+    build = K1Build.for_step(CFG, R, L, spec=spec, delta=True, write_block=inp.write_idx >= 0,
+                             block_h=32, block_n=16, block_k=32, block_v=8)
+    args = dict(prefix=inp.prefix, delta=inp.delta, blocks=inp.blocks,
+                num_blocks=inp.num_blocks, write_idx=inp.write_idx, weights=dict(inp.weights),
+                conv_state=inp.conv_state, state=inp.state, state_indices=inp.state_indices,
+                num_accepted=inp.num_accepted, out=inp.out,
+                scratch=torch.zeros(build.scratch_bytes, dtype=torch.uint8))
+    return build, args
+
+
+def test_good_inputs_pass():
+    for spec, L in ((True, 3), (False, 1)):
+        build, args = good(L=L, spec=spec)
+        check_args(build, **args)
+
+
+def _weights(args, **kw):
+    return {**args["weights"], **kw}
+
+
+BAD = {
+    "prefix-dtype": ("prefix", lambda a: {"prefix": a["prefix"].float()}),
+    "prefix-strides": ("prefix", lambda a: {"prefix": a["prefix"].t().contiguous().t()}),
+    "delta-shape": ("delta", lambda a: {"delta": a["delta"][:1]}),
+    "blocks-shape": ("blocks", lambda a: {"blocks": a["blocks"][:, :, :8]}),
+    "num_blocks-range": ("num_blocks", lambda a: {"num_blocks": a["blocks"].shape[1] + 1}),
+    "write_idx-reads-written-block": ("write_idx", lambda a: {"write_idx": a["num_blocks"] - 1}),
+    "in_proj-shape": ("in_proj", lambda a: {"weights": _weights(a, in_proj=a["weights"]["in_proj"][:-16])}),
+    "conv-dtype": ("conv", lambda a: {"weights": _weights(a, conv=a["weights"]["conv"].bfloat16())}),
+    "a_log-device": ("a_log", lambda a: {"weights": _weights(a, a_log=torch.empty(2, device="meta"))}),
+    "f_b-missing": ("f_b", lambda a: {"weights": {k: v for k, v in a["weights"].items() if k != "f_b"}}),
+    "conv_state-dim": ("conv_state", lambda a: {"conv_state": a["conv_state"][:, :-1]}),
+    "conv_state-short": ("conv_state", lambda a: {"conv_state": a["conv_state"][:, :, :3]}),
+    "state-dtype": ("state", lambda a: {"state": a["state"].bfloat16()}),
+    "state-strides": ("state", lambda a: {"state": a["state"].transpose(2, 3)}),
+    "state-slots": ("state", lambda a: {"state": a["state"][:-1]}),
+    "state_indices-dtype": ("state_indices", lambda a: {"state_indices": a["state_indices"].long()}),
+    "state_indices-too-big": ("state_indices", lambda a: {"state_indices": torch.full_like(
+        a["state_indices"], a["state"].shape[0])}),
+    "state_indices-too-small": ("state_indices", lambda a: {"state_indices": torch.full_like(
+        a["state_indices"], -2)}),
+    "num_accepted-missing": ("num_accepted", lambda a: {"num_accepted": None}),
+    "num_accepted-zero": ("num_accepted", lambda a: {"num_accepted": torch.zeros_like(a["num_accepted"])}),
+    "num_accepted-past-L": ("num_accepted", lambda a: {"num_accepted": a["num_accepted"] + 3}),
+    "out-dtype": ("out", lambda a: {"out": a["out"].float()}),
+    "scratch-small": ("scratch", lambda a: {"scratch": a["scratch"][:64]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_names_the_argument(case):
+    name, change = BAD[case]
+    build, args = good()
+    before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
+    changed = change(args)
+    args.update(changed)
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        check_args(build, **args)
+    for k, v in before.items():  # raised before touching anything
+        if k not in changed:
+            torch.testing.assert_close(args[k], v, rtol=0, atol=0, equal_nan=True)
+
+
+def test_plain_decode_refuses_num_accepted():
+    build, args = good(L=1, spec=False)
+    args["num_accepted"] = torch.ones(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="`num_accepted`"):
+        check_args(build, **args)
+
+
+def test_more_than_eight_rows_refused():
+    with pytest.raises(ValueError, match="rows"):
+        K1Build.for_step(CFG, 3, 3)
+    from mono_kernels_kimi.kda.runner import KdaRunner
+
+    runner = KdaRunner(CFG, "cpu", 2)
+    assert runner.widths == (1, 2, 3, 4)
+    with pytest.raises(ValueError, match="requests"):
+        runner.build(5, True, False)
+    with pytest.raises(ValueError, match="max_rows"):
+        KdaRunner(CFG, "cpu", 9)
+
+
+@pytest.mark.parametrize("R,L", [(R, L) for L in range(1, MAX_ROWS + 1) for R in range(1, MAX_ROWS // L + 1)])
+def test_scratch_regions_disjoint_and_items_cover_the_work(R, L):
+    cfg = KimiK3Config()
+    b = K1Build.for_step(cfg, R, L)
+    regions = sorted(b.scratch_layout().values())
+    for (o1, n1), (o2, _) in zip(regions, regions[1:]):
+        assert o1 + n1 <= o2 and o2 % 256 == 0
+    ares, mix, x, proj, kda, norm = b.stage_items
+    assert ares == mix == x == 14  # 7168 / 512
+    assert proj * b.block_n >= cfg.in_proj_rows > (proj - 1) * b.block_n
+    assert kda == R * 12 * (128 // b.block_v) and norm == R * 12
+    assert b.scratch_bytes >= regions[-1][0] + regions[-1][1]
