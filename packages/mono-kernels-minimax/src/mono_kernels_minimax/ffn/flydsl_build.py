@@ -1,0 +1,652 @@
+"""FlyDSL build of the FFN monokernel (AMD gfx950, MI355X; gfx942 compiles too).
+
+The same kernel as triton_build.py, from the same spec (spec.py): the same build key, task
+plan and ticket order, scratch and peer layouts, argument list, tags and health records
+(through mono_runtime.flydsl.protocol, the FlyDSL twin of the Triton helpers). A grid of
+GRID programs of THREADS lanes draws tickets; the task of a ticket is spec.TaskPlan's.
+
+Work per lane, no matrix cores: a lane owns (row, k-lane) or (column, k-lane) cells, sums
+its k-blocks in fp32 and the k-lanes meet in a butterfly. Weights are read once a launch
+(an up task reads its IC gate + IC up rows, a down task its DC rows of every slot), which
+is what bounds a decode step; matrix-core tiles are a later optimisation.
+
+Weights: ``bf16`` and ``mxfp4-k32`` (formats.py); ``fp8-b128`` is refused here (the Triton
+build reads it). Every compile runs in a child process (``compile_isa``): a FlyDSL compile
+can abort its process.
+
+No ``from __future__ import annotations``: FlyDSL reads kernel annotations at trace time.
+"""
+
+import dataclasses
+
+from ..config import MiniMaxM3Config
+from ..formats import WeightFormat
+from .spec import ARGS, Experts, FfnBuild, peer_layout, scratch_layout, table_offsets
+
+THREADS = 256
+WAVE = 64
+WAVES = THREADS // WAVE
+GRID = 256  # one program per CU of an MI355X
+MX = 32  # k of an MXFP4 block (one e8m0 scale)
+UP_KLANES = 16  # lanes that split the k of one up row
+DOWN_KLANES = 8  # lanes that split the k of one down column
+
+# the launch's arguments after spec.ARGS: mono_runtime's launch_args() then peer_args(),
+# then the launch's tag slot (the names and order of triton_build.ffn_kernel)
+RUNTIME_ARGS = ("ctl", "health", "peers", "alarm_base", "tag_slot")
+ARG_NAMES = tuple(name for name, _ in ARGS) + RUNTIME_ARGS
+
+# wait sites, named in health records
+REGIONS = ("ffn.ar1", "ffn.xrdy", "ffn.rtr", "ffn.route", "ffn.upf", "ffn.ar2", "ffn.hs")
+
+
+class FlyDslUnsupported(ValueError):
+    """A build the FlyDSL kernel does not serve (named in the message)."""
+
+
+def check_build(b: FfnBuild) -> None:
+    """Refuse, before any compile, what this build does not serve."""
+    if b.weights is WeightFormat.FP8:
+        raise FlyDslUnsupported(
+            "FlyDSL FFN build reads bf16 and mxfp4-k32 experts; fp8-b128 is served by the "
+            "Triton build only")
+    if b.rows * 16 > THREADS:
+        raise FlyDslUnsupported(f"rows={b.rows}: a router task maps 16 experts x rows lanes")
+    if b.inter % (MX * 2) or b.cfg.hidden_size % (MX * 2):
+        raise FlyDslUnsupported("hidden and per-rank intermediate sizes must be multiples of 64")
+
+
+def kernel_name(b: FfnBuild, final: bool = False) -> str:
+    c = b.cfg
+    name = (f"mono_ffn_h{c.hidden_size}_e{c.num_experts}_i{b.inter}_s{b.rows}_tp{b.tp}"
+            f"_{b.weights.value}")
+    if b.experts is not Experts.ALL:
+        name += f"_{b.experts.value}"
+    return name + ("_final" if final else "")
+
+
+def job_kwargs(b: FfnBuild, final: bool = False) -> dict:
+    """JSON-able arguments of ``build_job`` for build ``b`` (the compile child rebuilds it)."""
+    return {"cfg": dataclasses.asdict(b.cfg), "rows": b.rows, "tp": b.tp,
+            "weights": b.weights.value, "experts": b.experts.value, "final": final}
+
+
+def build_job(cfg: dict, rows: int, tp: int, weights: str, experts: str, final: bool):
+    """``mono_runtime.flydsl.offline`` builder: (launcher, example arguments)."""
+    b = FfnBuild(MiniMaxM3Config(**cfg), rows, tp, WeightFormat(weights), Experts(experts))
+    return build(b, final), (0,) * len(ARG_NAMES)
+
+
+def compile_isa(builds, arch: str = "gfx950", final: bool = False, processes=None):
+    """Compile every build in child processes; their ISA (``mono_runtime.flydsl.isa``)."""
+    from mono_runtime.flydsl.offline import Job, compile_all
+
+    for b in builds:
+        check_build(b)
+    jobs = [Job(f"{__name__}:build_job", job_kwargs(b, final)) for b in builds]
+    return compile_all(jobs, arch, processes=processes)
+
+
+def residency_problem(isa, cus: int | None = None):
+    """Why a compiled build's grid of GRID programs cannot be resident (None: it can)."""
+    from mono_runtime.flydsl.residency import residency_problem as problem
+
+    return problem(isa.resources, GRID, THREADS, isa.arch, cus)
+
+
+def build(b: FfnBuild, final: bool = False):
+    """The ``flyc.jit`` launcher of build ``b`` (arguments: ARG_NAMES, then ``stream``)."""
+    check_build(b)
+    return _make_launcher(b, final, consts(b))
+
+
+def consts(b: FfnBuild) -> dict:
+    """Every number the kernel bakes in: the spec's plan and layouts."""
+    c, p = b.cfg, b.plan
+    sl, tb, pl = scratch_layout(b), table_offsets(b), peer_layout(c, b.tp)
+    return dict(
+        S=b.rows, H=c.hidden_size, E=c.num_experts, K=c.top_k, I=b.inter, W=b.tp,
+        MXFP4=b.weights is WeightFormat.MXFP4,
+        SHARED=b.experts is not Experts.ROUTED, ROUTED=b.experts is not Experts.SHARED,
+        MAXSLOTS=b.max_slots, NPUSH=p.push, PUSHC=p.push_cols, SC=p.seam_cols,
+        RG=p.router_groups, RP=p.router_parts, RK=p.router_k, NC=p.nc, IC=p.ic, ND=p.down,
+        DC=p.dc, NF=p.final, FC=p.fc,
+        O={k: v[0] for k, v in sl.items()}, T=tb, PL={k: v[0] for k, v in pl.items()},
+        ALPHA=c.swiglu_alpha, BETA=c.swiglu_beta, LIMIT=c.swiglu_limit, EPS=c.rms_norm_eps,
+        RSF=c.routed_scaling_factor,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Device code. FlyDSL is imported here only where it is installed (linux x86_64, ROCm or
+# compile-only); the module above stays importable everywhere for its checks and names.
+# Stage helpers take `c`, a dict of the program's traced values and the build's numbers.
+
+try:
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+    from flydsl.compiler.ast_rewriter import ASTRewriter
+    from flydsl.expr import const_expr, range_constexpr, rocdl
+    from flydsl.expr import math as fmath
+    from flydsl.expr.typing import Int32, Int64, T
+
+    from mono_runtime import protocol as proto
+    from mono_runtime.flydsl import protocol as P
+except ImportError:  # no FlyDSL here: build() is unavailable, the checks above still work
+    fx = None
+
+
+def _ptr(addr, index, ir_type, nbytes):
+    at = fx.Int64(addr) + fx.Int64(index) * nbytes
+    return fx.inttoptr(fx.PointerType.get(ir_type, fx.AddressSpace.Global, nbytes), at)
+
+
+def ld_i32(addr, i):
+    return fx.generic_load(_ptr(addr, i, T.i32, 4), dtype=fx.Int32)
+
+
+def st_i32(addr, i, v):
+    fx.generic_store(_ptr(addr, i, T.i32, 4), fx.Int32(v))
+
+
+def ld_f32(addr, i):
+    return fx.generic_load(_ptr(addr, i, T.f32, 4), dtype=fx.Float32)
+
+
+def st_f32(addr, i, v):
+    fx.generic_store(_ptr(addr, i, T.f32, 4), fx.Float32(v))
+
+
+def ld_u8(addr, i):
+    """Byte i at addr, zero-extended."""
+    return fx.Int32(fx.generic_load(_ptr(addr, i, T.i8, 1), dtype=fx.Int8)) & 0xFF
+
+
+def st_bf16(addr, i, x):
+    """bf16 element i := x (fp32) rounded to nearest even."""
+    fx.generic_store(_ptr(addr, i, T.i16, 2), fx.Int16(P.bf16_bits(x)))
+
+
+def lo(word):
+    return P.bf16x2_lo(word)
+
+
+def hi(word):
+    return P.bf16x2_hi(word)
+
+
+def round_bf16(x):
+    """x rounded to bf16 (nearest even), as fp32."""
+    return (P.bf16_bits(x) << 16).bitcast(fx.Float32)
+
+
+def sigmoid(x):
+    return fx.Float32(1.0) / (fx.Float32(1.0) + fmath.exp(-x))
+
+
+def uniform(v):
+    """A value every lane holds alike, made wave-uniform for the compiler (scalar branch)."""
+    return fx.Int32(rocdl.readfirstlane(T.i32, fx.Int32(v).ir_value()))
+
+
+def e2m1(code):
+    """fp32 of a 4-bit e2m1 code (Int32 0..15): exponent field 0 is 0 or 0.5."""
+    mag = code & 7
+    e = mag >> 1
+    m = mag & 1
+    normal = (((e + 126) << 23) | (m << 22)).bitcast(fx.Float32)
+    v = (e == 0).select(fx.Float32(m) * 0.5, normal)
+    return ((code & 8) != 0).select(-v, v)
+
+
+def e8m0(s):
+    """2**(s - 127) of an e8m0 code (s = 0 is the subnormal 2**-127)."""
+    return (s == 0).select(fx.Int32(0x400000), s << 23).bitcast(fx.Float32)
+
+
+def xsum(v, offsets):
+    """v summed over the lanes ``lane ^ o`` for o in ``offsets`` (a butterfly)."""
+    for o in offsets:
+        v = v + fx.gpu.shuffle_xor(v, o, WAVE)
+    return v
+
+
+def weight_block(c, w, ws, row, blk, krow, mx):
+    """The 32 fp32 weights of k-block ``blk`` of row ``row`` of a row-major weight with
+    ``krow`` logical columns: mxfp4-k32 (codes x e8m0 scale) or bf16."""
+    out = []
+    if const_expr(mx):
+        base = fx.Int64(row) * (krow // 2) + fx.Int64(blk) * (MX // 2)
+        scale = e8m0(ld_u8(ws, fx.Int64(row) * (krow // MX) + blk))
+        for q in range_constexpr(MX // 8):
+            word = ld_i32(w + base, q)
+            for n in range_constexpr(8):
+                out.append(e2m1((word >> (4 * n)) & 15) * scale)
+    else:
+        base = fx.Int64(row) * (krow // 2) + fx.Int64(blk) * (MX // 2)
+        for q in range_constexpr(MX // 2):
+            word = ld_i32(w, base + q)
+            out += [lo(word), hi(word)]
+    return out
+
+
+# -- program-level steps ------------------------------------------------------------------
+
+
+def draw(c):
+    """The next ticket of this program, the same in every lane."""
+    if c["tid"] == 0:
+        t = fx.atomic_add(P.word_ptr(c["ctr"], 0, fx.Int32), fx.Int32(1), syncscope=P.DEVICE,
+                          ordering=fx.AtomicOrdering.AcqRel)
+        fx.ptr_store(t, c["lds"].tick.ptr)
+    fx.gpu.barrier()
+    t = uniform(fx.ptr_load(c["lds"].tick.ptr))
+    fx.gpu.barrier()
+    return t
+
+
+def flag(c, addr, i):
+    """This program's stores are done: pair (tag, 1) at flag i (device scope)."""
+    P.drain()
+    if c["tid"] == 0:
+        P.publish(addr, i, fx.Int32(1), c["tag"], P.DEVICE)
+
+
+def wait_flags(c, addr, first, n, region):
+    """Lane 0 waits (bounded) for flags first .. first + n; then the program proceeds (its
+    barrier passes lane 0's acquire on to every lane)."""
+    if c["tid"] == 0:
+        P.poll(c["prog"], [(addr, fx.Int64(first) + q) for q in range_constexpr(n)], c["tag"],
+               P.DEVICE, region, 0)
+    fx.gpu.barrier()
+
+
+def block_sum(c, v):
+    """v summed over the program (waves in order); every lane gets the sum."""
+    v = xsum(v, (32, 16, 8, 4, 2, 1))
+    red = c["lds"].red.ptr
+    if c["tid"] % WAVE == 0:
+        fx.ptr_store(v, red + c["tid"] // WAVE)
+    fx.gpu.barrier()
+    tot = fx.ptr_load(red)
+    for w in range_constexpr(1, WAVES):
+        tot = tot + fx.ptr_load(red + w)
+    fx.gpu.barrier()
+    return tot
+
+
+# -- stages -------------------------------------------------------------------------------
+
+
+def stage_push(c, t):
+    """Columns [t*PUSHC, (t+1)*PUSHC) of every row, bf16 pairs, into every rank's ar1."""
+    k, tid = c["k"], c["tid"]
+    P.fault_stall(c["prog"])
+    half = k["H"] // 2
+    if tid < k["PUSHC"] // 2:
+        p = t * (k["PUSHC"] // 2) + tid
+        for s in range_constexpr(k["S"]):
+            word = ld_i32(c["part"], s * half + p)
+            for dst in range_constexpr(k["W"]):
+                ar1 = P.peer_data(c["prog"], dst) + k["PL"]["ar1"]
+                P.publish(ar1, (c["rank"] * 16 + s) * half + p, word, c["tag"], P.SYSTEM)
+
+
+def stage_seam(c, s):
+    """Row s: the ranks' ar1 pairs in rank order (fp32, rounded to bf16) + residual in fp32
+    -> residual_out; Gemma RMSNorm -> xn; flag xrdy[s]. A failed wait poisons the row."""
+    k, tid = c["k"], c["tid"]
+    half, h = k["H"] // 2, k["H"]
+    ssq = fx.Float32(0.0)
+    bad = fx.Int32(0)
+    ar1 = P.own_data(c["prog"]) + k["PL"]["ar1"]
+    for c0 in range_constexpr(0, half, THREADS):
+        p = c0 + tid
+        if p < half:
+            sl, sh, ok = P.reduce_bf16x2(c["prog"], ar1, 16 * half, s * half + p, c["tag"],
+                                         c["regions"]["ffn.ar1"])
+            r = ld_i32(c["residual"], s * half + p)
+            xl = round_bf16(sl) + lo(r)
+            xh = round_bf16(sh) + hi(r)
+            st_i32(c["residual_out"], s * half + p, P.bf16x2_pack(xl, xh))
+            st_f32(c["xs"], s * h + 2 * p, xl)
+            st_f32(c["xs"], s * h + 2 * p + 1, xh)
+            ssq = ssq + xl * xl + xh * xh
+            bad = bad | ok.select(fx.Int32(0), fx.Int32(1))
+    ssq = block_sum(c, ssq)
+    poison = block_sum(c, fx.Float32(bad)) != 0
+    rstd = fx.Float32(1.0) / fmath.sqrt(ssq / h + k["EPS"])
+    rstd = poison.select(fx.Float32(float("nan")), rstd)
+    for c0 in range_constexpr(0, half, THREADS):
+        p = c0 + tid
+        if p < half:
+            xl = ld_f32(c["xs"], s * h + 2 * p)
+            xh = ld_f32(c["xs"], s * h + 2 * p + 1)
+            wn = ld_i32(c["norm"], p)
+            st_i32(c["xn"], s * half + p, P.bf16x2_pack(xl * rstd * (lo(wn) + 1.0),
+                                                         xh * rstd * (hi(wn) + 1.0)))
+    flag(c, c["xrdy"], s)
+
+
+def stage_router(c, u):
+    """16 experts x one K part of the fp32 router GEMV for every row -> logit; flag rtr[u]."""
+    k, tid = c["k"], c["tid"]
+    g, part = u // k["RP"], u % k["RP"]
+    wait_flags(c, c["xrdy"], 0, k["S"], c["regions"]["ffn.xrdy"])
+    s, e = tid // 16, g * 16 + tid % 16
+    if s < k["S"]:
+        acc = fx.Float32(0.0)
+        half = k["H"] // 2
+        for q in range(part * (k["RK"] // 2), (part + 1) * (k["RK"] // 2)):
+            x = ld_i32(c["xn"], s * half + q)
+            acc = acc + lo(x) * ld_f32(c["router"], e * k["H"] + 2 * q)
+            acc = acc + hi(x) * ld_f32(c["router"], e * k["H"] + 2 * q + 1)
+        st_f32(c["logit"], (part * k["S"] + s) * k["E"] + e, acc)
+    flag(c, c["rtr"], u)
+
+
+def stage_route(c):
+    """Top-k of sigmoid + bias (ties -> lower id, NaN last), renormalised x RSF; the slot
+    table: the shared expert first (unless ROUTED), then the union in ascending id."""
+    k, tid = c["k"], c["tid"]
+    S, E, K = k["S"], k["E"], k["K"]
+    wait_flags(c, c["rtr"], 0, k["RG"] * k["RP"], c["regions"]["ffn.rtr"])
+    used, pos = c["lds"].used.ptr, c["lds"].pos.ptr
+    first = 1 if k["SHARED"] else 0
+    for e0 in range_constexpr(0, E, THREADS):
+        if e0 + tid < E:
+            fx.ptr_store(fx.Int32(0), used + e0 + tid)
+    fx.gpu.barrier()
+    s = tid
+    live = fx.Int32(0)
+    ids, ws = [], []
+    if s < S:
+        live = (ld_i32(c["slots"], 2 * s + 1) >= 0).select(fx.Int32(1), fx.Int32(0))
+        # scores in place of the first logit part (only this task reads the logits)
+        for e in range(E):
+            lg = ld_f32(c["logit"], s * E + e)
+            for q in range_constexpr(1, k["RP"]):
+                lg = lg + ld_f32(c["logit"], (q * S + s) * E + e)
+            st_f32(c["logit"], s * E + e, sigmoid(lg))
+    for j in range_constexpr(K):
+        best_id, best, wsum = fx.Int32(-1), fx.Float32(float("-inf")), fx.Float32(0.0)
+        if s < S:
+            for e in range(E):
+                key = ld_f32(c["logit"], s * E + e) + ld_f32(c["bias"], e)
+                key = (key != key).select(fx.Float32(float("-inf")), key)
+                free = fx.Int32(1)
+                for q in range_constexpr(j):
+                    free = (ids[q] == e).select(fx.Int32(0), free)
+                better = (free != 0) & ((best_id < 0) | (key > best))
+                best_id = better.select(fx.Int32(e), best_id)
+                best = better.select(key, best)
+        ids.append(best_id)
+    wsum = fx.Float32(0.0)
+    if s < S:
+        for j in range_constexpr(K):
+            wsum = wsum + ld_f32(c["logit"], s * E + ids[j])
+    for j in range_constexpr(K):
+        sc = fx.Float32(0.0)
+        if s < S:
+            sc = ld_f32(c["logit"], s * E + ids[j])
+        ws.append((live != 0).select(sc / wsum * k["RSF"], fx.Float32(0.0)))
+    if s < S:
+        for j in range_constexpr(K):
+            st_i32(c["table"] + k["T"]["topk_ids"], s * K + j, (live != 0).select(ids[j], -1))
+            st_f32(c["table"] + k["T"]["topk_w"], s * K + j, ws[j])
+            if const_expr(k["ROUTED"]):
+                if live != 0:
+                    fx.ptr_store(fx.Int32(1), used + ids[j])
+    fx.gpu.barrier()
+    if tid == 0:
+        n = fx.Int32(first)
+        for e in range(E):
+            if fx.ptr_load(used + e) != 0:
+                fx.ptr_store(n, pos + e)
+                st_i32(c["table"] + k["T"]["slot_expert"], n, e)
+                n = n + 1
+        if const_expr(first == 1):
+            st_i32(c["table"] + k["T"]["slot_expert"], 0, E)
+        st_i32(c["table"], 0, n)
+        fx.ptr_store(n, c["lds"].tick.ptr + 1)
+    fx.gpu.barrier()
+    nslots = fx.ptr_load(c["lds"].tick.ptr + 1)
+    if s < S:
+        wtab = c["table"] + k["T"]["wtab"]
+        for j in range(first, nslots):
+            st_f32(wtab, j * S + s, fx.Float32(0.0))
+        if const_expr(k["ROUTED"]):
+            for j in range_constexpr(K):
+                if live != 0:
+                    st_f32(wtab, fx.ptr_load(pos + ids[j]) * S + s, ws[j])
+        if const_expr(first == 1):
+            st_f32(wtab, s, (live != 0).select(fx.Float32(1.0), fx.Float32(0.0)))
+    flag(c, c["routef"], 0)
+
+
+def up_dots(c, w, ws, rows, kl, g, v, mx):
+    """This lane's k-blocks of the gate and up rows ``rows`` against every row of xn."""
+    k = c["k"]
+    S, H = k["S"], k["H"]
+    nblk = H // MX
+    for b0 in range(0, nblk, UP_KLANES):
+        blk = b0 + kl
+        if blk < nblk:
+            tg = weight_block(c, w, ws, rows[0], blk, H, mx)
+            tu = weight_block(c, w, ws, rows[1], blk, H, mx)
+            for s in range_constexpr(S):
+                for q in range_constexpr(MX // 2):
+                    x = ld_i32(c["xn"], s * (H // 2) + blk * (MX // 2) + q)
+                    g[s] = g[s] + lo(x) * tg[2 * q] + hi(x) * tg[2 * q + 1]
+                    v[s] = v[s] + lo(x) * tu[2 * q] + hi(x) * tu[2 * q + 1]
+    return g, v
+
+
+def down_dots(c, w, ws, row, kl, j, y, mx):
+    """This lane's k-blocks of down row ``row`` against slot j's mid rows."""
+    k = c["k"]
+    S, I = k["S"], k["I"]
+    nblk = I // MX
+    for b0 in range(0, nblk, DOWN_KLANES):
+        blk = b0 + kl
+        if blk < nblk:
+            t = weight_block(c, w, ws, row, blk, I, mx)
+            for s in range_constexpr(S):
+                for q in range_constexpr(MX // 2):
+                    m = ld_i32(c["mid"], ((j * S + s) * I) // 2 + blk * (MX // 2) + q)
+                    y[s] = y[s] + lo(m) * t[2 * q] + hi(m) * t[2 * q + 1]
+    return y
+
+
+def stage_up(c, u):
+    """Slot j = u // NC, gate and up rows [ci*IC, (ci+1)*IC) of its expert over every row:
+    SwiGLU-OAI -> bf16 mid[j, s, :]; flag upf[u]. Lane = row i (16) x k-lane (16)."""
+    k, tid = c["k"], c["tid"]
+    S, H, I = k["S"], k["H"], k["I"]
+    j, ci = u // k["NC"], u % k["NC"]
+    e = ld_i32(c["table"] + k["T"]["slot_expert"], j)
+    i, kl = tid // UP_KLANES, tid % UP_KLANES
+    g = [fx.Float32(0.0)] * S
+    v = [fx.Float32(0.0)] * S
+    shared = e == k["E"]
+    mx = k["MXFP4"]
+    # the shared expert is bf16 in every format served here; routed experts per build
+    w = shared.select(c["sw13"], c["w13"] + fx.Int64(e) * (2 * I * H // (2 if mx else 1) * (1 if mx else 2)))
+    ws = shared.select(c["sw13_scale"], c["w13_scale"] + fx.Int64(e) * (2 * I * H // MX))
+    rows = (ci * k["IC"] + i, I + ci * k["IC"] + i)
+    if const_expr(not mx):
+        g, v = up_dots(c, w, ws, rows, kl, g, v, False)
+    else:
+        if shared:
+            g, v = up_dots(c, w, ws, rows, kl, g, v, False)
+        else:
+            g, v = up_dots(c, w, ws, rows, kl, g, v, True)
+    for s in range_constexpr(S):
+        gs = xsum(g[s], (8, 4, 2, 1))
+        vs = xsum(v[s], (8, 4, 2, 1))
+        if kl == 0:
+            gs = (gs < k["LIMIT"]).select(gs, fx.Float32(k["LIMIT"]))
+            vs = (vs < k["LIMIT"]).select(vs, fx.Float32(k["LIMIT"]))
+            vs = (vs > -k["LIMIT"]).select(vs, fx.Float32(-k["LIMIT"]))
+            act = gs * sigmoid(gs * k["ALPHA"]) * (vs + k["BETA"])
+            st_bf16(c["mid"], (j * S + s) * I + ci * k["IC"] + i, act)
+    flag(c, c["upf"], u)
+
+
+def stage_down(c, d, nslots):
+    """Output columns [d*DC, (d+1)*DC) over every slot in slot order, weighted by wtab,
+    fp32, rounded to bf16 once -> every rank's ar2. Lane = column (32) x k-lane (8)."""
+    k, tid = c["k"], c["tid"]
+    S, H, I = k["S"], k["H"], k["I"]
+    col, kl = tid // DOWN_KLANES, tid % DOWN_KLANES
+    d0 = d * k["DC"]
+    acc = [fx.Float32(0.0)] * S
+    mx = k["MXFP4"]
+    for j in range(nslots):
+        wait_flags(c, c["upf"], j * k["NC"], k["NC"], c["regions"]["ffn.upf"])
+        e = ld_i32(c["table"] + k["T"]["slot_expert"], j)
+        shared = e == k["E"]
+        w = shared.select(c["sw2"], c["w2"] + fx.Int64(e) * (H * I // (2 if mx else 1) * (1 if mx else 2)))
+        ws = shared.select(c["sw2_scale"], c["w2_scale"] + fx.Int64(e) * (H * I // MX))
+        y = [fx.Float32(0.0)] * S
+        if const_expr(not mx):
+            y = down_dots(c, w, ws, d0 + col, kl, j, y, False)
+        else:
+            if shared:
+                y = down_dots(c, w, ws, d0 + col, kl, j, y, False)
+            else:
+                y = down_dots(c, w, ws, d0 + col, kl, j, y, True)
+        for s in range_constexpr(S):
+            ys = xsum(y[s], (4, 2, 1))
+            wrow = ld_f32(c["table"] + k["T"]["wtab"], j * S + s)
+            acc[s] = acc[s] + (wrow != 0.0).select(wrow * ys, fx.Float32(0.0))
+    half = H // 2
+    for s in range_constexpr(S):
+        other = fx.gpu.shuffle_xor(acc[s], DOWN_KLANES, WAVE)  # column col ^ 1
+        if (kl == 0) & (col % 2 == 0):
+            word = P.bf16x2_pack(acc[s], other)
+            for dst in range_constexpr(k["W"]):
+                ar2 = P.peer_data(c["prog"], dst) + k["PL"]["ar2"]
+                P.publish(ar2, (c["rank"] * 16 + s) * half + (d0 + col) // 2, word, c["tag"],
+                          P.SYSTEM)
+
+
+def stage_final(c, f):
+    """Columns [f*FC, (f+1)*FC): the ranks' ar2 partials in rank order -> out (bf16)."""
+    k, tid = c["k"], c["tid"]
+    half = k["H"] // 2
+    ar2 = P.own_data(c["prog"]) + k["PL"]["ar2"]
+    if tid < k["FC"] // 2:
+        p = f * (k["FC"] // 2) + tid
+        for s in range_constexpr(k["S"]):
+            sl, sh, ok = P.reduce_bf16x2(c["prog"], ar2, 16 * half, s * half + p, c["tag"],
+                                         c["regions"]["ffn.ar2"])
+            word = P.bf16x2_pack(sl, sh)
+            st_i32(c["out"], s * half + p, ok.select(word, fx.Int32(0x7FC07FC0)))
+
+
+def finish(c, final):
+    """This program is out of tickets: count it; the last program resets both counters.
+    A final launch's last program then trades a pair with every rank (the step-end
+    handshake): a rank that stopped waiting is seen by every rank before the launch ends."""
+    k = c["k"]
+    if c["tid"] == 0:
+        done = fx.atomic_add(P.word_ptr(c["ctr"], 1, fx.Int32), fx.Int32(1), syncscope=P.DEVICE,
+                             ordering=fx.AtomicOrdering.AcqRel)
+        if done == GRID - 1:
+            fx.generic_store(P.word_ptr(c["ctr"], 0, fx.Int32), fx.Int32(0))
+            fx.generic_store(P.word_ptr(c["ctr"], 1, fx.Int32), fx.Int32(0))
+            if const_expr(final):
+                hs = [(P.own_data(c["prog"]) + k["PL"]["hs"], q)
+                      for q in range_constexpr(k["W"])]
+                for dst in range_constexpr(k["W"]):
+                    P.publish(P.peer_data(c["prog"], dst) + k["PL"]["hs"], c["rank"],
+                              fx.Int32(1), c["tag"], P.SYSTEM)
+                P.poll(c["prog"], hs, c["tag"], P.SYSTEM, c["regions"]["ffn.hs"], 0)
+
+
+_TRACED = (draw, flag, wait_flags, block_sum, stage_push, stage_seam, stage_router,
+           stage_route, stage_up, stage_down, stage_final, finish, weight_block, up_dots,
+           down_dots)
+
+
+def _make_launcher(b: FfnBuild, final: bool, k: dict):
+    if fx is None:
+        raise FlyDslUnsupported("FlyDSL is not installed: the FlyDSL FFN build needs it")
+    for fn in _TRACED:
+        ASTRewriter.transform(fn)
+    regions = {name: proto.region_id(name) for name in REGIONS}
+    S, E = k["S"], k["E"]
+    n_static = k["NPUSH"] + S + k["RG"] * k["RP"] + 1
+    o = k["O"]
+
+    @fx.struct
+    class Lds:
+        red: fx.Array[fx.Float32, WAVES, 16]
+        tick: fx.Array[fx.Int32, 4, 16]
+        used: fx.Array[fx.Int32, E, 16]
+        pos: fx.Array[fx.Int32, E, 16]
+
+    @flyc.kernel(name=kernel_name(b, final), known_block_size=[THREADS, 1, 1])
+    def ffn(part: Int64, residual: Int64, out: Int64, residual_out: Int64, slots: Int64,
+            norm: Int64, router: Int64, bias: Int64, w13: Int64, w13_scale: Int64,
+            w2: Int64, w2_scale: Int64, sw13: Int64, sw13_scale: Int64, sw2: Int64,
+            sw2_scale: Int64, scratch: Int64, rank: Int32, ctl: Int64, health: Int64,
+            peers: Int64, alarm_base: Int64, tag_slot: Int32):
+        tid = fx.Int32(fx.thread_idx.x)
+        c = {
+            "k": k, "tid": tid, "rank": rank, "regions": regions,
+            "lds": fx.SharedAllocator().allocate(Lds).peek(),
+            "prog": P.program(ctl, health, peers, rank, k["W"]),
+            "tag": P.step_tag(ctl, tag_slot),
+            "part": part, "residual": residual, "out": out, "residual_out": residual_out,
+            "slots": slots, "norm": norm, "router": router, "bias": bias, "w13": w13,
+            "w13_scale": w13_scale, "w2": w2, "w2_scale": w2_scale, "sw13": sw13,
+            "sw13_scale": sw13_scale, "sw2": sw2, "sw2_scale": sw2_scale,
+            "ctr": scratch + o["ctl"], "xrdy": scratch + o["xrdy"], "rtr": scratch + o["rtr"],
+            "routef": scratch + o["route"], "upf": scratch + o["upf"], "xs": scratch + o["xs"],
+            "xn": scratch + o["xn"], "logit": scratch + o["logit"],
+            "table": scratch + o["table"], "mid": scratch + o["mid"],
+        }
+        total = fx.Int32(n_static + k["MAXSLOTS"] * k["NC"] + k["ND"] + k["NF"])
+        nslots = fx.Int32(k["MAXSLOTS"])
+        routed = fx.Int32(0)
+        t = draw(c)
+        while t < total:
+            if t < k["NPUSH"]:
+                stage_push(c, t)
+            elif t < k["NPUSH"] + S:
+                stage_seam(c, t - k["NPUSH"])
+            elif t < n_static - 1:
+                stage_router(c, t - k["NPUSH"] - S)
+            elif t == n_static - 1:
+                stage_route(c)
+            else:
+                if routed == 0:
+                    wait_flags(c, c["routef"], 0, 1, regions["ffn.route"])
+                    got = ld_i32(c["table"], 0)
+                    nslots = uniform((got < k["MAXSLOTS"]).select(got, k["MAXSLOTS"]))
+                    total = n_static + nslots * k["NC"] + k["ND"] + k["NF"]
+                    routed = fx.Int32(1)
+                u = t - n_static
+                if u < nslots * k["NC"]:
+                    stage_up(c, u)
+                elif u < nslots * k["NC"] + k["ND"]:
+                    stage_down(c, u - nslots * k["NC"], nslots)
+                else:
+                    stage_final(c, u - nslots * k["NC"] - k["ND"])
+            t = draw(c)
+        finish(c, final)
+
+    @flyc.jit
+    def launch(part: Int64, residual: Int64, out: Int64, residual_out: Int64, slots: Int64,
+               norm: Int64, router: Int64, bias: Int64, w13: Int64, w13_scale: Int64,
+               w2: Int64, w2_scale: Int64, sw13: Int64, sw13_scale: Int64, sw2: Int64,
+               sw2_scale: Int64, scratch: Int64, rank: Int32, ctl: Int64, health: Int64,
+               peers: Int64, alarm_base: Int64, tag_slot: Int32,
+               stream: fx.Stream = fx.Stream(None)):  # noqa: B008
+        ffn(part, residual, out, residual_out, slots, norm, router, bias, w13, w13_scale,
+            w2, w2_scale, sw13, sw13_scale, sw2, sw2_scale, scratch, rank, ctl, health,
+            peers, alarm_base, tag_slot).launch(grid=(GRID,), block=(THREADS,), stream=stream)
+
+    return launch

@@ -1,0 +1,251 @@
+"""The FFN monokernel's contract: build key, task plan, scratch and peer layouts, arguments.
+
+Every build (Triton here, FlyDSL in flydsl_build.py) implements this spec; the runner and
+the tests read only this module. Pure Python: a CPU can check every layout.
+
+One launch, one TP rank, S = 1..16 rows (a decode step), does in this order of tasks
+(tickets; a task waits only on tasks of smaller tickets or on peers' pushes):
+
+    push    PUSH tasks   this rank's unreduced o_proj partial, bf16 pairs -> every rank's
+                         peer region `ar1[src = this rank]`
+    seam    S tasks      row s: the ranks' pairs summed in rank order (fp32 -> bf16), + residual
+                         in fp32 -> `residual_out` (bf16); Gemma RMSNorm -> scratch `xn`; flag
+                         `xrdy[s]`
+    router  RG x RP      16 experts x one K part of the fp32 router GEMV -> `logit[p, s, e]`,
+                         flag `rtr[task]`
+    route   1 task       parts summed in order, sigmoid, + bias, top-k (ties -> lower id, NaN
+                         last), weights renormalized x routed_scaling_factor; the slot table:
+                         slot 0 = the shared expert (id E), slots 1.. = the union of the live
+                         rows' experts in ascending id; `wtab[slot, s]` the row's weight (0 when
+                         the row does not use it; padding rows use none); flag `route`
+    up      nslots x NC  slot j, IC gate + IC up rows of w13: SwiGLU-OAI -> bf16 `mid[j, s, :]`,
+                         flag `upf[j, c]`   (dynamic: tickets past nslots * NC are not drawn)
+    down    ND tasks     DC output columns over every slot in slot order, weighted by `wtab`,
+                         fp32, rounded to bf16 -> every rank's `ar2[src = this rank]`
+    final   NF tasks     FC columns: the ranks' partials in rank order (fp32) -> `out` (bf16)
+    (final=True launches end with the TP fault handshake, see mono_runtime PROTOCOL.md)
+
+Peer regions are sized for 16 rows so that every width shares them; one buffer suffices
+(no parity): a rank cannot push launch n+1's `ar1` before every peer finished reading launch
+n's, because its launch n ended only after every peer's `ar2` push, which each peer makes
+after its own seam. Mailbox pairs are int64 words (32-bit payload, 32-bit tag) written and
+polled only through mono_runtime's device helpers.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..config import MiniMaxM3Config
+from ..formats import FP8_BLOCK, WeightFormat
+
+MAX_ROWS = 16
+DOT_ROWS = 16  # rows of every tl.dot tile (the M operand); live rows are masked
+PAIR = 8  # bytes of a mailbox pair
+ALIGN = 256
+
+
+class Experts(str, enum.Enum):
+    """Which expert terms a build sums: ALL in production; one side alone to qualify it."""
+
+    ALL = "all"
+    ROUTED = "routed"
+    SHARED = "shared"
+
+
+@dataclass(frozen=True)
+class FfnBuild:
+    """A compiled variant. `cfg` carries every model constant the kernel bakes in."""
+
+    cfg: MiniMaxM3Config
+    rows: int
+    tp: int
+    weights: WeightFormat = WeightFormat.MXFP4
+    experts: Experts = Experts.ALL
+    timeline: bool = False
+
+    def __post_init__(self):
+        c = self.cfg
+        if not 1 <= self.rows <= MAX_ROWS:
+            raise ValueError(f"rows={self.rows}: the kernel serves 1..{MAX_ROWS} rows")
+        if self.tp not in (1, 2, 4, 8):
+            raise ValueError(f"tp={self.tp}: expected 1, 2, 4 or 8")
+        if not isinstance(self.weights, WeightFormat):
+            raise ValueError(f"weights={self.weights!r}: expected a WeightFormat")
+        if not isinstance(self.experts, Experts):
+            raise ValueError(f"experts={self.experts!r}: expected an Experts value")
+        i = c.per_rank_intermediate(self.tp)
+        if c.per_rank_shared_intermediate(self.tp) != i:
+            raise ValueError("the shared expert's per-rank width must equal a routed expert's")
+        if c.num_experts % 16:
+            raise ValueError(f"num_experts={c.num_experts}: must be a multiple of 16")
+        if c.hidden_size % 256:
+            raise ValueError(f"hidden_size={c.hidden_size}: must be a multiple of 256")
+        if self.weights is WeightFormat.FP8 and i % FP8_BLOCK:
+            raise ValueError(f"fp8 experts need 128-aligned shards; per-rank I = {i}")
+
+    # -- plan ---------------------------------------------------------------------------
+    @property
+    def layout(self) -> str:
+        return self.weights.layout
+
+    @property
+    def inter(self) -> int:
+        return self.cfg.per_rank_intermediate(self.tp)
+
+    @property
+    def max_slots(self) -> int:
+        """Shared expert + the widest possible union of routed experts."""
+        return 1 + min(self.rows * self.cfg.top_k, self.cfg.num_experts)
+
+    @property
+    def plan(self) -> TaskPlan:
+        return TaskPlan.of(self)
+
+    def key(self) -> tuple:
+        c = self.cfg
+        return (
+            "ffn", self.rows, self.tp, self.layout, self.experts.value, self.timeline,
+            c.hidden_size, c.num_experts, c.top_k, self.inter, c.routed_scaling_factor,
+            c.swiglu_alpha, c.swiglu_beta, c.swiglu_limit, c.rms_norm_eps,
+        )
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """Task counts and tile sizes (all static except the up stage, which is nslots * nc)."""
+
+    push: int
+    push_cols: int
+    seam_cols: int
+    router_groups: int  # RG: 16 experts each
+    router_parts: int  # RP: K parts of the router GEMV
+    router_k: int  # columns of one part
+    nc: int  # up tasks per slot
+    ic: int  # gate (and up) rows of one up task
+    uk: int  # K step of the up stage
+    down: int
+    dc: int  # output columns of a down task
+    dk: int  # K step of the down stage
+    final: int
+    fc: int
+
+    @classmethod
+    def of(cls, b: FfnBuild) -> TaskPlan:
+        h, i = b.cfg.hidden_size, b.inter
+        push_cols = min(h, 512)
+        rp = 16 if h % (16 * 128) == 0 else 1
+        ic = 16
+        dc = 32
+        fc = min(h, 256)
+        dk = 128 if i % 128 == 0 else 32
+        return cls(
+            push=h // push_cols, push_cols=push_cols, seam_cols=min(h, 1024),
+            router_groups=b.cfg.num_experts // 16, router_parts=rp, router_k=h // rp,
+            nc=i // ic, ic=ic, uk=128, down=h // dc, dc=dc, dk=dk, final=h // fc, fc=fc,
+        )
+
+    def static_tasks(self, rows: int) -> int:
+        """Tickets before the up stage: push, seam, router, route."""
+        return self.push + rows + self.router_groups * self.router_parts + 1
+
+
+# -- layouts ---------------------------------------------------------------------------
+
+
+def _layout(items: list[tuple[str, int]]) -> dict[str, tuple[int, int]]:
+    out, off = {}, 0
+    for name, nbytes in items:
+        out[name] = (off, nbytes)
+        off += -(-nbytes // ALIGN) * ALIGN
+    return out
+
+
+def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
+    """(offset, bytes) of each region of one width's scratch (this rank only).
+
+    ctl    int32[64]: [0] ticket counter, [1] finished-task counter (the last finisher
+           resets both), the rest free
+    xrdy   pairs[S], rtr pairs[RG * RP], route pairs[1], upf pairs[max_slots * NC]: tagged flags
+    xs     fp32[S, H]   the seam's new residual in fp32 (private to the seam task)
+    xn     bf16[16, H]  the normed MoE input (rows >= S never read unmasked)
+    logit  fp32[RP, S, E]
+    table  int32 nslots, int32 slot_expert[max_slots], fp32 wtab[max_slots, S],
+           int32 topk_ids[S, K], fp32 topk_w[S, K]
+    mid    bf16[max_slots, S, I]
+    """
+    c, p, s = b.cfg, b.plan, b.rows
+    h, e, k = c.hidden_size, c.num_experts, c.top_k
+    table = 4 + 4 * b.max_slots + 4 * b.max_slots * s + 8 * s * k
+    return _layout([
+        ("ctl", 256),
+        ("xrdy", PAIR * s),
+        ("rtr", PAIR * p.router_groups * p.router_parts),
+        ("route", PAIR),
+        ("upf", PAIR * b.max_slots * p.nc),
+        ("xs", 4 * s * h),
+        ("xn", 2 * DOT_ROWS * h),
+        ("logit", 4 * p.router_parts * s * e),
+        ("table", table),
+        ("mid", 2 * b.max_slots * s * b.inter),
+    ])
+
+
+def table_offsets(b: FfnBuild) -> dict[str, int]:
+    """Byte offsets inside the `table` region."""
+    s, k, m = b.rows, b.cfg.top_k, b.max_slots
+    wtab = 4 + 4 * m
+    ids = wtab + 4 * m * s
+    return {"nslots": 0, "slot_expert": 4, "wtab": wtab, "topk_ids": ids, "topk_w": ids + 4 * s * k}
+
+
+def scratch_bytes(b: FfnBuild) -> int:
+    off, n = list(scratch_layout(b).values())[-1]
+    return off + -(-n // ALIGN) * ALIGN
+
+
+def peer_layout(cfg: MiniMaxM3Config, tp: int) -> dict[str, tuple[int, int]]:
+    """(offset, bytes) of each region in a rank's peer buffer past mono_runtime's head.
+
+    ar1  pairs[tp src][16 rows][H / 2]: bf16 pairs of the attention partials
+    ar2  pairs[tp src][16 rows][H / 2]: bf16 pairs of the MoE partials
+    hs   pairs[tp]: the step-end fault handshake (final launches)
+    """
+    row = PAIR * (cfg.hidden_size // 2)
+    return _layout([
+        ("ar1", tp * MAX_ROWS * row),
+        ("ar2", tp * MAX_ROWS * row),
+        ("hs", PAIR * tp),
+    ])
+
+
+def peer_bytes(cfg: MiniMaxM3Config, tp: int) -> int:
+    off, n = list(peer_layout(cfg, tp).values())[-1]
+    return off + -(-n // ALIGN) * ALIGN
+
+
+# -- arguments ---------------------------------------------------------------------------
+
+# The launch's runtime arguments, in order, before mono_runtime's own (launch_args(), then
+# peer_args()). Names match the Triton kernel's parameters; the runner checks both.
+ARGS: tuple[tuple[str, str], ...] = (
+    ("part", "bf16[S, H] this rank's unreduced o_proj output"),
+    ("residual", "bf16[S, H] the residual stream in"),
+    ("out", "bf16[S, H] the all-reduced MoE output"),
+    ("residual_out", "bf16[S, H] the new residual (may alias residual)"),
+    ("slots", "int64[S] the rows' KV slots: negative = graph padding"),
+    ("norm", "bf16[H] post_attention_layernorm weight"),
+    ("router", "fp32[E, H]"),
+    ("bias", "fp32[E] e_score_correction_bias"),
+    ("w13", "experts gate|up, layout per build"),
+    ("w13_scale", "its scales (any tensor for bf16)"),
+    ("w2", "experts down"),
+    ("w2_scale", "its scales"),
+    ("sw13", "shared gate|up, layout weights.shared_format"),
+    ("sw13_scale", "its scales"),
+    ("sw2", "shared down"),
+    ("sw2_scale", "its scales"),
+    ("scratch", "uint8 this width's scratch region (scratch_layout)"),
+    ("rank", "int32 this rank"),
+)

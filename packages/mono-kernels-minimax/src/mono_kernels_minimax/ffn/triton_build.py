@@ -1,0 +1,446 @@
+"""Triton build of the FFN monokernel (spec.py): one persistent launch per sparse layer.
+
+A grid of P programs takes tickets from a scratch counter; the task of ticket t is fixed by
+spec.TaskPlan (the up stage is sized by the route task's slot count, which every program
+past the static tasks reads). Weights are streamed once: an up task reads IC gate + IC up
+rows of one slot's w13, a down task DC rows of every slot's w2; all rows of the step share
+them through one tl.dot of 16 (masked) rows. bf16 activations travel as int32 pairs
+(element 2i in the low half), which is exactly a mailbox payload.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats import WeightFormat
+from . import sync_triton as sy
+from .spec import Experts, FfnBuild, peer_layout, scratch_layout, table_offsets
+
+# -- dequantization ---------------------------------------------------------------------
+
+
+@triton.jit
+def _e2m1(code):
+    """fp32 value of 4-bit e2m1 codes (int32): exponent field 0 is 0 or 0.5 (subnormal)."""
+    mag = code & 7
+    e = mag >> 1
+    m = mag & 1
+    normal = (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True)
+    v = tl.where(e == 0, m.to(tl.float32) * 0.5, normal)
+    return tl.where((code & 8) != 0, -v, v)
+
+
+@triton.jit
+def _e8m0(s):
+    """2**(s - 127) of uint8 e8m0 codes (s = 0 is the subnormal 2**-127)."""
+    s = s.to(tl.int32)
+    bits = tl.where(s == 0, 0x400000, s << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _weight_tile(w, ws, row0, k0, NROWS: tl.constexpr, KROW: tl.constexpr,
+                 BK: tl.constexpr, FMT: tl.constexpr):
+    """(bf16 [NROWS, BK] tile at (row0, k0) of a row-major weight of KROW logical columns,
+    the scale its dot product takes). MXFP4 values times their e8m0 scales and fp8 values
+    are exact in bf16; the fp8 128x128 block scale is returned for the caller to apply."""
+    r = row0 + tl.arange(0, NROWS)
+    if FMT == 1:
+        kb = k0 // 2 + tl.arange(0, BK // 2)
+        byte = tl.load(w + r[:, None] * (KROW // 2) + kb[None, :]).to(tl.int32)
+        vals = tl.reshape(tl.join(_e2m1(byte & 15), _e2m1(byte >> 4)), (NROWS, BK // 32, 32))
+        ks = k0 // 32 + tl.arange(0, BK // 32)
+        sc = _e8m0(tl.load(ws + r[:, None] * (KROW // 32) + ks[None, :]))
+        tile = tl.reshape(vals * sc[:, :, None], (NROWS, BK)).to(tl.bfloat16)
+        scale = 1.0
+    elif FMT == 2:
+        k = k0 + tl.arange(0, BK)
+        tile = tl.load(w + r[:, None] * KROW + k[None, :]).to(tl.bfloat16)
+        scale = tl.load(ws + (row0 // 128) * ((KROW + 127) // 128) + k0 // 128)
+    else:
+        k = k0 + tl.arange(0, BK)
+        tile = tl.load(w + r[:, None] * KROW + k[None, :])
+        scale = 1.0
+    return tile, scale
+
+
+@triton.jit
+def _rne(x):
+    """fp32 bits of x rounded to the nearest bf16, ties to even (low 16 bits zero). Written
+    out because the CPU interpreter truncates in .to(tl.bfloat16); NaN stays NaN."""
+    bits = x.to(tl.int32, bitcast=True)
+    r = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return tl.where(x != x, 0x7FC00000, r)
+
+
+@triton.jit
+def _round_bf16(x):
+    """x rounded to bf16, as fp32."""
+    return _rne(x).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pack_bf16(lo, hi):
+    """int32 pairs of two fp32 tensors rounded to bf16 (lo in the low half)."""
+    return ((_rne(lo) >> 16) & 0xFFFF) | _rne(hi)
+
+
+@triton.jit
+def _lo(words):
+    return (words << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _hi(words):
+    return (words & -65536).to(tl.float32, bitcast=True)
+
+
+# -- the expert GEMVs ----------------------------------------------------------------------
+
+
+@triton.jit
+def _dot(a, b, INTERPRET: tl.constexpr):
+    """a @ b in fp32; bf16 tensor-core operands on a GPU (exact products, fp32 sums). The CPU
+    interpreter mis-reads bf16 dot operands, so there both go through fp32."""
+    if INTERPRET:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+
+@triton.jit
+def _up_dots(xn, w, ws, c, S: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
+             IC: tl.constexpr, UK: tl.constexpr, FMT: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp32 [16, IC] gate and up of rows [c*IC, (c+1)*IC) (and I + those) over every row."""
+    rows = tl.arange(0, 16)
+    g = tl.zeros((16, IC), tl.float32)
+    u = tl.zeros((16, IC), tl.float32)
+    for k0 in range(0, H, UK):
+        k = k0 + tl.arange(0, UK)
+        x = tl.load(xn + rows[:, None] * H + k[None, :], mask=rows[:, None] < S, other=0.0)
+        tg, sg = _weight_tile(w, ws, c * IC, k0, IC, H, UK, FMT)
+        tu, su = _weight_tile(w, ws, I + c * IC, k0, IC, H, UK, FMT)
+        g += _dot(x, tl.trans(tg), INTERPRET) * sg
+        u += _dot(x, tl.trans(tu), INTERPRET) * su
+    return g, u
+
+
+@triton.jit
+def _down_dot(mid, w, ws, d0, S: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
+              DC: tl.constexpr, DK: tl.constexpr, FMT: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp32 [16, DC]: columns [d0, d0+DC) of one slot's down projection of its `mid` rows."""
+    rows = tl.arange(0, 16)
+    y = tl.zeros((16, DC), tl.float32)
+    for k0 in range(0, I, DK):
+        k = k0 + tl.arange(0, DK)
+        m = tl.load(mid + rows[:, None] * I + k[None, :], mask=rows[:, None] < S, other=0.0)
+        t, sc = _weight_tile(w, ws, d0, k0, DC, I, DK, FMT)
+        y += _dot(m, tl.trans(t), INTERPRET) * sc
+    return y
+
+
+# -- the kernel ---------------------------------------------------------------------------
+
+
+@triton.jit
+def ffn_kernel(
+    part, residual, out, residual_out, slots,
+    norm, router, bias, w13, w13_scale, w2, w2_scale, sw13, sw13_scale, sw2, sw2_scale,
+    scratch, rank,
+    ctl, health, peers, alarm_base, tag_slot,
+    S: tl.constexpr, H: tl.constexpr, E: tl.constexpr, K: tl.constexpr, I: tl.constexpr,
+    W: tl.constexpr, FMT: tl.constexpr, SFMT: tl.constexpr, SUBSET: tl.constexpr,
+    MAXSLOTS: tl.constexpr,
+    NPUSH: tl.constexpr, PUSHC: tl.constexpr, SC: tl.constexpr,
+    RG: tl.constexpr, RP: tl.constexpr, RK: tl.constexpr, NRTR2: tl.constexpr,
+    NC: tl.constexpr, NC2: tl.constexpr, IC: tl.constexpr, UK: tl.constexpr,
+    ND: tl.constexpr, DC: tl.constexpr, DK: tl.constexpr, NF: tl.constexpr, FC: tl.constexpr,
+    O_CTL: tl.constexpr, O_XRDY: tl.constexpr, O_RTR: tl.constexpr, O_ROUTE: tl.constexpr,
+    O_UPF: tl.constexpr, O_XS: tl.constexpr, O_XN: tl.constexpr, O_LOGIT: tl.constexpr,
+    O_TABLE: tl.constexpr, O_MID: tl.constexpr,
+    T_WTAB: tl.constexpr, T_IDS: tl.constexpr, T_TOPW: tl.constexpr,
+    P_AR1: tl.constexpr, P_AR2: tl.constexpr, P_HS: tl.constexpr,
+    ALPHA: tl.constexpr, BETA: tl.constexpr, LIMIT: tl.constexpr, EPS: tl.constexpr,
+    RSF: tl.constexpr, FINAL: tl.constexpr, INTERPRET: tl.constexpr, STOPAT: tl.constexpr = 100000,
+):
+    tag = sy.step_tag(ctl, tag_slot)
+    tickets = (scratch + O_CTL).to(tl.pointer_type(tl.int32))
+    xrdy = (scratch + O_XRDY).to(tl.pointer_type(tl.int64))
+    rtr = (scratch + O_RTR).to(tl.pointer_type(tl.int64))
+    routef = (scratch + O_ROUTE).to(tl.pointer_type(tl.int64))
+    upf = (scratch + O_UPF).to(tl.pointer_type(tl.int64))
+    xs = (scratch + O_XS).to(tl.pointer_type(tl.float32))
+    xn = (scratch + O_XN).to(tl.pointer_type(tl.bfloat16))
+    xn32 = (scratch + O_XN).to(tl.pointer_type(tl.int32))
+    logit = (scratch + O_LOGIT).to(tl.pointer_type(tl.float32))
+    nslots_p = (scratch + O_TABLE).to(tl.pointer_type(tl.int32))
+    slot_e = (scratch + O_TABLE + 4).to(tl.pointer_type(tl.int32))
+    wtab = (scratch + O_TABLE + T_WTAB).to(tl.pointer_type(tl.float32))
+    mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
+    me = sy.peer_base(peers, rank)
+
+    n_static = NPUSH + S + RG * RP + 1
+    total = n_static + MAXSLOTS * NC + ND + NF  # refined once the slot count is known
+    t = tl.atomic_add(tickets, 1)
+    zero = t * 0
+    total = zero + total
+    nslots = zero + MAXSLOTS
+    routed = zero
+    while t < tl.minimum(total, STOPAT):
+        if t < NPUSH:
+            # push: pairs of columns [t*PUSHC, (t+1)*PUSHC) of every row to every rank
+            sy.stall_if_injected(ctl, rank)
+            p = t * (PUSHC // 2) + tl.arange(0, PUSHC // 2)
+            for s in range(S):
+                payload = tl.load(part + s * (H // 2) + p)
+                for dst in range(W):
+                    ar1 = sy.peer_base(peers, dst) + P_AR1
+                    sy.publish(ar1 + ((rank * 16 + s) * (H // 2) + p) * 8, tag, payload)
+        elif t < NPUSH + S:
+            # seam of row s: rank-ordered sum, + residual, Gemma RMSNorm
+            s = t - NPUSH
+            ssq = tl.sum(tl.zeros((2,), tl.float32), 0)
+            for c0 in range(0, H // 2, SC // 2):
+                p = c0 + tl.arange(0, SC // 2)
+                lo = tl.zeros((SC // 2,), tl.float32)
+                hi = tl.zeros((SC // 2,), tl.float32)
+                for src in range(W):
+                    words = sy.poll(me + P_AR1 + ((src * 16 + s) * (H // 2) + p) * 8, tag,
+                                    ctl, health, alarm_base, 1, INTERPRET, p >= 0)
+                    lo += _lo(words)
+                    hi += _hi(words)
+                r = tl.load(residual + s * (H // 2) + p)
+                xl = _round_bf16(lo) + _lo(r)
+                xh = _round_bf16(hi) + _hi(r)
+                tl.store(residual_out + s * (H // 2) + p, _pack_bf16(xl, xh))
+                tl.store(xs + s * H + 2 * p, xl)
+                tl.store(xs + s * H + 2 * p + 1, xh)
+                ssq += tl.sum(xl * xl, 0) + tl.sum(xh * xh, 0)
+            rstd = 1.0 / tl.sqrt_rn(ssq / H + EPS)
+            for c0 in range(0, H // 2, SC // 2):
+                p = c0 + tl.arange(0, SC // 2)
+                xl = tl.load(xs + s * H + 2 * p)
+                xh = tl.load(xs + s * H + 2 * p + 1)
+                wn = tl.load(norm + p)
+                tl.store(xn32 + s * (H // 2) + p,
+                         _pack_bf16(xl * rstd * (_lo(wn) + 1.0), xh * rstd * (_hi(wn) + 1.0)))
+            sy.flag_set(xrdy + s, tag)
+        elif t < NPUSH + S + RG * RP:
+            # router: 16 experts x one K part, fp32
+            u = t - NPUSH - S
+            g = u // RP
+            part_k = u % RP
+            sy.flag_wait(xrdy, S, 16, tag, ctl, health, alarm_base, 2, INTERPRET)
+            rows = tl.arange(0, 16)
+            ex = g * 16 + tl.arange(0, 16)
+            acc = tl.zeros((16, 16), tl.float32)
+            for k0 in range(part_k * RK, (part_k + 1) * RK, 128):
+                k = k0 + tl.arange(0, 128)
+                x = tl.load(xn + rows[:, None] * H + k[None, :], mask=rows[:, None] < S, other=0.0)
+                wr = tl.load(router + ex[:, None] * H + k[None, :])
+                acc += tl.dot(x.to(tl.float32), tl.trans(wr), input_precision="ieee")
+            tl.store(logit + (part_k * S + rows[:, None]) * E + ex[None, :], acc,
+                     mask=rows[:, None] < S)
+            sy.flag_set(rtr + u, tag)
+        elif t < n_static:
+            _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, rtr, routef, tag,
+                   ctl, health, alarm_base, S, E, K, RG * RP, NRTR2, RP, MAXSLOTS,
+                   T_IDS, T_TOPW, O_TABLE, SUBSET, RSF, INTERPRET)
+        else:
+            if routed == 0:
+                sy.flag_wait(routef, 1, 1, tag, ctl, health, alarm_base, 4, INTERPRET)
+                nslots = tl.minimum(tl.maximum(tl.load(nslots_p, volatile=True), 0), MAXSLOTS)
+                total = n_static + nslots * NC + ND + NF
+                routed = 1
+            u = t - n_static
+            if t >= total:
+                pass  # drawn before this program knew the slot count: no task
+            elif u < nslots * NC:
+                # up: slot j, gate/up rows [c*IC, (c+1)*IC) -> SwiGLU-OAI -> mid
+                j = u // NC
+                c = u % NC
+                e = tl.load(slot_e + j, volatile=True)
+                if e == E:
+                    g, v = _up_dots(xn, sw13, sw13_scale, c, S, H, I, IC, UK, SFMT, INTERPRET)
+                else:
+                    eo = e.to(tl.int64)
+                    if FMT == 1:
+                        g, v = _up_dots(xn, w13 + eo * (2 * I * H // 2),
+                                        w13_scale + eo * (2 * I * H // 32), c, S, H, I, IC, UK, FMT, INTERPRET)
+                    elif FMT == 2:
+                        g, v = _up_dots(xn, w13 + eo * (2 * I * H),
+                                        w13_scale + eo * ((2 * I // 128) * ((H + 127) // 128)),
+                                        c, S, H, I, IC, UK, FMT, INTERPRET)
+                    else:
+                        g, v = _up_dots(xn, w13 + eo * (2 * I * H), w13_scale, c, S, H, I, IC,
+                                        UK, FMT, INTERPRET)
+                g = tl.minimum(g, LIMIT)
+                v = tl.minimum(tl.maximum(v, -LIMIT), LIMIT)
+                h = g * tl.sigmoid(ALPHA * g) * (v + BETA)
+                rows = tl.arange(0, 16)
+                cols = c * IC + tl.arange(0, IC)
+                tl.store(mid + (j * S + rows[:, None]) * I + cols[None, :], _round_bf16(h).to(tl.bfloat16),
+                         mask=rows[:, None] < S)
+                sy.flag_set(upf + u, tag)
+            elif u < nslots * NC + ND:
+                # down: columns [d0, d0+DC) over every slot, weighted -> every rank's ar2
+                d0 = (u - nslots * NC) * DC
+                rows = tl.arange(0, 16)
+                acc = tl.zeros((16, DC), tl.float32)
+                for j in range(nslots):
+                    sy.flag_wait(upf + j * NC, NC, NC2, tag, ctl, health, alarm_base, 5, INTERPRET)
+                    e = tl.load(slot_e + j, volatile=True)
+                    wrow = tl.load(wtab + j * S + rows, mask=rows < S, other=0.0, volatile=True)
+                    if e == E:
+                        y = _down_dot(mid + j * S * I, sw2, sw2_scale, d0, S, H, I, DC, DK, SFMT, INTERPRET)
+                    else:
+                        eo = e.to(tl.int64)
+                        if FMT == 1:
+                            y = _down_dot(mid + j * S * I, w2 + eo * (H * I // 2),
+                                          w2_scale + eo * (H * I // 32), d0, S, H, I, DC, DK, FMT, INTERPRET)
+                        elif FMT == 2:
+                            y = _down_dot(mid + j * S * I, w2 + eo * (H * I),
+                                          w2_scale + eo * ((H // 128) * ((I + 127) // 128)),
+                                          d0, S, H, I, DC, DK, FMT, INTERPRET)
+                        else:
+                            y = _down_dot(mid + j * S * I, w2 + eo * (H * I), w2_scale, d0, S, H,
+                                          I, DC, DK, FMT, INTERPRET)
+                    acc += tl.where(wrow[:, None] != 0.0, wrow[:, None] * y, 0.0)
+                lo, hi = tl.split(tl.reshape(acc, (16, DC // 2, 2)))
+                payload = _pack_bf16(lo, hi)
+                p = d0 // 2 + tl.arange(0, DC // 2)
+                for dst in range(W):
+                    ar2 = sy.peer_base(peers, dst) + P_AR2
+                    sy.publish(ar2 + ((rank * 16 + rows[:, None]) * (H // 2) + p[None, :]) * 8,
+                               tag, payload, mask=rows[:, None] < S)
+            else:
+                # final: the ranks' partials in rank order -> out
+                f = u - nslots * NC - ND
+                p = f * (FC // 2) + tl.arange(0, FC // 2)
+                for s in range(S):
+                    lo = tl.zeros((FC // 2,), tl.float32)
+                    hi = tl.zeros((FC // 2,), tl.float32)
+                    for src in range(W):
+                        words = sy.poll(me + P_AR2 + ((src * 16 + s) * (H // 2) + p) * 8, tag,
+                                        ctl, health, alarm_base, 6, INTERPRET, p >= 0)
+                        lo += _lo(words)
+                        hi += _hi(words)
+                    tl.store(out + s * (H // 2) + p, _pack_bf16(lo, hi))
+        t = tl.atomic_add(tickets, 1)
+    sy.ticket_exit(tickets, ctl, health, peers, alarm_base, rank, tag, P_HS, W, FINAL, INTERPRET)
+
+
+@triton.jit
+def _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, rtr, routef, tag,
+           ctl, health, alarm_base, S: tl.constexpr, E: tl.constexpr, K: tl.constexpr,
+           NRTR: tl.constexpr, NRTR2: tl.constexpr, RP: tl.constexpr, MAXSLOTS: tl.constexpr,
+           T_IDS: tl.constexpr, T_TOPW: tl.constexpr, O_TABLE: tl.constexpr,
+           SUBSET: tl.constexpr, RSF: tl.constexpr, INTERPRET: tl.constexpr):
+    """Top-k of sigmoid + bias (ties -> lower id, NaN last), renormalized weights x RSF, and
+    the slot table: shared expert first (unless ROUTED), then the union in ascending id."""
+    sy.flag_wait(rtr, NRTR, NRTR2, tag, ctl, health, alarm_base, 3, INTERPRET)
+    rows = tl.arange(0, 16)
+    ex = tl.arange(0, E)
+    rmask = rows < S
+    lg = tl.zeros((16, E), tl.float32)
+    for p in range(RP):
+        lg += tl.load(logit + (p * S + rows[:, None]) * E + ex[None, :], mask=rmask[:, None],
+                      other=0.0, volatile=True)
+    score = tl.sigmoid(lg)
+    key = score + tl.load(bias + ex)[None, :]
+    key = tl.where(key != key, float("-inf"), key)
+    live = rmask & (tl.load(slots + rows, mask=rmask, other=-1) >= 0)
+    ids_p = (scratch + O_TABLE + T_IDS).to(tl.pointer_type(tl.int32))
+    topw_p = (scratch + O_TABLE + T_TOPW).to(tl.pointer_type(tl.float32))
+    taken = tl.zeros((16, E), tl.int32)
+    wsum = tl.zeros((16,), tl.float32)
+    for k in tl.static_range(K):
+        avail = taken == 0
+        m = tl.max(tl.where(avail, key, float("-inf")), 1)
+        pick = tl.min(tl.where(avail & (key == m[:, None]), ex[None, :], E), 1)
+        hit = ex[None, :] == pick[:, None]
+        taken = tl.where(hit, k + 1, taken)
+        wsum += tl.sum(tl.where(hit, score, 0.0), 1)
+    wfull = tl.where(taken > 0, score, 0.0) / wsum[:, None] * RSF
+    wfull = tl.where(live[:, None], wfull, 0.0)
+    for k in tl.static_range(K):
+        hit = taken == k + 1
+        kid = tl.sum(tl.where(hit, ex[None, :], 0), 1)
+        kw = tl.sum(tl.where(hit, wfull, 0.0), 1)
+        tl.store(ids_p + rows * K + k, tl.where(live, kid, -1), mask=rmask)
+        tl.store(topw_p + rows * K + k, kw, mask=rmask)
+    used = tl.max(tl.where(live[:, None] & (taken > 0), 1, 0), 0)  # [E]
+    if SUBSET == 2:
+        used = used * 0
+    if SUBSET == 1:
+        first = 0
+    else:
+        first = 1
+    pos = first + tl.cumsum(used, 0) - 1
+    tl.store(slot_e + pos, ex, mask=used > 0)
+    tl.store(wtab + pos[None, :] * S + rows[:, None], wfull, mask=(used[None, :] > 0) & rmask[:, None])
+    if first == 1:
+        tl.store(slot_e, E)
+        tl.store(wtab + rows, tl.where(live, 1.0, 0.0), mask=rmask)
+    tl.store(nslots_p, first + tl.sum(used, 0))
+    sy.flag_set(routef, tag)
+
+
+# -- host side ---------------------------------------------------------------------------
+
+_FMT = {WeightFormat.BF16: 0, WeightFormat.MXFP4: 1, WeightFormat.FP8: 2}
+_SUB = {Experts.ALL: 0, Experts.ROUTED: 1, Experts.SHARED: 2}
+
+
+def _p2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def constexprs(b: FfnBuild, final: bool, interpret: bool) -> dict:
+    """The kernel's compile-time arguments for build `b`."""
+    c, p = b.cfg, b.plan
+    sl = scratch_layout(b)
+    tb = table_offsets(b)
+    pl = peer_layout(c, b.tp)
+    return dict(
+        S=b.rows, H=c.hidden_size, E=c.num_experts, K=c.top_k, I=b.inter, W=b.tp,
+        FMT=_FMT[b.weights], SFMT=_FMT[b.weights.shared_format], SUBSET=_SUB[b.experts],
+        MAXSLOTS=b.max_slots, NPUSH=p.push, PUSHC=p.push_cols, SC=p.seam_cols,
+        RG=p.router_groups, RP=p.router_parts, RK=p.router_k,
+        NRTR2=_p2(p.router_groups * p.router_parts),
+        NC=p.nc, NC2=_p2(p.nc), IC=p.ic, UK=p.uk, ND=p.down, DC=p.dc, DK=p.dk,
+        NF=p.final, FC=p.fc,
+        O_CTL=sl["ctl"][0], O_XRDY=sl["xrdy"][0], O_RTR=sl["rtr"][0], O_ROUTE=sl["route"][0],
+        O_UPF=sl["upf"][0], O_XS=sl["xs"][0], O_XN=sl["xn"][0], O_LOGIT=sl["logit"][0],
+        O_TABLE=sl["table"][0], O_MID=sl["mid"][0],
+        T_WTAB=tb["wtab"], T_IDS=tb["topk_ids"], T_TOPW=tb["topk_w"],
+        P_AR1=pl["ar1"][0], P_AR2=pl["ar2"][0], P_HS=pl["hs"][0],
+        ALPHA=c.swiglu_alpha, BETA=c.swiglu_beta, LIMIT=c.swiglu_limit, EPS=c.rms_norm_eps,
+        RSF=c.routed_scaling_factor, FINAL=bool(final), INTERPRET=bool(interpret),
+    )
+
+
+def launch(b: FfnBuild, grid: int, *, part, residual, out, residual_out, slots, weights,
+           scratch, rank, ctl, health, peers, alarm_base, tag_slot, final=False,
+           interpret=False, **launch_kw):
+    """Launch the kernel for build `b` on already-validated tensors (the runner checks)."""
+
+    def pairs(t):
+        return t.view(torch.int32)
+
+    w = weights
+    dummy = scratch
+
+    def sc(t):
+        return dummy if t is None else t
+
+    return ffn_kernel[(grid,)](
+        pairs(part), pairs(residual), pairs(out), pairs(residual_out), slots,
+        pairs(w.norm), w.router, w.bias, w.w13, sc(w.w13_scale), w.w2, sc(w.w2_scale),
+        w.shared_w13, sc(w.shared_w13_scale), w.shared_w2, sc(w.shared_w2_scale),
+        scratch, rank, ctl, health, peers, alarm_base, tag_slot,
+        **constexprs(b, final, interpret), **launch_kw,
+    )

@@ -1,0 +1,140 @@
+"""One sparse layer's FFN weights as one TP rank holds them, zero-copy views of the engine's.
+
+Shapes on a rank of TP ``tp`` (I = per-rank routed intermediate, Is = per-rank shared):
+
+    norm       [H]              post_attention_layernorm weight (Gemma: x * (1 + w)), bf16
+    router     [E, H]  fp32     GateLinear weight (vLLM keeps it fp32, fp32 logits)
+    bias       [E]     fp32     e_score_correction_bias (selection only)
+    w13        [E, 2I, K13]     gate rows then up rows of this rank's shard (un-interleaved)
+    w2         [E, H, K2]       down projection, this rank's I columns
+    shared_w13 [2Is, H], shared_w2 [H, Is]   the shared MLP (format: fmt.shared_format)
+    *_scale    per format (formats.py); None for bf16
+
+K13 = H (bf16, fp8) or H/2 bytes (mxfp4); K2 likewise over I.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from ..config import MiniMaxM3Config
+from ..formats import FP8_BLOCK, MX_BLOCK, WeightFormat, dequantize, quantize
+
+
+@dataclass(frozen=True)
+class FfnWeights:
+    fmt: WeightFormat
+    norm: torch.Tensor
+    router: torch.Tensor
+    bias: torch.Tensor
+    w13: torch.Tensor
+    w13_scale: torch.Tensor | None
+    w2: torch.Tensor
+    w2_scale: torch.Tensor | None
+    shared_w13: torch.Tensor
+    shared_w13_scale: torch.Tensor | None
+    shared_w2: torch.Tensor
+    shared_w2_scale: torch.Tensor | None
+
+    def expected(self, cfg: MiniMaxM3Config, tp: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """(shape, dtype) of every tensor for `cfg` at TP `tp` in this bundle's format."""
+        h, e = cfg.hidden_size, cfg.num_experts
+        i, si = cfg.per_rank_intermediate(tp), cfg.per_rank_shared_intermediate(tp)
+        out = {
+            "norm": ((h,), torch.bfloat16),
+            "router": ((e, h), torch.float32),
+            "bias": ((e,), torch.float32),
+        }
+        for name, lead, n, k, fmt in (
+            ("w13", (e,), 2 * i, h, self.fmt),
+            ("w2", (e,), h, i, self.fmt),
+            ("shared_w13", (), 2 * si, h, self.fmt.shared_format),
+            ("shared_w2", (), h, si, self.fmt.shared_format),
+        ):
+            out.update(_format_shapes(name, lead, n, k, fmt))
+        return out
+
+    def validate(self, cfg: MiniMaxM3Config, tp: int, device: torch.device | None = None) -> None:
+        """Raise ValueError naming the first tensor whose shape, dtype, stride or device
+        differs from what the kernel reads (e.g. another layer's or another TP's shapes)."""
+        if not isinstance(self.fmt, WeightFormat):
+            raise ValueError(f"weights.fmt: {self.fmt!r} is not a WeightFormat")
+        for name, (shape, dtype) in self.expected(cfg, tp).items():
+            t = getattr(self, name)
+            if shape is None:
+                if t is not None:
+                    raise ValueError(f"weights.{name}: must be None for {self.fmt.value}")
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"weights.{name}: expected a tensor, got {type(t).__name__}")
+            if tuple(t.shape) != shape:
+                raise ValueError(f"weights.{name}: shape {tuple(t.shape)}, expected {shape}")
+            if t.dtype != dtype:
+                raise ValueError(f"weights.{name}: dtype {t.dtype}, expected {dtype}")
+            if not t.is_contiguous():
+                raise ValueError(f"weights.{name}: must be contiguous (strides {t.stride()})")
+            if device is not None and t.device != device:
+                raise ValueError(f"weights.{name}: on {t.device}, expected {device}")
+
+    def tensors(self) -> dict[str, torch.Tensor | None]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "fmt"}
+
+    def dense(self, name: str) -> torch.Tensor:
+        """fp32 dequantized view of a weight (w13, w2, shared_w13, shared_w2)."""
+        fmt = self.fmt.shared_format if name.startswith("shared") else self.fmt
+        return dequantize(getattr(self, name), getattr(self, f"{name}_scale"), fmt)
+
+
+def _format_shapes(name, lead, n, k, fmt):
+    if fmt is WeightFormat.BF16:
+        return {name: ((*lead, n, k), torch.bfloat16), f"{name}_scale": (None, None)}
+    if fmt is WeightFormat.MXFP4:
+        return {
+            name: ((*lead, n, k // 2), torch.uint8),
+            f"{name}_scale": ((*lead, n, k // MX_BLOCK), torch.uint8),
+        }
+    nb, kb = -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)
+    return {
+        name: ((*lead, n, k), torch.float8_e4m3fn),
+        f"{name}_scale": ((*lead, nb, kb), torch.float32),
+    }
+
+
+def random_weights(
+    cfg: MiniMaxM3Config,
+    tp: int,
+    fmt: WeightFormat,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    rank_seed: int | None = None,
+) -> FfnWeights:
+    """One rank's random weights in `fmt`. Norm, router and bias (replicated on every rank)
+    come from `seed`; the expert shards from `rank_seed` (default: `seed`). Magnitudes keep
+    activations O(1) so that bf16 comparisons are meaningful."""
+    h, e = cfg.hidden_size, cfg.num_experts
+    i, si = cfg.per_rank_intermediate(tp), cfg.per_rank_shared_intermediate(tp)
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape, std):
+        return std * torch.randn(*shape, generator=g, device=device)
+
+    norm = randn(h, std=0.1).to(torch.bfloat16)
+    router = randn(e, h, std=h**-0.5)
+    bias = randn(e, std=0.05)
+    g.manual_seed(seed if rank_seed is None else rank_seed + 1_000_003)
+
+    def expert_stack(n, k):
+        # one expert at a time: full-size fp32 stacks would not fit in memory
+        parts = [quantize(randn(n, k, std=k**-0.5), fmt) for _ in range(e)]
+        vals = torch.stack([p[0] for p in parts])
+        scales = None if parts[0][1] is None else torch.stack([p[1] for p in parts])
+        return vals, scales
+
+    q13, s13 = expert_stack(2 * i, h)
+    q2, s2 = expert_stack(h, i)
+    qs13, ss13 = quantize(randn(2 * si, h, std=h**-0.5), fmt.shared_format)
+    qs2, ss2 = quantize(randn(h, si, std=si**-0.5), fmt.shared_format)
+    return FfnWeights(fmt, norm, router, bias, q13, s13, q2, s2, qs13, ss13, qs2, ss2)

@@ -1,0 +1,124 @@
+"""Expert weight formats and the layouts vLLM 0.33 keeps them in, re-implemented in torch.
+
+Layouts (the names a build key carries):
+
+- ``bf16``: ``w[..., N, K]`` bfloat16, row-major (vLLM's unquantized MoE keeps this).
+- ``mxfp4-k32``: OCP MXFP4 as vLLM's ``Mxfp4MoEMethod.create_weights`` loads the checkpoint:
+  values ``uint8[..., N, K // 2]``, two e2m1 codes per byte, the even k in the LOW nibble
+  (vLLM's ``break_fp4_bytes`` order), and e8m0 scales ``uint8[..., N, K // 32]``, one per
+  32 consecutive k (value = code * 2**(scale - 127)). The backends that read this layout
+  unchanged are vLLM's B12X and EMULATION MXFP4 backends; on sm_90 vLLM 0.33 prefers its
+  HUMMING backend, which repacks into a private tensor-core layout (a compiled op).
+- ``fp8-b128``: e4m3 (``torch.float8_e4m3fn``) ``w[..., N, K]`` with fp32 scales
+  ``[..., ceil(N/128), ceil(K/128)]``, one per 128x128 block (vLLM's block-FP8 MoE layout;
+  the checkpoint calls them ``weight_scale_inv``).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+MX_BLOCK = 32
+FP8_BLOCK = 128
+
+# e2m1 magnitudes indexed by the low 3 bits of a code (bit 3 is the sign).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+class WeightFormat(str, enum.Enum):
+    BF16 = "bf16"
+    MXFP4 = "mxfp4"
+    FP8 = "fp8"
+
+    @property
+    def layout(self) -> str:
+        return {"bf16": "bf16", "mxfp4": "mxfp4-k32", "fp8": "fp8-b128"}[self.value]
+
+    @property
+    def shared_format(self) -> WeightFormat:
+        """The shared expert is a plain linear MLP: vLLM's Mxfp4Config leaves linear layers
+        unquantized (bf16), while an FP8 checkpoint quantizes them like the experts."""
+        return WeightFormat.FP8 if self is WeightFormat.FP8 else WeightFormat.BF16
+
+
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """fp32 value of each 4-bit e2m1 code (integer tensor of 0..15)."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    mag = table[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -mag, mag)
+
+
+def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
+    """2**(s - 127) for uint8 e8m0 codes (255 is NaN in OCP; treated as 2**128 = inf)."""
+    return torch.exp2(scales.to(torch.float32) - 127.0)
+
+
+def pack_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``w[..., K]`` to the ``mxfp4-k32`` layout: (values uint8[..., K/2],
+    scales uint8[..., K/32]). Scale = 2**(floor(log2(amax)) - 2) (OCP), codes rounded to
+    nearest e2m1 magnitude and saturated at 6."""
+    k = w.shape[-1]
+    if k % MX_BLOCK:
+        raise ValueError(f"w: last dim {k} is not a multiple of {MX_BLOCK}")
+    blocks = w.float().reshape(*w.shape[:-1], k // MX_BLOCK, MX_BLOCK)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    exp = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(2.0**-126))) - 2, -127.0)
+    exp = exp.clamp(-127, 127)
+    scaled = blocks / torch.exp2(exp)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=w.device)
+    mag = scaled.abs().clamp(max=6.0)
+    idx = (mag.unsqueeze(-1) - table).abs().argmin(-1)
+    codes = (idx | torch.where(scaled < 0, 8, 0)).to(torch.uint8).reshape(*w.shape[:-1], k)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed.contiguous(), (exp + 127).to(torch.uint8).squeeze(-1).contiguous()
+
+
+def unpack_mxfp4(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 ``[..., K]`` from the ``mxfp4-k32`` layout (the inverse of the layout's
+    definition, not of the rounding)."""
+    low, high = values & 0x0F, values >> 4
+    codes = torch.stack((low, high), dim=-1).reshape(*values.shape[:-1], values.shape[-1] * 2)
+    vals = decode_e2m1(codes)
+    k = vals.shape[-1]
+    vals = vals.reshape(*vals.shape[:-1], k // MX_BLOCK, MX_BLOCK)
+    return (vals * e8m0_to_float(scales).unsqueeze(-1)).reshape(*values.shape[:-1], k)
+
+
+def pack_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``w[..., N, K]`` to ``fp8-b128``: e4m3 values and fp32 per-128x128-block
+    scales (amax / 448)."""
+    n, k = w.shape[-2:]
+    nb, kb = -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)
+    padded = torch.nn.functional.pad(w.float(), (0, kb * FP8_BLOCK - k, 0, nb * FP8_BLOCK - n))
+    blocks = padded.reshape(*w.shape[:-2], nb, FP8_BLOCK, kb, FP8_BLOCK)
+    amax = blocks.abs().amax(dim=(-3, -1))
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    q = blocks / scale[..., :, None, :, None]
+    q = q.reshape(padded.shape)[..., :n, :k].to(torch.float8_e4m3fn)
+    return q.contiguous(), scale.contiguous()
+
+
+def unpack_fp8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    n, k = values.shape[-2:]
+    s = scales.repeat_interleave(FP8_BLOCK, -2).repeat_interleave(FP8_BLOCK, -1)
+    return values.float() * s[..., :n, :k]
+
+
+def quantize(w: torch.Tensor, fmt: WeightFormat) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(values, scales) of ``w[..., N, K]`` in ``fmt``'s layout (scales None for bf16)."""
+    if fmt is WeightFormat.BF16:
+        return w.to(torch.bfloat16).contiguous(), None
+    if fmt is WeightFormat.MXFP4:
+        return pack_mxfp4(w)
+    return pack_fp8(w)
+
+
+def dequantize(values: torch.Tensor, scales: torch.Tensor | None, fmt: WeightFormat) -> torch.Tensor:
+    """fp32 ``[..., N, K]`` of a weight stored in ``fmt``'s layout."""
+    if fmt is WeightFormat.BF16:
+        return values.float()
+    if fmt is WeightFormat.MXFP4:
+        return unpack_mxfp4(values, scales)
+    return unpack_fp8(values, scales)
