@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from mono_runtime.errors import MonoUnsupported
-from mono_runtime.planner import GraphMode, StepMeta
+from mono_runtime.planner import StepMeta
 
 from . import dispatch
 from .deployment import Deployment, deployment_reasons
@@ -151,9 +152,11 @@ class MonoDecode:
             return
         meta = self.meta(positions, intermediate_tensors)
         step = executor.plan(meta) if isinstance(meta, StepMeta) else None
-        if step is not None and meta.graph_mode is GraphMode.FULL:
+        # Model Runner V2 captures a FULL graph by running the forward eagerly (graph
+        # mode NONE in the forward context) inside torch.cuda.graph
+        if step is not None and torch.cuda.is_current_stream_capturing():
             if step.width not in self._captured and self.rank == 0:
-                _logger().info("mono: FULL graph of %d rows captured on the kernels", step.width)
+                _logger().info("mono: CUDA graph of %d rows captured on the kernels", step.width)
             self._captured.add(step.width)
 
     def end(self, output: Any) -> Any:

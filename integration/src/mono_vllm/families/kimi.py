@@ -4,16 +4,102 @@ K1 (`mono_kernels_kimi.kda`) runs a KDA layer from its AttnRes inputs to the gat
 output that o_proj reads: AttnRes (with the block write), input RMSNorm, in_proj, f_b
 gate, short conv update, l2norm, the delta-rule recurrence into the step's state slots,
 gated RMSNorm. It reads vLLM's loaded weights and KDA states in place. The rest of the
-layer (o_proj, the MLP AttnRes and the MoE) stays vLLM's.
+layer (o_proj, the MLP AttnRes and the MoE) stays vLLM's: the replaced layer calls the
+layer's own ``self_attn.o_proj``, ``_post_attn_norm`` and ``mlp`` (a private method of
+vLLM's ``KimiDecoderLayer``, called, not changed). K1 has no collective, so the rank's
+`MonoRunner` carries only the step epoch and the fault words for it.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ..deployment import Deployment, KernelSupport
+
+
+def kernel_config(text: Any, world: int, in_proj_rows: int) -> Any:
+    """The `KimiK3Config` of vLLM's loaded text config at TP `world`."""
+    from mono_kernels_kimi.config import KimiK3Config
+
+    kda = text.linear_attn_config
+    cfg = KimiK3Config(
+        hidden_size=text.hidden_size,
+        num_hidden_layers=text.num_hidden_layers,
+        kda_num_heads=kda["num_heads"],
+        kda_head_dim=kda["head_dim"],
+        conv_kernel_size=kda["short_conv_kernel_size"],
+        gate_lower_bound=kda.get("gate_lower_bound", -5.0),
+        rms_norm_eps=text.rms_norm_eps,
+        attn_res_block_size=text.attn_res_block_size,
+        kda_layers=tuple(kda["kda_layers"]),
+        tp=world,
+    )
+    for alignment in (16, 128):  # bf16 in_proj pads rows to 16, FP8_PB_WO weights to 128
+        padded = cfg.in_proj_rows_unpadded + (-cfg.in_proj_rows_unpadded % alignment)
+        if padded == in_proj_rows:
+            return replace(cfg, in_proj_alignment=alignment)
+    raise ValueError(f"in_proj has {in_proj_rows} rows, K1 expects {cfg.in_proj_rows}")
+
+
+def k1_weights(layer: Any) -> dict[str, torch.Tensor]:
+    """Zero-copy views of one loaded KDA layer's K1 weights, by K1's argument names."""
+    attn = layer.self_attn
+    return {
+        "ares_norm": layer.self_attention_res_norm.weight.data,
+        "ares_qk": layer.self_attention_res_proj.weight.data.squeeze(0),
+        "in_norm": layer.input_layernorm.weight.data,
+        "in_proj": attn.in_proj_qkvgfab.weight.data,
+        "f_b": attn.f_b_proj.weight.data,
+        "conv": attn.conv1d.weight.data.squeeze(1),
+        "a_log": attn.A_log.data,
+        "dt_bias": attn.dt_bias.data,
+        "o_norm": attn.o_norm.weight.data,
+    }
+
+
+class KdaLayer:
+    """One KDA decoder layer on K1 at one width (what `Step.layer(i)` returns): K1 from
+    the AttnRes inputs to o_proj's input, then vLLM's o_proj, MLP AttnRes and MLP."""
+
+    def __init__(self, layer: Any, k1: Any, requests: int, weights: dict) -> None:
+        self.layer, self.k1, self.requests, self.weights = layer, k1, requests, weights
+
+    def __call__(self, positions, hidden_states, residual, prefix_sum=None, **kwargs):
+        from vllm.forward_context import get_forward_context
+        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+        layer, attn = self.layer, self.layer.self_attn
+        md = get_forward_context().attn_metadata[attn.prefix]
+        conv_state, state = attn.kv_cache[:2]
+        if not is_conv_state_dim_first():
+            conv_state = conv_state.transpose(-1, -2)
+        spec = self.k1.spec
+        core = torch.empty(
+            prefix_sum.shape[0], attn.local_projection_size,
+            dtype=prefix_sum.dtype, device=prefix_sum.device,
+        )  # fmt: skip
+        self.k1(
+            self.requests,
+            prefix=prefix_sum,
+            delta=hidden_states,
+            blocks=residual,
+            num_blocks=layer.prev_valid_blocks,
+            write_idx=layer.block_write_idx if layer.is_block_write_layer else -1,
+            weights=self.weights,
+            conv_state=conv_state,
+            state=state,
+            state_indices=md.spec_state_indices_tensor
+            if spec
+            else md.non_spec_state_indices_tensor,
+            num_accepted=md.num_accepted_tokens if spec else None,
+            out=core,
+        )
+        hidden = attn.o_proj(core)[0]
+        hidden, prefix_sum, residual = layer._post_attn_norm(hidden, residual, prefix_sum)
+        return layer.mlp(hidden), prefix_sum, residual
 
 
 class KimiKdaKernels:
@@ -29,6 +115,7 @@ class KimiKdaKernels:
         stage = range(backbone.start_layer, backbone.end_layer)
         self.layers = tuple(i for i in stage if text.is_kda_layer(i))
         self.metadata_key = backbone.layers[self.layers[0]].self_attn.prefix if self.layers else ""
+        self._k1: Any = None
 
     def check(self) -> list[str]:
         text = self.backbone.config
@@ -40,7 +127,43 @@ class KimiKdaKernels:
             (kda.get("short_conv_kernel_size") != 4, "a short conv other than 4 wide"),
             (kda.get("num_heads", 0) % self.world, f"KDA heads not split over TP {self.world}"),
         )
-        return [why for bad, why in checks if bad]
+        reasons = [why for bad, why in checks if bad]
+        if reasons:
+            return reasons
+        try:
+            self._config()
+        except ValueError as err:
+            reasons.append(f"loaded weights: {err}")
+        return reasons
+
+    def _config(self) -> Any:
+        first = self.backbone.layers[self.layers[0]].self_attn
+        return kernel_config(
+            self.backbone.config, self.world, first.in_proj_qkvgfab.weight.shape[0]
+        )
+
+    def runner_bytes(self, widths) -> tuple[int, int]:
+        return 8, 8  # K1 keeps its own scratch (KdaRunner) and needs no peer memory
+
+    def build(self, runner: Any, width: int) -> dict[int, KdaLayer]:
+        from mono_kernels_kimi.kda.runner import KdaRunner
+
+        q = self.deployment.q
+        if self._k1 is None:
+            device = self.backbone.layers[self.layers[0]].input_layernorm.weight.device
+            self._k1 = KdaRunner(
+                self._config(), device, q, spec=q > 1, max_rows=self.support.max_rows
+            )
+            self._k1.warm()  # compiles and loads every width: before profiling and capture
+        return {
+            i: KdaLayer(
+                self.backbone.layers[i], self._k1, width // q, k1_weights(self.backbone.layers[i])
+            )
+            for i in self.layers
+        }
+
+    def close(self) -> None:
+        self._k1 = None
 
     def _states(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         state = self.backbone.layers[self.layers[0]].self_attn.kv_cache
