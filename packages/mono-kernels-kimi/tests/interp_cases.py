@@ -13,7 +13,6 @@ import sys
 import zlib
 
 import torch
-
 from mono_kernels_kimi.config import KimiK3Config
 from mono_kernels_kimi.kda.inputs import make_inputs
 
@@ -30,8 +29,9 @@ def cases():
         for R in range(1, 8 // L + 1):
             layer = (0, 1, 2, 3, 4)[n % 5]
             pad = (R - 1,) if R > 1 else ()
-            out.append((f"spec-R{R}-L{L}", R, L, True, layer, pad, (-1, 0)[n % 2],
-                        ("SD", "DS")[n % 2]))
+            out.append(
+                (f"spec-R{R}-L{L}", R, L, True, layer, pad, (-1, 0)[n % 2], ("SD", "DS")[n % 2])
+            )
             n += 1
     for R in (1, 3, 8):
         out.append((f"decode-R{R}", R, 1, False, 3, (0,) if R > 1 else (), -1, "SD"))
@@ -45,29 +45,52 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def run_case(name, R, L, spec, layer, pad, pad_slot, layout):
     cfg = KimiK3Config.tiny()
-    inp = make_inputs(cfg, R, L, spec=spec, layer_idx=layer, delta=layer > 0, pad=pad,
-                      pad_slot=pad_slot, conv_layout=layout, seed=zlib.crc32(name.encode()) % 1000)
+    inp = make_inputs(
+        cfg,
+        R,
+        L,
+        spec=spec,
+        layer_idx=layer,
+        delta=layer > 0,
+        pad=pad,
+        pad_slot=pad_slot,
+        conv_layout=layout,
+        seed=zlib.crc32(name.encode()) % 1000,
+    )
     init = inp.clone()
     ref = inp.clone()
     want = ref.reference()
     from mono_kernels_kimi.kda.runner import KdaRunner
 
     runner = KdaRunner(cfg, "cpu", L, spec=spec, **TILING)
-    runner(R, prefix=inp.prefix, delta=inp.delta, blocks=inp.blocks,
-           num_blocks=inp.num_blocks, write_idx=inp.write_idx, weights=inp.weights,
-           conv_state=inp.conv_state, state=inp.state, state_indices=inp.state_indices,
-           num_accepted=inp.num_accepted, out=inp.out)
+    runner(
+        R,
+        prefix=inp.prefix,
+        delta=inp.delta,
+        blocks=inp.blocks,
+        num_blocks=inp.num_blocks,
+        write_idx=inp.write_idx,
+        weights=inp.weights,
+        conv_state=inp.conv_state,
+        state=inp.state,
+        state_indices=inp.state_indices,
+        num_accepted=inp.num_accepted,
+        out=inp.out,
+    )
     idx = inp.state_indices.view(R, -1).long()
     valid = [r for r in range(R) if r not in pad]
     owned = {int(idx[r, t]) for r in valid for t in range(idx.shape[1])}
     written = all(
         rel(inp.state[int(idx[r, t])], ref.state[int(idx[r, t])]) < 1e-3
         and not torch.equal(inp.state[int(idx[r, t])], init.state[int(idx[r, t])])
-        for r in valid for t in range(L)
+        for r in valid
+        for t in range(L)
     )
     untouched = all(
-        torch.equal(inp.state[s], init.state[s]) and torch.equal(inp.conv_state[s], init.conv_state[s])
-        for s in range(inp.state.shape[0]) if s not in owned
+        torch.equal(inp.state[s], init.state[s])
+        and torch.equal(inp.conv_state[s], init.conv_state[s])
+        for s in range(inp.state.shape[0])
+        if s not in owned
     )
     pad_rows = [r * L + t for r in pad for t in range(L)]
     return dict(

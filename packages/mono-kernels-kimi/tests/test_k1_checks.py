@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from mono_kernels_kimi.config import KimiK3Config
 from mono_kernels_kimi.kda.checks import check_args
 from mono_kernels_kimi.kda.inputs import make_inputs
@@ -16,13 +15,32 @@ CFG = KimiK3Config.tiny()
 
 def good(R=2, L=3, spec=True, layer=4):
     inp = make_inputs(CFG, R, L, spec=spec, layer_idx=layer)
-    build = K1Build.for_step(CFG, R, L, spec=spec, delta=True, write_block=inp.write_idx >= 0,
-                             block_h=32, block_n=16, block_k=32, block_v=8)
-    args = dict(prefix=inp.prefix, delta=inp.delta, blocks=inp.blocks,
-                num_blocks=inp.num_blocks, write_idx=inp.write_idx, weights=dict(inp.weights),
-                conv_state=inp.conv_state, state=inp.state, state_indices=inp.state_indices,
-                num_accepted=inp.num_accepted, out=inp.out,
-                scratch=torch.zeros(build.scratch_bytes, dtype=torch.uint8))
+    build = K1Build.for_step(
+        CFG,
+        R,
+        L,
+        spec=spec,
+        delta=True,
+        write_block=inp.write_idx >= 0,
+        block_h=32,
+        block_n=16,
+        block_k=32,
+        block_v=8,
+    )
+    args = dict(
+        prefix=inp.prefix,
+        delta=inp.delta,
+        blocks=inp.blocks,
+        num_blocks=inp.num_blocks,
+        write_idx=inp.write_idx,
+        weights=dict(inp.weights),
+        conv_state=inp.conv_state,
+        state=inp.state,
+        state_indices=inp.state_indices,
+        num_accepted=inp.num_accepted,
+        out=inp.out,
+        scratch=torch.zeros(build.scratch_bytes, dtype=torch.uint8),
+    )
     return build, args
 
 
@@ -43,22 +61,44 @@ BAD = {
     "blocks-shape": ("blocks", lambda a: {"blocks": a["blocks"][:, :, :8]}),
     "num_blocks-range": ("num_blocks", lambda a: {"num_blocks": a["blocks"].shape[1] + 1}),
     "write_idx-reads-written-block": ("write_idx", lambda a: {"write_idx": a["num_blocks"] - 1}),
-    "in_proj-shape": ("in_proj", lambda a: {"weights": _weights(a, in_proj=a["weights"]["in_proj"][:-16])}),
-    "conv-dtype": ("conv", lambda a: {"weights": _weights(a, conv=a["weights"]["conv"].bfloat16())}),
-    "a_log-device": ("a_log", lambda a: {"weights": _weights(a, a_log=torch.empty(2, device="meta"))}),
-    "f_b-missing": ("f_b", lambda a: {"weights": {k: v for k, v in a["weights"].items() if k != "f_b"}}),
+    "in_proj-shape": (
+        "in_proj",
+        lambda a: {"weights": _weights(a, in_proj=a["weights"]["in_proj"][:-16])},
+    ),
+    "conv-dtype": (
+        "conv",
+        lambda a: {"weights": _weights(a, conv=a["weights"]["conv"].bfloat16())},
+    ),
+    "a_log-device": (
+        "a_log",
+        lambda a: {"weights": _weights(a, a_log=torch.empty(2, device="meta"))},
+    ),
+    "f_b-missing": (
+        "f_b",
+        lambda a: {"weights": {k: v for k, v in a["weights"].items() if k != "f_b"}},
+    ),
     "conv_state-dim": ("conv_state", lambda a: {"conv_state": a["conv_state"][:, :-1]}),
     "conv_state-short": ("conv_state", lambda a: {"conv_state": a["conv_state"][:, :, :3]}),
     "state-dtype": ("state", lambda a: {"state": a["state"].bfloat16()}),
     "state-strides": ("state", lambda a: {"state": a["state"].transpose(2, 3)}),
     "state-slots": ("state", lambda a: {"state": a["state"][:-1]}),
-    "state_indices-dtype": ("state_indices", lambda a: {"state_indices": a["state_indices"].long()}),
-    "state_indices-too-big": ("state_indices", lambda a: {"state_indices": torch.full_like(
-        a["state_indices"], a["state"].shape[0])}),
-    "state_indices-too-small": ("state_indices", lambda a: {"state_indices": torch.full_like(
-        a["state_indices"], -2)}),
+    "state_indices-dtype": (
+        "state_indices",
+        lambda a: {"state_indices": a["state_indices"].long()},
+    ),
+    "state_indices-too-big": (
+        "state_indices",
+        lambda a: {"state_indices": torch.full_like(a["state_indices"], a["state"].shape[0])},
+    ),
+    "state_indices-too-small": (
+        "state_indices",
+        lambda a: {"state_indices": torch.full_like(a["state_indices"], -2)},
+    ),
     "num_accepted-missing": ("num_accepted", lambda a: {"num_accepted": None}),
-    "num_accepted-zero": ("num_accepted", lambda a: {"num_accepted": torch.zeros_like(a["num_accepted"])}),
+    "num_accepted-zero": (
+        "num_accepted",
+        lambda a: {"num_accepted": torch.zeros_like(a["num_accepted"])},
+    ),
     "num_accepted-past-L": ("num_accepted", lambda a: {"num_accepted": a["num_accepted"] + 3}),
     "out-dtype": ("out", lambda a: {"out": a["out"].float()}),
     "scratch-small": ("scratch", lambda a: {"scratch": a["scratch"][:64]}),
@@ -99,12 +139,14 @@ def test_more_than_eight_rows_refused():
         KdaRunner(CFG, "cpu", 9)
 
 
-@pytest.mark.parametrize("R,L", [(R, L) for L in range(1, MAX_ROWS + 1) for R in range(1, MAX_ROWS // L + 1)])
+@pytest.mark.parametrize(
+    "R,L", [(R, L) for L in range(1, MAX_ROWS + 1) for R in range(1, MAX_ROWS // L + 1)]
+)
 def test_scratch_regions_disjoint_and_items_cover_the_work(R, L):
     cfg = KimiK3Config()
     b = K1Build.for_step(cfg, R, L)
     regions = sorted(b.scratch_layout().values())
-    for (o1, n1), (o2, _) in zip(regions, regions[1:]):
+    for (o1, n1), (o2, _) in zip(regions, regions[1:], strict=False):
         assert o1 + n1 <= o2 and o2 % 256 == 0
     ares, mix, x, proj, kda, norm = b.stage_items
     assert ares == mix == x == 14  # 7168 / 512

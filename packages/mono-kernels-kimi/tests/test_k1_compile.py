@@ -34,8 +34,12 @@ print(json.dumps(out))
 
 
 def compiled(target: str, R: int, L: int) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, target, str(R), str(L)],
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, target, str(R), str(L)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

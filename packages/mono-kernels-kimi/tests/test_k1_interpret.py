@@ -26,8 +26,13 @@ NAMES = [c[0] for c in cases()]
 @pytest.fixture(scope="module")
 def results():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(HERE / "interp_cases.py")], env=env,
-                          capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "interp_cases.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -13,7 +13,6 @@ import math
 
 import pytest
 import torch
-
 from mono_kernels_kimi.config import KimiK3Config
 from mono_kernels_kimi.kda.inputs import make_inputs
 
@@ -28,7 +27,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def transcription(inp):
     """Returns (core [S, P], {slot: state [H, V, K]}, {slot: conv state [C, SL]})."""
     cfg, R, L = inp.cfg, inp.R, inp.L
-    H, D, P, Hd = cfg.local_heads, cfg.kda_head_dim, cfg.local_proj, cfg.hidden_size
+    H, D, P = cfg.local_heads, cfg.kda_head_dim, cfg.local_proj
     w = {k: v.to(F64) for k, v in inp.weights.items()}
     eps = cfg.rms_norm_eps
     core = torch.zeros(R * L, P, dtype=F64)
@@ -54,7 +53,7 @@ def transcription(inp):
             ]
             m = max(float(z) for z in logits)
             e = [math.exp(float(z) - m) for z in logits]
-            mixed = sum(ei * v for ei, v in zip(e, sources)) / sum(e)
+            mixed = sum(ei * v for ei, v in zip(e, sources, strict=True)) / sum(e)
             x = mixed / torch.sqrt(mixed.pow(2).mean() + eps) * w["in_norm"]
             proj = w["in_proj"] @ x
             u = proj[: 3 * P]
@@ -101,8 +100,16 @@ CASES = [(1, 1, False), (3, 1, True), (1, 4, True), (2, 3, True)]
 @pytest.mark.parametrize("layer_idx", [0, 3, 4])
 def test_reference_matches_equations(R, L, spec, layer_idx):
     cfg = KimiK3Config.tiny()
-    inp = make_inputs(cfg, R, L, spec=spec, layer_idx=layer_idx, delta=layer_idx > 0,
-                      pad=(R - 1,) if R > 1 else (), seed=R * 10 + L + layer_idx)
+    inp = make_inputs(
+        cfg,
+        R,
+        L,
+        spec=spec,
+        layer_idx=layer_idx,
+        delta=layer_idx > 0,
+        pad=(R - 1,) if R > 1 else (),
+        seed=R * 10 + L + layer_idx,
+    )
     want_core, want_states, want_convs = transcription(inp)
     got = inp.clone()
     core = got.reference()

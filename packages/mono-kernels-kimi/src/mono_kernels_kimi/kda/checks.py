@@ -35,8 +35,19 @@ def _contiguous(name, t):
 def check_args(
     build: K1Build,
     *,
-    prefix, delta, blocks, num_blocks: int, write_idx: int, weights: dict,
-    conv_state, state, state_indices, num_accepted, out, scratch, values: bool = True,
+    prefix,
+    delta,
+    blocks,
+    num_blocks: int,
+    write_idx: int,
+    weights: dict,
+    conv_state,
+    state,
+    state_indices,
+    num_accepted,
+    out,
+    scratch,
+    values: bool = True,
 ) -> None:
     """Raises ValueError for anything K1 built as `build` cannot read or write safely."""
     S, H, P, D, NH = build.rows, build.hidden, build.local_proj, build.head_dim, build.heads
@@ -57,17 +68,27 @@ def check_args(
     if blocks.stride(2) != 1:
         _fail("blocks", "hidden dimension must be contiguous")
     if not 0 <= num_blocks <= blocks.shape[1] or num_blocks + 1 > build.max_sources:
-        _fail("num_blocks", f"{num_blocks} outside 0..{min(blocks.shape[1], build.max_sources - 1)}")
+        _fail(
+            "num_blocks", f"{num_blocks} outside 0..{min(blocks.shape[1], build.max_sources - 1)}"
+        )
     if build.write_block:
         if not num_blocks <= write_idx < blocks.shape[1]:
-            _fail("write_idx", f"{write_idx} outside {num_blocks}..{blocks.shape[1] - 1} "
-                  "(a block-write layer stores past the blocks it reads)")
+            _fail(
+                "write_idx",
+                f"{write_idx} outside {num_blocks}..{blocks.shape[1] - 1} "
+                "(a block-write layer stores past the blocks it reads)",
+            )
     elif write_idx != -1:
         _fail("write_idx", f"{write_idx}, but the build writes no block (expected -1)")
     expected = {
-        "ares_norm": ((H,), (BF16,)), "ares_qk": ((H,), (BF16,)), "in_norm": ((H,), (BF16,)),
-        "in_proj": ((build.in_proj_rows, H), (BF16,)), "f_b": ((P, build.f_a_dim), (BF16,)),
-        "conv": ((3 * P, 4), (F32,)), "a_log": ((NH,), (F32,)), "dt_bias": ((P,), (F32,)),
+        "ares_norm": ((H,), (BF16,)),
+        "ares_qk": ((H,), (BF16,)),
+        "in_norm": ((H,), (BF16,)),
+        "in_proj": ((build.in_proj_rows, H), (BF16,)),
+        "f_b": ((P, build.f_a_dim), (BF16,)),
+        "conv": ((3 * P, 4), (F32,)),
+        "a_log": ((NH,), (F32,)),
+        "dt_bias": ((P,), (F32,)),
         "o_norm": ((D,), (BF16, F32)),
     }
     for name, (shape, dtypes) in expected.items():
@@ -78,8 +99,11 @@ def check_args(
     _tensor("conv_state", conv_state, BF16, device=dev)
     min_len = 3 + L - 1
     if conv_state.dim() != 3 or conv_state.shape[1] != 3 * P or conv_state.shape[2] < min_len:
-        _fail("conv_state", f"shape {tuple(conv_state.shape)}, expected (slots, {3 * P}, >= "
-              f"{min_len}) (vLLM's cache as [slots, dim, state_len])")
+        _fail(
+            "conv_state",
+            f"shape {tuple(conv_state.shape)}, expected (slots, {3 * P}, >= "
+            f"{min_len}) (vLLM's cache as [slots, dim, state_len])",
+        )
     _tensor("state", state, F32, device=dev)
     if state.dim() != 4 or tuple(state.shape[1:]) != (NH, D, D):
         _fail("state", f"shape {tuple(state.shape)}, expected (slots, {NH}, {D}, {D})")
@@ -97,7 +121,9 @@ def check_args(
             _fail("num_accepted", "None, but a spec-verify build needs it")
         _tensor("num_accepted", num_accepted, I32, device=dev)
         if num_accepted.dim() != 1 or num_accepted.shape[0] < R or num_accepted.stride(0) != 1:
-            _fail("num_accepted", f"shape {tuple(num_accepted.shape)}, expected contiguous (>= {R},)")
+            _fail(
+                "num_accepted", f"shape {tuple(num_accepted.shape)}, expected contiguous (>= {R},)"
+            )
     else:
         if state_indices.dim() != 1 or state_indices.shape[0] < R:
             _fail("state_indices", f"shape {tuple(state_indices.shape)}, expected (>= {R},)")
@@ -107,14 +133,18 @@ def check_args(
     _contiguous("out", out)
     _tensor("scratch", scratch, torch.uint8, device=dev)
     if scratch.numel() < build.scratch_bytes or not scratch.is_contiguous():
-        _fail("scratch", f"{scratch.numel()} bytes, the build needs {build.scratch_bytes} contiguous")
+        _fail(
+            "scratch", f"{scratch.numel()} bytes, the build needs {build.scratch_bytes} contiguous"
+        )
     if values:
         slots = state.shape[0]
         idx = state_indices[:R, :L] if build.spec else state_indices[:R]
         lo, hi = int(idx.min()), int(idx.max())
         if lo < -1 or hi >= slots:
-            _fail("state_indices", f"values in {lo}..{hi}, expected -1..{slots - 1} "
-                  "(<= 0 marks padding)")
+            _fail(
+                "state_indices",
+                f"values in {lo}..{hi}, expected -1..{slots - 1} (<= 0 marks padding)",
+            )
         if build.spec:
             acc = num_accepted[:R]
             lo, hi = int(acc.min()), int(acc.max())

@@ -18,7 +18,15 @@ import torch
 from ..config import KimiK3Config
 
 WEIGHTS = (
-    "ares_norm", "ares_qk", "in_norm", "in_proj", "f_b", "conv", "a_log", "dt_bias", "o_norm",
+    "ares_norm",
+    "ares_qk",
+    "in_norm",
+    "in_proj",
+    "f_b",
+    "conv",
+    "a_log",
+    "dt_bias",
+    "o_norm",
 )
 
 
@@ -62,10 +70,19 @@ class LayerInputs:
         from .reference import kda_layer
 
         return kda_layer(
-            self.cfg, prefix=self.prefix, delta=self.delta, blocks=self.blocks,
-            num_blocks=self.num_blocks, write_idx=self.write_idx, w=self.weights,
-            conv_state=self.conv_state, state=self.state, state_indices=self.state_indices,
-            num_accepted=self.num_accepted, L=self.L, exact=exact,
+            self.cfg,
+            prefix=self.prefix,
+            delta=self.delta,
+            blocks=self.blocks,
+            num_blocks=self.num_blocks,
+            write_idx=self.write_idx,
+            w=self.weights,
+            conv_state=self.conv_state,
+            state=self.state,
+            state_indices=self.state_indices,
+            num_accepted=self.num_accepted,
+            L=self.L,
+            exact=exact,
         )
 
 
@@ -126,15 +143,21 @@ def make_inputs(
     acc = torch.randint(1, L + 1, (R,), generator=gen, dtype=torch.int32)
     acc[list(pad)] = 1
     return LayerInputs(
-        cfg=cfg, R=R, L=L, num_blocks=nb, write_idx=wi,
+        cfg=cfg,
+        R=R,
+        L=L,
+        num_blocks=nb,
+        write_idx=wi,
         prefix=torch.randn(S, H, generator=gen).to(torch.bfloat16).to(device),
         delta=torch.randn(S, H, generator=gen).to(torch.bfloat16).to(device) if delta else None,
         blocks=torch.randn(S, total_blocks, H, generator=gen).to(torch.bfloat16).to(device),
         weights=weights if weights is not None else make_weights(cfg, device, gen),
         conv_cache=torch.randn(*conv_shape, generator=gen).to(torch.bfloat16).to(device),
         conv_layout=conv_layout,
-        state=(torch.randn(slots, cfg.local_heads, cfg.kda_head_dim, cfg.kda_head_dim,
-                           generator=gen) * 0.1).to(device),
+        state=(
+            torch.randn(slots, cfg.local_heads, cfg.kda_head_dim, cfg.kda_head_dim, generator=gen)
+            * 0.1
+        ).to(device),
         state_indices=(idx if spec else idx[:, 0].contiguous()).to(device),
         num_accepted=acc.to(device) if spec else None,
         out=torch.full((S, cfg.local_proj), float("nan"), dtype=torch.bfloat16, device=device),

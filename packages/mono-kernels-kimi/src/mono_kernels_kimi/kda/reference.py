@@ -64,9 +64,7 @@ def attn_res(
     return (x * out_norm_w.float()).to(BF16)
 
 
-def _slots(
-    state_indices: torch.Tensor, num_accepted: torch.Tensor | None, num_slots: int, L: int
-):
+def _slots(state_indices: torch.Tensor, num_accepted: torch.Tensor | None, num_slots: int, L: int):
     """(indices [R, L], conv slot [R], first column [R]) in the spec layout."""
     if num_accepted is None:
         idx = state_indices.long().view(-1, 1)
@@ -194,8 +192,16 @@ def kda_layer(
     S = prefix.shape[0]
     H, D, P = cfg.local_heads, cfg.kda_head_dim, cfg.local_proj
     x = attn_res(
-        prefix, delta, blocks, w["ares_norm"], w["ares_qk"], w["in_norm"],
-        num_blocks, write_idx, cfg.rms_norm_eps, cfg.rms_norm_eps,
+        prefix,
+        delta,
+        blocks,
+        w["ares_norm"],
+        w["ares_qk"],
+        w["in_norm"],
+        num_blocks,
+        write_idx,
+        cfg.rms_norm_eps,
+        cfg.rms_norm_eps,
     )
     proj = _linear(x, w["in_proj"], exact)
     qkv = proj[:, : 3 * P]
@@ -207,8 +213,17 @@ def kda_layer(
     R = S // L
     q, k, v = (t.reshape(R, L, H, D) for t in qkv.split(P, dim=-1))
     o = kda_recurrence(
-        q, k, v, g1.reshape(R, L, H, D), beta.reshape(R, L, H), w["a_log"], w["dt_bias"],
-        cfg.gate_lower_bound, state, state_indices, num_accepted,
+        q,
+        k,
+        v,
+        g1.reshape(R, L, H, D),
+        beta.reshape(R, L, H),
+        w["a_log"],
+        w["dt_bias"],
+        cfg.gate_lower_bound,
+        state,
+        state_indices,
+        num_accepted,
     )
     core = gated_rmsnorm(o.reshape(S, H, D), g2.reshape(S, H, D), w["o_norm"], cfg.o_norm_eps)
     return core.reshape(S, P)

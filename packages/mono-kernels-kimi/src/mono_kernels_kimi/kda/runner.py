@@ -19,6 +19,7 @@ from .spec import ARGS, ERROR, MAX_ROWS, K1Build
 
 def default_tiling(cfg: KimiK3Config, device: torch.device) -> dict:
     """Tile sizes that fit the model's sizes; programs = one per SM on a GPU."""
+
     def pow2_at_most(n, cap):
         p = 1
         while p * 2 <= min(n, cap):
@@ -53,38 +54,63 @@ class KdaRunner:
         **tiling,
     ) -> None:
         if not 1 <= L <= max_rows <= MAX_ROWS:
-            raise ValueError(f"L = {L} and max_rows = {max_rows} must satisfy 1 <= L <= max_rows <= {MAX_ROWS}")
+            raise ValueError(
+                f"L = {L} and max_rows = {max_rows} must satisfy 1 <= L <= max_rows <= {MAX_ROWS}"
+            )
         if not spec and L != 1:
             raise ValueError("a plain-decode runner has L = 1")
         self.cfg, self.device, self.L, self.spec = cfg, torch.device(device), L, spec
         self.widths = tuple(range(1, max_rows // L + 1))
         self.tiling = {**default_tiling(cfg, self.device), **tiling}
         self._builds: dict[tuple, K1Build] = {}
-        need = max(self.build(r, d, w).scratch_bytes for r in self.widths
-                   for d in (False, True) for w in (False, True))
+        need = max(
+            self.build(r, d, w).scratch_bytes
+            for r in self.widths
+            for d in (False, True)
+            for w in (False, True)
+        )
         if scratch is None:
             scratch = torch.zeros(need, dtype=torch.uint8, device=self.device)
         elif scratch.numel() < need or scratch.dtype != torch.uint8:
-            raise ValueError(f"scratch: {scratch.numel()} bytes of {scratch.dtype}, need {need} uint8")
+            raise ValueError(
+                f"scratch: {scratch.numel()} bytes of {scratch.dtype}, need {need} uint8"
+            )
         self.scratch = scratch
 
     def build(self, requests: int, delta: bool, write_block: bool) -> K1Build:
         key = (requests, delta, write_block)
         if key not in self._builds:
             if requests not in self.widths:
-                raise ValueError(f"requests = {requests}: this runner serves {self.widths} "
-                                 f"(rows = requests x {self.L} <= {MAX_ROWS})")
+                raise ValueError(
+                    f"requests = {requests}: this runner serves {self.widths} "
+                    f"(rows = requests x {self.L} <= {MAX_ROWS})"
+                )
             self._builds[key] = K1Build.for_step(
-                self.cfg, requests, self.L, spec=self.spec, delta=delta,
-                write_block=write_block, **self.tiling)
+                self.cfg,
+                requests,
+                self.L,
+                spec=self.spec,
+                delta=delta,
+                write_block=write_block,
+                **self.tiling,
+            )
         return self._builds[key]
 
     def __call__(
         self,
         requests: int,
         *,
-        prefix, delta, blocks, num_blocks: int, write_idx: int, weights: dict,
-        conv_state, state, state_indices, num_accepted, out,
+        prefix,
+        delta,
+        blocks,
+        num_blocks: int,
+        write_idx: int,
+        weights: dict,
+        conv_state,
+        state,
+        state_indices,
+        num_accepted,
+        out,
     ) -> torch.Tensor:
         """One KDA layer; updates prefix, blocks, conv_state and state in place and writes
         `out` [rows, local_proj] (o_proj's input). `conv_state` is vLLM's conv cache as
@@ -92,26 +118,54 @@ class KdaRunner:
         build = self.build(requests, delta is not None, write_idx >= 0)
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         check_args(
-            build, prefix=prefix, delta=delta, blocks=blocks, num_blocks=num_blocks,
-            write_idx=write_idx, weights=weights, conv_state=conv_state, state=state,
-            state_indices=state_indices, num_accepted=num_accepted, out=out,
-            scratch=self.scratch, values=not capturing,
+            build,
+            prefix=prefix,
+            delta=delta,
+            blocks=blocks,
+            num_blocks=num_blocks,
+            write_idx=write_idx,
+            weights=weights,
+            conv_state=conv_state,
+            state=state,
+            state_indices=state_indices,
+            num_accepted=num_accepted,
+            out=out,
+            scratch=self.scratch,
+            values=not capturing,
         )
         cfg = self.cfg
         args = dict(
-            prefix=prefix, delta=prefix if delta is None else delta, blocks=blocks,
-            ares_norm=weights["ares_norm"], ares_qk=weights["ares_qk"], in_norm=weights["in_norm"],
-            in_proj=weights["in_proj"], f_b=weights["f_b"], conv_w=weights["conv"],
-            a_log=weights["a_log"], dt_bias=weights["dt_bias"], o_norm=weights["o_norm"],
-            conv_state=conv_state, state=state, state_indices=state_indices,
+            prefix=prefix,
+            delta=prefix if delta is None else delta,
+            blocks=blocks,
+            ares_norm=weights["ares_norm"],
+            ares_qk=weights["ares_qk"],
+            in_norm=weights["in_norm"],
+            in_proj=weights["in_proj"],
+            f_b=weights["f_b"],
+            conv_w=weights["conv"],
+            a_log=weights["a_log"],
+            dt_bias=weights["dt_bias"],
+            o_norm=weights["o_norm"],
+            conv_state=conv_state,
+            state=state,
+            state_indices=state_indices,
             num_accepted=state_indices if num_accepted is None else num_accepted,
-            out=out, scratch=self.scratch,
-            blocks_row_stride=blocks.stride(0), blocks_block_stride=blocks.stride(1),
-            conv_slot_stride=conv_state.stride(0), conv_dim_stride=conv_state.stride(1),
-            conv_pos_stride=conv_state.stride(2), state_slot_stride=state.stride(0),
-            indices_row_stride=state_indices.stride(0), num_blocks=num_blocks,
-            write_idx=max(write_idx, 0), num_slots=state.shape[0],
-            eps=cfg.rms_norm_eps, out_eps=cfg.rms_norm_eps, o_norm_eps=cfg.o_norm_eps,
+            out=out,
+            scratch=self.scratch,
+            blocks_row_stride=blocks.stride(0),
+            blocks_block_stride=blocks.stride(1),
+            conv_slot_stride=conv_state.stride(0),
+            conv_dim_stride=conv_state.stride(1),
+            conv_pos_stride=conv_state.stride(2),
+            state_slot_stride=state.stride(0),
+            indices_row_stride=state_indices.stride(0),
+            num_blocks=num_blocks,
+            write_idx=max(write_idx, 0),
+            num_slots=state.shape[0],
+            eps=cfg.rms_norm_eps,
+            out_eps=cfg.rms_norm_eps,
+            o_norm_eps=cfg.o_norm_eps,
             lower_bound=cfg.gate_lower_bound,
         )
         assert tuple(args) == ARGS
@@ -146,12 +200,19 @@ class KdaRunner:
             for delta in (False, True):
                 for write in (False, True):
                     self(
-                        r, prefix=torch.zeros(S, H, dtype=torch.bfloat16, device=dev),
-                        delta=torch.zeros(S, H, dtype=torch.bfloat16, device=dev) if delta else None,
+                        r,
+                        prefix=torch.zeros(S, H, dtype=torch.bfloat16, device=dev),
+                        delta=torch.zeros(S, H, dtype=torch.bfloat16, device=dev)
+                        if delta
+                        else None,
                         blocks=torch.zeros(S, 2, H, dtype=torch.bfloat16, device=dev),
-                        num_blocks=1 if write else 0, write_idx=1 if write else -1,
-                        weights=weights, conv_state=conv_state, state=state,
-                        state_indices=idx, num_accepted=acc,
+                        num_blocks=1 if write else 0,
+                        write_idx=1 if write else -1,
+                        weights=weights,
+                        conv_state=conv_state,
+                        state=state,
+                        state_indices=idx,
+                        num_accepted=acc,
                         out=torch.empty(S, P, dtype=torch.bfloat16, device=dev),
                     )
                     warmed.append(self.build(r, delta, write))
@@ -171,8 +232,10 @@ class KdaRunner:
             from .spec import STAGES
 
             stages = [s for i, s in enumerate(STAGES) if err >> i & 1]
-            raise MonoFault(f"K1 gave up waiting for stage(s) {', '.join(stages)} "
-                            f"(error word {err:#x}); call reset() before the next launch")
+            raise MonoFault(
+                f"K1 gave up waiting for stage(s) {', '.join(stages)} "
+                f"(error word {err:#x}); call reset() before the next launch"
+            )
 
     def reset(self) -> None:
         """Zero the scratch region (control and error words); no launch may be in flight."""

@@ -35,13 +35,38 @@ ALIGN = 256
 
 # Every argument of the Triton kernel before its constexprs, in launch order.
 ARGS = (
-    "prefix", "delta", "blocks", "ares_norm", "ares_qk", "in_norm", "in_proj", "f_b",
-    "conv_w", "a_log", "dt_bias", "o_norm", "conv_state", "state", "state_indices",
-    "num_accepted", "out", "scratch",
-    "blocks_row_stride", "blocks_block_stride",
-    "conv_slot_stride", "conv_dim_stride", "conv_pos_stride", "state_slot_stride",
-    "indices_row_stride", "num_blocks", "write_idx", "num_slots",
-    "eps", "out_eps", "o_norm_eps", "lower_bound",
+    "prefix",
+    "delta",
+    "blocks",
+    "ares_norm",
+    "ares_qk",
+    "in_norm",
+    "in_proj",
+    "f_b",
+    "conv_w",
+    "a_log",
+    "dt_bias",
+    "o_norm",
+    "conv_state",
+    "state",
+    "state_indices",
+    "num_accepted",
+    "out",
+    "scratch",
+    "blocks_row_stride",
+    "blocks_block_stride",
+    "conv_slot_stride",
+    "conv_dim_stride",
+    "conv_pos_stride",
+    "state_slot_stride",
+    "indices_row_stride",
+    "num_blocks",
+    "write_idx",
+    "num_slots",
+    "eps",
+    "out_eps",
+    "o_norm_eps",
+    "lower_bound",
 )
 
 
@@ -96,14 +121,30 @@ class K1Build:
 
     @classmethod
     def for_step(
-        cls, cfg: KimiK3Config, requests: int, L: int, *, spec: bool = True,
-        delta: bool = True, write_block: bool = False, **tiling,
+        cls,
+        cfg: KimiK3Config,
+        requests: int,
+        L: int,
+        *,
+        spec: bool = True,
+        delta: bool = True,
+        write_block: bool = False,
+        **tiling,
     ) -> K1Build:
         return cls(
-            hidden=cfg.hidden_size, heads=cfg.local_heads, head_dim=cfg.kda_head_dim,
-            f_a_dim=cfg.f_a_dim, in_proj_rows=cfg.in_proj_rows,
-            max_sources=cfg.num_attn_res_blocks + 1, tp=cfg.tp, requests=requests, L=L,
-            spec=spec, delta=delta, write_block=write_block, **tiling,
+            hidden=cfg.hidden_size,
+            heads=cfg.local_heads,
+            head_dim=cfg.kda_head_dim,
+            f_a_dim=cfg.f_a_dim,
+            in_proj_rows=cfg.in_proj_rows,
+            max_sources=cfg.num_attn_res_blocks + 1,
+            tp=cfg.tp,
+            requests=requests,
+            L=L,
+            spec=spec,
+            delta=delta,
+            write_block=write_block,
+            **tiling,
         )
 
     # ---- derived ----------------------------------------------------------------------

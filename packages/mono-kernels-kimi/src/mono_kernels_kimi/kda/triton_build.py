@@ -90,43 +90,92 @@ def _slots(state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC: 
     init_slot = tl.load(ibase + first).to(tl.int64)
     conv_ok = (conv_slot > 0) & (conv_slot < num_slots)
     live = (init_slot > 0) & (init_slot < num_slots)
-    return ibase, tl.where(conv_ok, conv_slot, 0), first, tl.where(live, init_slot, 0), conv_ok, live
+    return (
+        ibase,
+        tl.where(conv_ok, conv_slot, 0),
+        first,
+        tl.where(live, init_slot, 0),
+        conv_ok,
+        live,
+    )
 
 
 @triton.jit
-def _conv_in(cbase, proj, ch, cmask, first, r, t: tl.constexpr, j: tl.constexpr,
-             conv_dim_stride, conv_pos_stride, L: tl.constexpr, NP: tl.constexpr):
+def _conv_in(
+    cbase,
+    proj,
+    ch,
+    cmask,
+    first,
+    r,
+    t: tl.constexpr,
+    j: tl.constexpr,
+    conv_dim_stride,
+    conv_pos_stride,
+    L: tl.constexpr,
+    NP: tl.constexpr,
+):
     """Tap j of token t's window [state[first], state[first+1], state[first+2], x_0 ..]."""
     if t + j < 3:
-        v = tl.load(cbase + ch.to(tl.int64) * conv_dim_stride + (first + t + j) * conv_pos_stride,
-                    mask=cmask, other=0.0)
+        v = tl.load(
+            cbase + ch.to(tl.int64) * conv_dim_stride + (first + t + j) * conv_pos_stride,
+            mask=cmask,
+            other=0.0,
+        )
     else:
-        v = tl.load(proj + (r * L + t + j - 3) * NP + ch, mask=cmask, other=0.0,
-                    cache_modifier=".cg")
+        v = tl.load(
+            proj + (r * L + t + j - 3) * NP + ch, mask=cmask, other=0.0, cache_modifier=".cg"
+        )
     return v.to(F32)
 
 
 @triton.jit
-def _conv_token(cbase, proj, ch, cmask, w4, first, r, t: tl.constexpr,
-                conv_dim_stride, conv_pos_stride, L: tl.constexpr, NP: tl.constexpr):
+def _conv_token(
+    cbase,
+    proj,
+    ch,
+    cmask,
+    w4,
+    first,
+    r,
+    t: tl.constexpr,
+    conv_dim_stride,
+    conv_pos_stride,
+    L: tl.constexpr,
+    NP: tl.constexpr,
+):
     """One token of `_causal_conv1d_update_kernel` (width 4, no bias, SiLU), stored as
     bf16 like its output tensor."""
     jj = tl.arange(0, 4)[None, :]
-    acc = _conv_in(cbase, proj, ch, cmask, first, r, t, 0, conv_dim_stride, conv_pos_stride, L, NP) \
-        * tl.sum(tl.where(jj == 0, w4, 0.0), axis=1)
-    acc += _conv_in(cbase, proj, ch, cmask, first, r, t, 1, conv_dim_stride, conv_pos_stride, L, NP) \
-        * tl.sum(tl.where(jj == 1, w4, 0.0), axis=1)
-    acc += _conv_in(cbase, proj, ch, cmask, first, r, t, 2, conv_dim_stride, conv_pos_stride, L, NP) \
-        * tl.sum(tl.where(jj == 2, w4, 0.0), axis=1)
-    acc += _conv_in(cbase, proj, ch, cmask, first, r, t, 3, conv_dim_stride, conv_pos_stride, L, NP) \
-        * tl.sum(tl.where(jj == 3, w4, 0.0), axis=1)
+    acc = _conv_in(
+        cbase, proj, ch, cmask, first, r, t, 0, conv_dim_stride, conv_pos_stride, L, NP
+    ) * tl.sum(tl.where(jj == 0, w4, 0.0), axis=1)
+    acc += _conv_in(
+        cbase, proj, ch, cmask, first, r, t, 1, conv_dim_stride, conv_pos_stride, L, NP
+    ) * tl.sum(tl.where(jj == 1, w4, 0.0), axis=1)
+    acc += _conv_in(
+        cbase, proj, ch, cmask, first, r, t, 2, conv_dim_stride, conv_pos_stride, L, NP
+    ) * tl.sum(tl.where(jj == 2, w4, 0.0), axis=1)
+    acc += _conv_in(
+        cbase, proj, ch, cmask, first, r, t, 3, conv_dim_stride, conv_pos_stride, L, NP
+    ) * tl.sum(tl.where(jj == 3, w4, 0.0), axis=1)
     acc = acc / (1 + tl.exp(-acc))
     return _rne(acc)
 
 
 @triton.jit
-def _conv_state_write(cbase, proj, ch, cmask, first, r, conv_dim_stride, conv_pos_stride,
-                      L: tl.constexpr, NP: tl.constexpr):
+def _conv_state_write(
+    cbase,
+    proj,
+    ch,
+    cmask,
+    first,
+    r,
+    conv_dim_stride,
+    conv_pos_stride,
+    L: tl.constexpr,
+    NP: tl.constexpr,
+):
     """The spec conv state after the step: [window[1], window[2], x_0 .. x_{L-1}] from
     entry 0 (`_causal_conv1d_update_kernel`'s sliding window)."""
     cp = cbase + ch.to(tl.int64) * conv_dim_stride
@@ -142,24 +191,74 @@ def _conv_state_write(cbase, proj, ch, cmask, first, r, conv_dim_stride, conv_po
 
 @triton.jit
 def k1_kernel(
-    prefix, delta, blocks, ares_norm, ares_qk, in_norm, in_proj, f_b,
-    conv_w, a_log, dt_bias, o_norm, conv_state, state, state_indices,
-    num_accepted, out, scratch,
-    blocks_row_stride, blocks_block_stride,
-    conv_slot_stride, conv_dim_stride, conv_pos_stride, state_slot_stride,
-    indices_row_stride, num_blocks, write_idx, num_slots,
-    eps, out_eps, o_norm_eps, lower_bound,
-    S: tl.constexpr, R: tl.constexpr, L: tl.constexpr, SPEC: tl.constexpr,
-    HAS_DELTA: tl.constexpr, WRITE_BLOCK: tl.constexpr,
-    HID: tl.constexpr, NH: tl.constexpr, D: tl.constexpr, DFA: tl.constexpr,
-    NP: tl.constexpr, G_OFF: tl.constexpr, FA_OFF: tl.constexpr, BETA_OFF: tl.constexpr,
-    BH: tl.constexpr, C1: tl.constexpr, C1P: tl.constexpr, BN: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, MAX_SRC: tl.constexpr,
-    E1: tl.constexpr, E2: tl.constexpr, E3: tl.constexpr, E4: tl.constexpr,
-    E5: tl.constexpr, E6: tl.constexpr,
-    OFF_PART: tl.constexpr, OFF_MSQ: tl.constexpr, OFF_MIXED: tl.constexpr,
-    OFF_X: tl.constexpr, OFF_PROJ: tl.constexpr, OFF_O: tl.constexpr,
-    NPROG: tl.constexpr, MAX_POLLS: tl.constexpr, INTERPRET: tl.constexpr,
+    prefix,
+    delta,
+    blocks,
+    ares_norm,
+    ares_qk,
+    in_norm,
+    in_proj,
+    f_b,
+    conv_w,
+    a_log,
+    dt_bias,
+    o_norm,
+    conv_state,
+    state,
+    state_indices,
+    num_accepted,
+    out,
+    scratch,
+    blocks_row_stride,
+    blocks_block_stride,
+    conv_slot_stride,
+    conv_dim_stride,
+    conv_pos_stride,
+    state_slot_stride,
+    indices_row_stride,
+    num_blocks,
+    write_idx,
+    num_slots,
+    eps,
+    out_eps,
+    o_norm_eps,
+    lower_bound,
+    S: tl.constexpr,
+    R: tl.constexpr,
+    L: tl.constexpr,
+    SPEC: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
+    WRITE_BLOCK: tl.constexpr,
+    HID: tl.constexpr,
+    NH: tl.constexpr,
+    D: tl.constexpr,
+    DFA: tl.constexpr,
+    NP: tl.constexpr,
+    G_OFF: tl.constexpr,
+    FA_OFF: tl.constexpr,
+    BETA_OFF: tl.constexpr,
+    BH: tl.constexpr,
+    C1: tl.constexpr,
+    C1P: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    MAX_SRC: tl.constexpr,
+    E1: tl.constexpr,
+    E2: tl.constexpr,
+    E3: tl.constexpr,
+    E4: tl.constexpr,
+    E5: tl.constexpr,
+    E6: tl.constexpr,
+    OFF_PART: tl.constexpr,
+    OFF_MSQ: tl.constexpr,
+    OFF_MIXED: tl.constexpr,
+    OFF_X: tl.constexpr,
+    OFF_PROJ: tl.constexpr,
+    OFF_O: tl.constexpr,
+    NPROG: tl.constexpr,
+    MAX_POLLS: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     P: tl.constexpr = NH * D
     NVC: tl.constexpr = D // BV
@@ -179,7 +278,8 @@ def k1_kernel(
             cols = t * BH + tl.arange(0, BH)
             cm = cols < HID
             wnq = tl.load(ares_norm + cols, mask=cm, other=0.0).to(F32) * tl.load(
-                ares_qk + cols, mask=cm, other=0.0).to(F32)
+                ares_qk + cols, mask=cm, other=0.0
+            ).to(F32)
             for s in tl.static_range(S):
                 p = tl.load(prefix + s * HID + cols, mask=cm, other=0.0).to(F32)
                 if HAS_DELTA:
@@ -187,11 +287,17 @@ def k1_kernel(
                     p = _rne(p + d)  # the bf16 prefix-add
                     tl.store(prefix + s * HID + cols, p.to(BF16), mask=cm)
                 if WRITE_BLOCK:
-                    tl.store(blocks + s * blocks_row_stride + write_idx * blocks_block_stride
-                             + cols, p.to(BF16), mask=cm)
+                    tl.store(
+                        blocks + s * blocks_row_stride + write_idx * blocks_block_stride + cols,
+                        p.to(BF16),
+                        mask=cm,
+                    )
                 for j in range(0, num_blocks + 1):
-                    v = tl.load(blocks + s * blocks_row_stride + j * blocks_block_stride + cols,
-                                mask=cm & (j < num_blocks), other=0.0).to(F32)
+                    v = tl.load(
+                        blocks + s * blocks_row_stride + j * blocks_block_stride + cols,
+                        mask=cm & (j < num_blocks),
+                        other=0.0,
+                    ).to(F32)
                     v = tl.where(j < num_blocks, v, p)
                     pp = part + ((s * MAX_SRC + j) * C1P + t) * 2
                     tl.store(pp, tl.sum(v * v, axis=0))
@@ -206,8 +312,9 @@ def k1_kernel(
             ci = tl.arange(0, C1P)
             cim = ci < C1
             for s in tl.static_range(S):
-                p = tl.load(prefix + s * HID + cols, mask=cm, other=0.0,
-                            cache_modifier=".cg").to(F32)
+                p = tl.load(prefix + s * HID + cols, mask=cm, other=0.0, cache_modifier=".cg").to(
+                    F32
+                )
                 mx = tl.full((), float("-inf"), F32)
                 den = tl.zeros((), F32)
                 mixed = tl.zeros((BH,), F32)
@@ -216,8 +323,11 @@ def k1_kernel(
                     ss = tl.sum(tl.load(pq, mask=cim, other=0.0, cache_modifier=".cg"), axis=0)
                     qd = tl.sum(tl.load(pq + 1, mask=cim, other=0.0, cache_modifier=".cg"), axis=0)
                     logit = qd * tl.rsqrt(ss * (1.0 / HID) + eps)
-                    v = tl.load(blocks + s * blocks_row_stride + j * blocks_block_stride + cols,
-                                mask=cm & (j < num_blocks), other=0.0).to(F32)
+                    v = tl.load(
+                        blocks + s * blocks_row_stride + j * blocks_block_stride + cols,
+                        mask=cm & (j < num_blocks),
+                        other=0.0,
+                    ).to(F32)
                     v = tl.where(j < num_blocks, v, p)
                     new_mx = tl.maximum(mx, logit)
                     old_scale = tl.exp(mx - new_mx)
@@ -238,8 +348,10 @@ def k1_kernel(
             ci = tl.arange(0, C1P)
             wn = tl.load(in_norm + cols, mask=cm, other=0.0).to(F32)
             for s in tl.static_range(S):
-                ssum = tl.sum(tl.load(msq + s * C1P + ci, mask=ci < C1, other=0.0,
-                                      cache_modifier=".cg"), axis=0)
+                ssum = tl.sum(
+                    tl.load(msq + s * C1P + ci, mask=ci < C1, other=0.0, cache_modifier=".cg"),
+                    axis=0,
+                )
                 rstd = tl.rsqrt(ssum * (1.0 / HID) + out_eps)
                 mixed = tl.load(mixbuf + s * HID + cols, mask=cm, other=0.0, cache_modifier=".cg")
                 tl.store(xbuf + s * HID + cols, _bf16(mixed * rstd * wn), mask=cm)
@@ -256,13 +368,21 @@ def k1_kernel(
             for k0 in range(0, HID, BK):
                 kk = k0 + tl.arange(0, BK)
                 km = kk < HID
-                xt = tl.load(xbuf + si[:, None] * HID + kk[None, :], mask=sm[:, None] & km[None, :],
-                             other=0.0, cache_modifier=".cg")
-                wt = tl.load(in_proj + rows[:, None] * HID + kk[None, :],
-                             mask=nm[:, None] & km[None, :], other=0.0)
+                xt = tl.load(
+                    xbuf + si[:, None] * HID + kk[None, :],
+                    mask=sm[:, None] & km[None, :],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                wt = tl.load(
+                    in_proj + rows[:, None] * HID + kk[None, :],
+                    mask=nm[:, None] & km[None, :],
+                    other=0.0,
+                )
                 acc += _dot(xt, tl.trans(wt), INTERPRET)
-            tl.store(proj + si[:, None] * NP + rows[None, :], _bf16(acc),
-                     mask=sm[:, None] & nm[None, :])
+            tl.store(
+                proj + si[:, None] * NP + rows[None, :], _bf16(acc), mask=sm[:, None] & nm[None, :]
+            )
             _done(ctrl, DONE0 + 3)
         elif t < E5:
             # -- 5 kda: f_b + gate, conv update, l2norm, delta rule on BV state rows --
@@ -272,7 +392,8 @@ def k1_kernel(
             vc = u % NVC
             _wait(ctrl, DONE0 + 3, E4 - E3, MAX_POLLS)
             ibase, cslot, first, islot, conv_ok, live = _slots(
-                state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC)
+                state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC
+            )
             cbase = conv_state + cslot * conv_slot_stride
             dk = tl.arange(0, D)
             dv = vc * BV + tl.arange(0, BV)
@@ -285,8 +406,12 @@ def k1_kernel(
             # fused_recurrent_kda_fwd_kernel: lower_bound * sigmoid(exp(A_log) * (g + dt_bias))
             li = tl.arange(0, RT)
             fcol = tl.arange(0, DFA)
-            fa = tl.load(proj + (r * L + li)[:, None] * NP + FA_OFF + fcol[None, :],
-                         mask=(li < L)[:, None], other=0.0, cache_modifier=".cg")
+            fa = tl.load(
+                proj + (r * L + li)[:, None] * NP + FA_OFF + fcol[None, :],
+                mask=(li < L)[:, None],
+                other=0.0,
+                cache_modifier=".cg",
+            )
             fbw = tl.load(f_b + (h * D + dk)[:, None] * DFA + fcol[None, :])
             g1 = _rne(_dot(fa, tl.trans(fbw), INTERPRET))
             a = tl.exp(tl.load(a_log + h).to(F32))
@@ -301,17 +426,54 @@ def k1_kernel(
             st = tl.load(sp, mask=live, other=0.0).to(F32)
             for tt in tl.static_range(L):
                 s = r * L + tt
-                q = _conv_token(cbase, proj, qch, allk, wq, first, r, tt,
-                                conv_dim_stride, conv_pos_stride, L, NP)
-                k = _conv_token(cbase, proj, kch, allk, wk, first, r, tt,
-                                conv_dim_stride, conv_pos_stride, L, NP)
-                val = _conv_token(cbase, proj, vch, allv, wv, first, r, tt,
-                                conv_dim_stride, conv_pos_stride, L, NP)
-                q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (D ** -0.5)
+                q = _conv_token(
+                    cbase,
+                    proj,
+                    qch,
+                    allk,
+                    wq,
+                    first,
+                    r,
+                    tt,
+                    conv_dim_stride,
+                    conv_pos_stride,
+                    L,
+                    NP,
+                )
+                k = _conv_token(
+                    cbase,
+                    proj,
+                    kch,
+                    allk,
+                    wk,
+                    first,
+                    r,
+                    tt,
+                    conv_dim_stride,
+                    conv_pos_stride,
+                    L,
+                    NP,
+                )
+                val = _conv_token(
+                    cbase,
+                    proj,
+                    vch,
+                    allv,
+                    wv,
+                    first,
+                    r,
+                    tt,
+                    conv_dim_stride,
+                    conv_pos_stride,
+                    L,
+                    NP,
+                )
+                q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (D**-0.5)
                 k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
                 dec = tl.sum(tl.where(li[:, None] == tt, decay, 0.0), axis=0)
-                beta = tl.sigmoid(tl.load(proj + s * NP + BETA_OFF + h,
-                                          cache_modifier=".cg").to(F32))
+                beta = tl.sigmoid(
+                    tl.load(proj + s * NP + BETA_OFF + h, cache_modifier=".cg").to(F32)
+                )
                 st = st * dec[None, :]
                 val = (val - tl.sum(st * k[None, :], axis=1)) * beta
                 st = st + val[:, None] * k[None, :]
@@ -319,11 +481,17 @@ def k1_kernel(
                 tl.store(obuf + s * P + h * D + dv, _bf16(o), mask=allv & live)
                 slot_t = tl.load(ibase + tt).to(tl.int64)
                 ok_t = live & (slot_t > 0) & (slot_t < num_slots)
-                dst = state + tl.where(ok_t, slot_t, 0) * state_slot_stride + hoff \
-                    + dv[:, None] * D + dk[None, :]
+                dst = (
+                    state
+                    + tl.where(ok_t, slot_t, 0) * state_slot_stride
+                    + hoff
+                    + dv[:, None] * D
+                    + dk[None, :]
+                )
                 tl.store(dst, st, mask=ok_t)
-            _conv_state_write(cbase, proj, vch, allv & conv_ok, first, r,
-                              conv_dim_stride, conv_pos_stride, L, NP)
+            _conv_state_write(
+                cbase, proj, vch, allv & conv_ok, first, r, conv_dim_stride, conv_pos_stride, L, NP
+            )
             _done(ctrl, DONE0 + 4)
         else:
             # -- 6 norm: FusedRMSNormGated(sigmoid) per head; q/k conv state --
@@ -332,7 +500,8 @@ def k1_kernel(
             h = u % NH
             _wait(ctrl, DONE0 + 4, E5 - E4, MAX_POLLS)
             ibase, cslot, first, islot, conv_ok, live = _slots(
-                state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC)
+                state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC
+            )
             dk = tl.arange(0, D)
             wo = tl.load(o_norm + dk).to(F32)
             for tt in tl.static_range(L):
@@ -343,10 +512,12 @@ def k1_kernel(
                 tl.store(out + s * P + h * D + dk, _bf16(tl.where(live, y, 0.0)))
             cbase = conv_state + cslot * conv_slot_stride
             allk = (dk < D) & conv_ok
-            _conv_state_write(cbase, proj, h * D + dk, allk, first, r,
-                              conv_dim_stride, conv_pos_stride, L, NP)
-            _conv_state_write(cbase, proj, P + h * D + dk, allk, first, r,
-                              conv_dim_stride, conv_pos_stride, L, NP)
+            _conv_state_write(
+                cbase, proj, h * D + dk, allk, first, r, conv_dim_stride, conv_pos_stride, L, NP
+            )
+            _conv_state_write(
+                cbase, proj, P + h * D + dk, allk, first, r, conv_dim_stride, conv_pos_stride, L, NP
+            )
             _done(ctrl, DONE0 + 5)
         t = tl.atomic_add(ctrl + TICKET, 1, sem="relaxed")
 
@@ -369,16 +540,41 @@ def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
     lay = build.scratch_layout()
     c1 = build.slices
     return dict(
-        S=build.rows, R=build.requests, L=build.L, SPEC=build.spec,
-        HAS_DELTA=build.delta, WRITE_BLOCK=build.write_block,
-        HID=build.hidden, NH=build.heads, D=build.head_dim, DFA=build.f_a_dim,
-        NP=build.in_proj_rows, G_OFF=cfg_offsets[0], FA_OFF=cfg_offsets[1],
-        BETA_OFF=cfg_offsets[2], BH=build.block_h, C1=c1, C1P=1 << max(0, (c1 - 1).bit_length()),
-        BN=build.block_n, BK=build.block_k, BV=build.block_v, MAX_SRC=build.max_sources,
-        E1=ends[0], E2=ends[1], E3=ends[2], E4=ends[3], E5=ends[4], E6=ends[5],
-        OFF_PART=lay["part"][0], OFF_MSQ=lay["msq"][0], OFF_MIXED=lay["mixed"][0],
-        OFF_X=lay["x"][0], OFF_PROJ=lay["proj"][0], OFF_O=lay["o"][0],
-        NPROG=build.programs, MAX_POLLS=build.max_polls,
+        S=build.rows,
+        R=build.requests,
+        L=build.L,
+        SPEC=build.spec,
+        HAS_DELTA=build.delta,
+        WRITE_BLOCK=build.write_block,
+        HID=build.hidden,
+        NH=build.heads,
+        D=build.head_dim,
+        DFA=build.f_a_dim,
+        NP=build.in_proj_rows,
+        G_OFF=cfg_offsets[0],
+        FA_OFF=cfg_offsets[1],
+        BETA_OFF=cfg_offsets[2],
+        BH=build.block_h,
+        C1=c1,
+        C1P=1 << max(0, (c1 - 1).bit_length()),
+        BN=build.block_n,
+        BK=build.block_k,
+        BV=build.block_v,
+        MAX_SRC=build.max_sources,
+        E1=ends[0],
+        E2=ends[1],
+        E3=ends[2],
+        E4=ends[3],
+        E5=ends[4],
+        E6=ends[5],
+        OFF_PART=lay["part"][0],
+        OFF_MSQ=lay["msq"][0],
+        OFF_MIXED=lay["mixed"][0],
+        OFF_X=lay["x"][0],
+        OFF_PROJ=lay["proj"][0],
+        OFF_O=lay["o"][0],
+        NPROG=build.programs,
+        MAX_POLLS=build.max_polls,
         INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
     )
 
@@ -399,11 +595,24 @@ def launch(build: K1Build, args: dict, num_warps: int | None = None) -> None:
 
 # Pointer element types of the kernel's tensor arguments (the rest are i32/fp32 scalars).
 _POINTERS = {
-    "prefix": "*bf16", "delta": "*bf16", "blocks": "*bf16", "ares_norm": "*bf16",
-    "ares_qk": "*bf16", "in_norm": "*bf16", "in_proj": "*bf16", "f_b": "*bf16",
-    "conv_w": "*fp32", "a_log": "*fp32", "dt_bias": "*fp32", "o_norm": "*bf16",
-    "conv_state": "*bf16", "state": "*fp32", "state_indices": "*i32", "num_accepted": "*i32",
-    "out": "*bf16", "scratch": "*u8",
+    "prefix": "*bf16",
+    "delta": "*bf16",
+    "blocks": "*bf16",
+    "ares_norm": "*bf16",
+    "ares_qk": "*bf16",
+    "in_norm": "*bf16",
+    "in_proj": "*bf16",
+    "f_b": "*bf16",
+    "conv_w": "*fp32",
+    "a_log": "*fp32",
+    "dt_bias": "*fp32",
+    "o_norm": "*bf16",
+    "conv_state": "*bf16",
+    "state": "*fp32",
+    "state_indices": "*i32",
+    "num_accepted": "*i32",
+    "out": "*bf16",
+    "scratch": "*u8",
 }
 _FLOATS = ("eps", "out_eps", "o_norm_eps", "lower_bound")
 

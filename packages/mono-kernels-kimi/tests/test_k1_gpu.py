@@ -1,0 +1,128 @@
+"""K1 on one GPU at tiny and full per-rank shapes, eager and under CUDA graph replay,
+against the reference (run on the same GPU in fp32 GEMM mode)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mono_kernels_kimi.config import KimiK3Config
+from mono_kernels_kimi.kda.inputs import make_inputs
+
+pytestmark = pytest.mark.gpu
+
+CONFIGS = {"tiny": KimiK3Config.tiny(), "full": KimiK3Config()}
+# (R, L, spec, layer_idx): block-write layer 0 (no delta) and 12, ordinary layers
+SHAPES = [
+    (1, 1, True, 13),
+    (8, 1, True, 12),
+    (1, 8, True, 13),
+    (2, 4, True, 0),
+    (3, 2, True, 14),
+    (4, 1, False, 13),
+]
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _call(runner, inp):
+    runner(
+        inp.R,
+        prefix=inp.prefix,
+        delta=inp.delta,
+        blocks=inp.blocks,
+        num_blocks=inp.num_blocks,
+        write_idx=inp.write_idx,
+        weights=inp.weights,
+        conv_state=inp.conv_state,
+        state=inp.state,
+        state_indices=inp.state_indices,
+        num_accepted=inp.num_accepted,
+        out=inp.out,
+    )
+
+
+def _compare(got, ref, want, pad):
+    assert rel(got.out, want) < 1e-2
+    assert rel(got.state, ref.state) < 1e-3
+    assert rel(got.conv_state, ref.conv_state) < 1e-3
+    assert torch.equal(got.prefix, ref.prefix) and torch.equal(got.blocks, ref.blocks)
+    rows = [r * got.L + t for r in pad for t in range(got.L)]
+    if rows:
+        assert torch.all(got.out[rows] == 0)
+
+
+def _inputs(cfg, R, L, spec, layer, seed):
+    layer = layer % cfg.num_hidden_layers
+    pad = (R - 1,) if R > 1 else ()
+    return make_inputs(
+        cfg, R, L, spec=spec, layer_idx=layer, delta=layer > 0, pad=pad, device="cuda", seed=seed
+    ), pad
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("size", sorted(CONFIGS))
+@pytest.mark.parametrize("R,L,spec,layer", SHAPES)
+def test_k1_eager_and_graph_replay(size, R, L, spec, layer):
+    from mono_kernels_kimi.kda.runner import KdaRunner
+
+    cfg = CONFIGS[size]
+    inp, pad = _inputs(cfg, R, L, spec, layer, seed=R * 8 + L)
+    runner = KdaRunner(cfg, "cuda", L, spec=spec)
+    runner.warm()
+
+    # eager
+    ref = inp.clone()
+    want = ref.reference()
+    got = inp.clone()
+    _call(runner, got)
+    torch.cuda.synchronize()
+    runner.check()
+    _compare(got, ref, want, pad)
+
+    # graph: capture on static tensors, restore the inputs, replay twice (the control
+    # words must come back zeroed for the second replay)
+    static = inp.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _call(runner, static.clone())  # warm this shape outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _call(runner, static)
+    for _ in range(2):
+        for name in ("prefix", "blocks", "conv_cache", "state"):
+            getattr(static, name).copy_(getattr(inp, name))
+        if static.delta is not None:
+            static.delta.copy_(inp.delta)
+        static.out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        runner.check()
+        _compare(static, ref, want, pad)
+
+
+@pytest.mark.timeout(300)
+def test_k1_bad_slot_raises_before_launch():
+    from mono_kernels_kimi.kda.runner import KdaRunner
+
+    cfg = CONFIGS["tiny"]
+    inp, _ = _inputs(cfg, 2, 2, True, 3, seed=1)
+    runner = KdaRunner(cfg, "cuda", 2)
+    before = inp.clone()
+    inp.state_indices[0, 1] = inp.state.shape[0]
+    with pytest.raises(ValueError, match="`state_indices`"):
+        _call(runner, inp)
+    assert torch.equal(inp.state, before.state) and torch.equal(inp.prefix, before.prefix)
+
+
+@pytest.mark.timeout(600)
+def test_k1_bench_rows_smoke():
+    """The benchmark runs and reports sane numbers (one shape, no baseline compile)."""
+    from mono_kernels_kimi.kda.bench import rows
+
+    (row,) = rows(shapes=((1, 2),), iters=20, baseline=False)
+    assert row["k1_us"] > 0 and 0 < row["pct_of_floor"] < 150, row  # reads can beat the copy rate
