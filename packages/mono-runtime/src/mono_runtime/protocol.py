@@ -8,6 +8,7 @@ The Triton helpers import these as constexpr globals; the FlyDSL twin copies the
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # -- Control words: one int64 device tensor per runner (`MonoRunner.ctl`). ---------------
@@ -89,17 +90,29 @@ def unpack_pair(word: int) -> tuple[int, int]:
     return word >> 32, word & 0xFFFFFFFF
 
 
-_REGIONS: dict[int, str] = {}
+Describe = Callable[[int], tuple[str, "int | None"]]
+_REGIONS: dict[int, tuple[str, Describe | None]] = {}
 
 
-def region_id(name: str) -> int:
+def region_id(name: str, describe: Describe | None = None) -> int:
     """A stable id (31 bits, never 0) a kernel passes to its polls; the timeline names it.
 
-    A hash, so every rank and every process derives the same id without registration."""
+    A hash, so every rank and process derives the same id without registration.
+    `describe(pair)` -> (where the pair is, e.g. "from rank 1, row 0"; the writing rank or
+    None) lets the timeline say who never arrived."""
     rid = zlib.crc32(name.encode()) & 0x7FFFFFFF or 1
-    _REGIONS[rid] = name
+    _REGIONS[rid] = (name, describe)
     return rid
 
 
 def region_name(rid: int) -> str:
-    return _REGIONS.get(rid, f"region {rid:#x}")
+    return _REGIONS[rid][0] if rid in _REGIONS else f"region {rid:#x}"
+
+
+def describe_pair(rid: int, pair: int) -> tuple[str, int | None]:
+    """(where pair `pair` of region `rid` is, its writer rank or None)."""
+    entry = _REGIONS.get(rid)
+    if entry is None or entry[1] is None:
+        return f"pair {pair}", None
+    where, writer = entry[1](pair)
+    return f"pair {pair} ({where})", writer

@@ -1,0 +1,86 @@
+"""A tagged in-kernel all-reduce of S x H bf16 rows over the runner's peer buffer, with an
+optional residual add and RMSNorm; rank-ordered fp32 sums, so every rank gets the same bits.
+
+Used by this package's tests, `mono qualify` and `mono bench allreduce`."""
+
+from __future__ import annotations
+
+import torch
+
+from ..protocol import PEER_HEAD
+from .reference import allreduce_reference
+from .spec import AllreduceBuild
+
+__all__ = ["AllreduceBuild", "allreduce", "allreduce_reference", "default_programs"]
+
+
+def default_programs(device: torch.device) -> int:
+    """One program per SM on a GPU; two under the interpreter (still a real ticket loop)."""
+    if device.type == "cpu":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _check(runner, build: AllreduceBuild, x, residual, weight, slot, peer_offset,
+           scratch_offset) -> None:
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ValueError(f"allreduce: {what}")
+
+    need(x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous(),
+         f"x must be contiguous 2-D bf16, got {tuple(x.shape)} {x.dtype}")
+    need(x.device == runner.device, f"x on {x.device}, runner on {runner.device}")
+    for name, t, shape in (("residual", residual, x.shape), ("weight", weight, x.shape[1:])):
+        if t is not None:
+            need(t.dtype == torch.bfloat16 and t.is_contiguous() and t.shape == shape
+                 and t.device == x.device, f"{name} must be contiguous bf16 {tuple(shape)}")
+    need(0 <= slot < 256, f"slot {slot} outside 0..255")
+    need(peer_offset % 8 == 0 and scratch_offset % 8 == 0, "offsets must be multiples of 8")
+    data = runner.peer.nbytes - PEER_HEAD
+    need(peer_offset + build.peer_bytes <= data,
+         f"needs {build.peer_bytes} peer bytes at {peer_offset}, runner has {data}")
+    need(scratch_offset + build.scratch_bytes <= runner.scratch.numel(),
+         f"needs {build.scratch_bytes} scratch bytes at {scratch_offset}, "
+         f"runner has {runner.scratch.numel()}")
+
+
+def allreduce(
+    runner,
+    x: torch.Tensor,
+    slot: int = 0,
+    residual: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    block: int = 256,
+    programs: int | None = None,
+    peer_offset: int = 0,
+    scratch_offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sum `x` (this rank's [S, H] bf16 partial) over the runner's ranks in one launch of
+    `slot` of the current step; returns (out, residual_out) as `allreduce_reference` does.
+    Every rank must make the same call. Call `runner.step_begin()` once per step first."""
+    from .kernel import allreduce_kernel
+
+    build = AllreduceBuild(x.shape[0] if x.dim() else 0, x.shape[-1] if x.dim() else 0,
+                           runner.world, residual is not None, weight is not None, block)
+    _check(runner, build, x, residual, weight, slot, peer_offset, scratch_offset)
+    out = torch.empty_like(x)
+    rout = torch.empty_like(x) if residual is not None else None
+    as32 = lambda t: t.view(torch.int32)  # noqa: E731  (bf16 pairs as int32 payloads)
+    grid = (max(1, min(build.items, programs or default_programs(x.device))),)
+    args = runner.launch_args()
+    allreduce_kernel[grid](
+        as32(x), as32(residual if residual is not None else x),
+        as32(weight if weight is not None else x[0]), as32(out),
+        as32(rout if rout is not None else out), build.rows, build.pairs, float(eps), slot,
+        peer_offset // 8, scratch_offset, build.rows_region(), build.sumsq_region(),
+        args["ctl"], args["health"], args["scratch"], args["tickets"], runner.peer.addresses,
+        runner.rank, runner.world, RESIDUAL=residual is not None, NORM=weight is not None,
+        BLOCK=block, NB=build.blocks, NB_P2=triton_next_pow2(build.blocks), CPU=runner.cpu,
+    )
+    return out, rout
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())

@@ -1,0 +1,261 @@
+"""The device half of the protocol as Triton helpers (`@triton.jit`), called by kernels.
+
+Kernels never compute tags, clocks, alarms or health records themselves: they call these.
+Layouts and formulas are PROTOCOL.md's; the numbers come from `mono_runtime.protocol`.
+Every helper runs on a GPU and under `TRITON_INTERPRET=1` (pass `CPU=True` there: inline
+asm does not run, so the clock counts polls).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import protocol as P
+
+_EPOCH = tl.constexpr(P.CTL_EPOCH)
+_ERA_BASE = tl.constexpr(P.CTL_ERA_BASE)
+_DEADLINE = tl.constexpr(P.CTL_DEADLINE)
+_FAULT_RANK = tl.constexpr(P.CTL_FAULT_RANK)
+_FAULT_DELAY = tl.constexpr(P.CTL_FAULT_DELAY)
+_SLOT_BITS = tl.constexpr(P.SLOT_BITS)
+_ERA_STEPS = tl.constexpr(P.ERA_STEPS)
+_MAX_RANKS = tl.constexpr(P.MAX_RANKS)
+_HEAD_WORDS64 = tl.constexpr(P.PEER_HEAD // 8)
+_GIVEUPS = tl.constexpr(P.H_GIVEUPS)
+_HEALTH_HEAD = tl.constexpr(P.HEALTH_HEAD)
+_RECORD_WORDS = tl.constexpr(P.RECORD_WORDS)
+_RECORDS = tl.constexpr(P.RECORDS)
+_KIND_DEADLINE = tl.constexpr(P.KIND_DEADLINE)
+_KIND_ALARM = tl.constexpr(P.KIND_ALARM)
+_KIND_ERA = tl.constexpr(P.KIND_ERA)
+_ALARM_FOLLOWED = tl.constexpr(P.ALARM_FOLLOWED)
+_ALARM_GAVE_UP = tl.constexpr(P.ALARM_GAVE_UP)
+
+
+@triton.jit
+def clock(it, CPU: tl.constexpr):
+    """The device clock in ns (`%globaltimer`), or the poll count `it` under the interpreter."""
+    if CPU:
+        return tl.cast(it, tl.int64)
+    else:
+        return tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+        )
+
+
+@triton.jit
+def step_tag(ctl, slot):
+    """The tag of launch `slot` (0..255) in the current step; 0 (matches nothing, polls
+    give up at once with KIND_ERA) when the step is outside its era."""
+    rel = tl.load(ctl + _EPOCH) - tl.load(ctl + _ERA_BASE)
+    valid = (rel >= 1) & (rel <= _ERA_STEPS)
+    return tl.where(valid, (rel << _SLOT_BITS) | slot, 0).to(tl.int64)
+
+
+@triton.jit
+def make_pair(tag, payload):
+    """One int64 pair word: tag (u32) high, payload (32 bits, int32) low."""
+    return (tl.cast(tag, tl.int64) << 32) | (tl.cast(payload, tl.int64) & 0xFFFFFFFF)
+
+
+@triton.jit
+def pair_tag(pair):
+    return (pair >> 32) & 0xFFFFFFFF
+
+
+@triton.jit
+def pair_payload(pair):
+    """The low 32 bits of a pair, as int32 (bitcast to fp32 where the payload is one)."""
+    return pair.to(tl.int32)
+
+
+@triton.jit
+def peer_data(peers, r):
+    """An int64 pointer to rank r's kernel data (its peer buffer past the alarm head)."""
+    return (tl.load(peers + r).to(tl.pointer_type(tl.int64))) + _HEAD_WORDS64
+
+
+@triton.jit
+def _alarm_words(peers, r):
+    return tl.load(peers + r).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def publish(ptrs, payload, tag, mask, SCOPE: tl.constexpr):
+    """Store (tag, payload) pairs at `ptrs` (int64 pointers), each one 64-bit release
+    exchange. SCOPE: "sys" for a peer's buffer, "gpu" for scratch read by other programs."""
+    tl.atomic_xchg(ptrs, make_pair(tag, payload), mask=mask, sem="release", scope=SCOPE)
+
+
+@triton.jit
+def _give_up(kind, health, peers, rank, world, region, pair, wanted, seen, alarms, t):
+    """Set this rank's alarm word at every peer (own first), then record the give-up in
+    health unless it only follows an alarm this rank already raised."""
+    level = tl.where(kind == _KIND_ALARM, _ALARM_FOLLOWED, _ALARM_GAVE_UP)
+    health = health.to(tl.pointer_type(tl.int64))
+    old = tl.atomic_max(_alarm_words(peers, rank) + rank, level, sem="acq_rel", scope="sys")
+    for p in range(0, world):
+        if p != rank:
+            tl.atomic_max(_alarm_words(peers, p) + rank, level, sem="release", scope="sys")
+    if (kind != _KIND_ALARM) | (old == 0):
+        k = tl.atomic_add(health + _GIVEUPS, 1, sem="acq_rel", scope="sys")
+        if k < _RECORDS:
+            rec = health + _HEALTH_HEAD + k * _RECORD_WORDS
+            tl.store(rec + 1, tl.cast(region, tl.int64))
+            tl.store(rec + 2, tl.cast(pair, tl.int64))
+            tl.store(rec + 3, tl.cast(wanted, tl.int64))
+            tl.store(rec + 4, tl.cast(seen, tl.int64))
+            tl.store(rec + 5, tl.cast(tl.program_id(0), tl.int64))
+            tl.store(rec + 6, t)
+            tl.store(rec + 7, alarms)
+            tl.atomic_xchg(rec, tl.cast(kind, tl.int64), sem="release", scope="sys")
+
+
+@triton.jit
+def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: tl.constexpr):
+    """Wait until every pair at `ptrs` (1-D block of int64 pointers into this rank's own
+    memory) carries `tag`, the deadline passes, or any alarm word is set.
+
+    Returns (payload int32 block, ok). On a give-up (ok False) the alarm is set at every
+    peer and the first give-up is recorded (region id, pair index `pair0` + lane, wanted,
+    seen, program, time); the caller must poison what it computes from the payload and
+    treat every later wait of the step as failed (they fail at once: the alarm is set).
+    """
+    head = _alarm_words(peers, rank)
+    ranks = tl.arange(0, _MAX_RANKS)
+    rmask = ranks < world
+    lanes = tl.arange(0, ptrs.shape[0])
+    deadline = tl.load(ctl + _DEADLINE)
+    t0 = clock(0, CPU)
+    it = 0
+    waited = t0 - t0
+    pairs = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    alarms = tl.load(head + ranks, mask=rmask, other=0, volatile=True)
+    missing = tl.sum(((pair_tag(pairs) != tag) & mask).to(tl.int32), 0)
+    raised = tl.max(alarms, 0)
+    while (missing > 0) & (raised == 0) & (waited <= deadline) & (tag != 0):
+        it += 1
+        pairs = tl.load(ptrs, mask=mask, other=0, volatile=True)
+        alarms = tl.load(head + ranks, mask=rmask, other=0, volatile=True)
+        missing = tl.sum(((pair_tag(pairs) != tag) & mask).to(tl.int32), 0)
+        raised = tl.max(alarms, 0)
+        waited = clock(it, CPU) - t0
+    ok = (missing == 0) & (raised == 0) & (tag != 0)
+    if not ok:
+        kind = tl.where(tag == 0, _KIND_ERA, tl.where(raised != 0, _KIND_ALARM, _KIND_DEADLINE))
+        bad = (pair_tag(pairs) != tag) & mask
+        lane = tl.min(tl.where(bad, lanes, ptrs.shape[0]), 0) % ptrs.shape[0]
+        seen = tl.sum(tl.where(lanes == lane, pair_tag(pairs), 0), 0)
+        one = tl.full(ranks.shape, 1, tl.int64)
+        bits = tl.sum(tl.where(alarms != 0, one << ranks.to(tl.int64), 0), 0)
+        _give_up(kind, health, peers, rank, world, region, pair0 + lane, tag, seen, bits,
+                 clock(it, CPU))
+    return pair_payload(pairs), ok
+
+
+@triton.jit
+def bf16x2_lo(payload):
+    """The fp32 value of the bf16 in bits 0..15 (column 2j) of an int32 payload."""
+    return (payload << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def bf16x2_hi(payload):
+    """The fp32 value of the bf16 in bits 16..31 (column 2j + 1) of an int32 payload."""
+    return (payload & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def bf16_bits(x):
+    """fp32 -> bf16 bits (int32, low 16 bits) rounded to nearest even, in integer ops so the
+    interpreter and the GPU round alike; NaN stays a quiet NaN."""
+    b = x.to(tl.int32, bitcast=True)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+    return tl.where(x != x, 0x7FC0, r)
+
+
+@triton.jit
+def bf16x2_pack(lo, hi):
+    """Round two fp32 blocks to bf16 (nearest even) and pack them into int32 payloads."""
+    return bf16_bits(lo) | (bf16_bits(hi) << 16)
+
+
+@triton.jit
+def reduce_bf16x2(src0, src_stride, mask, tag, ctl, health, peers, rank, world, region,
+                  pair0, CPU: tl.constexpr):
+    """Rank-ordered fp32 sum of bf16x2 rows that ranks 0..world-1 pushed here: source r's
+    pairs sit at `src0 + r * src_stride` (pair index `pair0 + r * src_stride`).
+
+    Returns (sum of the low halves, sum of the high halves, ok); every rank adds in the
+    same order, so every rank gets bit-identical sums."""
+    lo = tl.zeros(src0.shape, tl.float32)
+    hi = tl.zeros(src0.shape, tl.float32)
+    ok = tag == tag
+    for r in range(0, world):
+        v, got = poll(src0 + r * src_stride, mask, tag, ctl, health, peers, rank, world,
+                      region, pair0 + r * src_stride, CPU)
+        lo += bf16x2_lo(v)
+        hi += bf16x2_hi(v)
+        ok = ok & got
+    return lo, hi, ok
+
+
+@triton.jit
+def reduce_f32(src0, src_stride, mask, tag, ctl, health, peers, rank, world, region, pair0,
+               CPU: tl.constexpr):
+    """Rank-ordered fp32 sum of fp32 payloads (layout as `reduce_bf16x2`); (sum, ok)."""
+    acc = tl.zeros(src0.shape, tl.float32)
+    ok = tag == tag
+    for r in range(0, world):
+        v, got = poll(src0 + r * src_stride, mask, tag, ctl, health, peers, rank, world,
+                      region, pair0 + r * src_stride, CPU)
+        acc += v.to(tl.float32, bitcast=True)
+        ok = ok & got
+    return acc, ok
+
+
+@triton.jit
+def fault_stall(ctl, peers, rank, world, CPU: tl.constexpr):
+    """Fault injection: on the rank named by ctl (rank + 1), spin for the injected delay or
+    until an alarm is set. Call once per program before the first peer store."""
+    if tl.load(ctl + _FAULT_RANK) == rank + 1:
+        delay = tl.load(ctl + _FAULT_DELAY)
+        head = _alarm_words(peers, rank)
+        ranks = tl.arange(0, _MAX_RANKS)
+        t0 = clock(0, CPU)
+        it = 0
+        waited = t0 - t0
+        raised = 0
+        while (waited < delay) & (raised == 0):
+            it += 1
+            raised = tl.max(tl.load(head + ranks, mask=ranks < world, other=0, volatile=True), 0)
+            waited = clock(it, CPU) - t0
+
+
+@triton.jit
+def ticket_take(counter, n_items):
+    """Draw the next ticket from `counter` (int64, 0 at launch start). Draw until a ticket
+    >= n_items comes back; the last taker of a 1-D grid resets the counter to 0."""
+    t = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if t == n_items + tl.num_programs(0) - 1:
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+    return t
+
+
+@triton.jit
+def ticket_finish(done, t, tag):
+    """Mark item t done: pair (tag, 1) at done[t], after the whole program's prior stores."""
+    tl.debug_barrier()
+    tl.atomic_xchg(done + t, make_pair(tag, 1), sem="release", scope="gpu")
+
+
+@triton.jit
+def ticket_wait(done, t, tag, ctl, health, peers, rank, world, region, CPU: tl.constexpr):
+    """Wait (bounded) for item t < this program's own ticket; then its stores are visible."""
+    one = tl.arange(0, 1)
+    _, ok = poll(done + t + one, one == 0, tag, ctl, health, peers, rank, world, region, t,
+                 CPU)
+    tl.atomic_add(done + t, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+    return ok
