@@ -139,14 +139,12 @@ def check_args(
     if values:
         slots = state.shape[0]
         idx = state_indices[:R, :L] if build.spec else state_indices[:R]
-        lo, hi = int(idx.min()), int(idx.max())
+        acc = num_accepted[:R] if build.spec else idx.new_ones(1)
+        lo, hi, alo, ahi = torch.stack([idx.min(), idx.max(), acc.min(), acc.max()]).tolist()
         if lo < -1 or hi >= slots:
             _fail(
                 "state_indices",
                 f"values in {lo}..{hi}, expected -1..{slots - 1} (<= 0 marks padding)",
             )
-        if build.spec:
-            acc = num_accepted[:R]
-            lo, hi = int(acc.min()), int(acc.max())
-            if lo < 1 or hi > L:
-                _fail("num_accepted", f"values in {lo}..{hi}, expected 1..{L}")
+        if alo < 1 or ahi > L:
+            _fail("num_accepted", f"values in {alo}..{ahi}, expected 1..{L}")

@@ -75,7 +75,15 @@ def _wait(ctrl, word: tl.constexpr, target, MAX_POLLS: tl.constexpr):
 
 
 @triton.jit
-def _slots(state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC: tl.constexpr):
+def _slots(
+    state_indices,
+    num_accepted,
+    r,
+    indices_row_stride,
+    num_slots,
+    SPEC: tl.constexpr,
+    L: tl.constexpr,
+):
     """(row base, conv slot, first column, initial slot, conv ok, live) of request r:
     `causal_conv1d_update` reads/writes conv_state_indices = state_indices[:, 0] from
     entry num_accepted - 1; `fused_recurrent_kda_fwd_kernel` starts from
@@ -84,7 +92,8 @@ def _slots(state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC: 
     ibase = state_indices + r * indices_row_stride
     conv_slot = tl.load(ibase).to(tl.int64)
     if SPEC:
-        first = tl.load(num_accepted + r).to(tl.int64) - 1
+        # clamped: a bad count must not read another request's slot (checked on the host)
+        first = tl.minimum(tl.maximum(tl.load(num_accepted + r).to(tl.int64) - 1, 0), L - 1)
     else:
         first = tl.zeros((), tl.int64)
     init_slot = tl.load(ibase + first).to(tl.int64)
@@ -392,7 +401,7 @@ def k1_kernel(
             vc = u % NVC
             _wait(ctrl, DONE0 + 3, E4 - E3, MAX_POLLS)
             ibase, cslot, first, islot, conv_ok, live = _slots(
-                state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC
+                state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC, L
             )
             cbase = conv_state + cslot * conv_slot_stride
             dk = tl.arange(0, D)
@@ -500,7 +509,7 @@ def k1_kernel(
             h = u % NH
             _wait(ctrl, DONE0 + 4, E5 - E4, MAX_POLLS)
             ibase, cslot, first, islot, conv_ok, live = _slots(
-                state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC
+                state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC, L
             )
             dk = tl.arange(0, D)
             wo = tl.load(o_norm + dk).to(F32)
