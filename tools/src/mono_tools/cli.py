@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from mono_tools.errors import UsageError
+from mono_tools.errors import CommandFailed, UsageError
 
 PACKAGES = (
     "mono_peer",
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"mono: error: {exc}", file=sys.stderr)
         return 2
+    except CommandFailed as exc:
+        print(f"mono: failed: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("mono: interrupted", file=sys.stderr)
         return 130

@@ -8,3 +8,10 @@ class UsageError(Exception):
 
     `main` prints it as one line, without a traceback: the user needs the fix, not our stack.
     """
+
+
+class CommandFailed(Exception):
+    """The command could not finish its work (a rank crashed, a kernel refused): status 1.
+
+    Shown as one line too; the detail a developer needs goes in the JSON or the log above.
+    """

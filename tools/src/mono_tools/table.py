@@ -18,3 +18,8 @@ def render(headers: list[str], rows: list[list[str]], right: set[int] | None = N
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(headers), rule] + [line(row) for row in rows])
+
+
+def fit(text: str, width: int) -> str:
+    """`text` cut to `width` characters, marked when cut (the JSON keeps all of it)."""
+    return text if len(text) <= width else text[: width - 3] + "..."

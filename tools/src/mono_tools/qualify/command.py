@@ -4,6 +4,7 @@ write JSON on request; exit status 1 when any check fails."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -93,13 +94,19 @@ def run(args: argparse.Namespace) -> int:
 
     failed = [r for r in results if r.status in ("fail", "not run")]
     print()
+    name_width = max(len(r.name) for r in results)
+    room = max(40, shutil.get_terminal_size((150, 24)).columns - name_width - 20)
     print(
         table.render(
             ["check", "result", "time", "detail"],
-            [[r.name, r.status.upper(), f"{r.seconds:.1f} s", r.detail] for r in results],
+            [
+                [r.name, r.status.upper(), f"{r.seconds:.1f} s", table.fit(r.detail, room)]
+                for r in results
+            ],
             right={2},
         )
     )
+    _print_timelines(results)
     verdict = "PASS" if not failed else f"FAIL ({len(failed)} of {len(results)} checks)"
     print(f"\nqualify: {verdict} in {total:.0f} s")
     if json_path:
@@ -117,6 +124,24 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"results written to {json_path}")
     return 1 if failed else 0
+
+
+def _print_timelines(results: list[Result]) -> None:
+    """What each rank's MonoFault said: the evidence behind a fault check, or the reason a
+    check failed."""
+    for result in results:
+        reports = [
+            (row["rank"], row["info"]["timeline"])
+            for row in result.per_rank
+            if row.get("info", {}).get("timeline")
+        ]
+        if reports:
+            print(f"\n{result.name}: what each rank reported")
+            for rank, text in reports:
+                lines = text.splitlines()
+                print(f"  rank {rank}: {lines[0]}")
+                for line in lines[1:]:
+                    print(f"    {line.strip()}")
 
 
 def _run_plan(plan: list[Check], world: int, backend: str, force_fault: bool) -> list[Result]:

@@ -1,0 +1,67 @@
+"""`mono qualify` end to end on the host backend: 2 ranks as processes, Triton interpreter.
+
+Each test runs the command in a subprocess, as a user would, and reads its JSON.
+"""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+QUALIFY_BUDGET_S = 180  # the issue's bound on a 2-core machine
+
+
+def _qualify(
+    tmp_path, *extra: str, timeout: float = 230
+) -> tuple[subprocess.CompletedProcess, dict, float]:
+    path = tmp_path / "qualify.json"
+    began = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "mono_tools.cli", "qualify", "--json", str(path), *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    seconds = time.monotonic() - began
+    data = json.loads(path.read_text()) if path.exists() else {}
+    return out, data, seconds
+
+
+@pytest.mark.timeout(240)
+def test_qualify_passes_on_the_host_backend(tmp_path):
+    out, data, seconds = _qualify(tmp_path, "--ranks", "2", "--backend", "host")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert seconds < QUALIFY_BUDGET_S
+    assert data["passed"] is True and data["ranks"] == 2 and data["backend"] == "host"
+    statuses = {c["name"]: c["status"] for c in data["checks"]}
+    assert set(statuses.values()) <= {"pass", "skip"}, statuses
+    assert statuses["peer memory"] == "pass"
+    for check in data["checks"][1:]:  # every rank answered every check that ran
+        if check["status"] == "pass":
+            assert [r["rank"] for r in check["per_rank"]] == [0, 1], check["name"]
+    assert "qualify: PASS" in out.stdout
+    assert "check" in out.stdout and "result" in out.stdout  # the table
+
+
+@pytest.mark.timeout(200)
+def test_a_forced_fault_fails_the_run(tmp_path):
+    out, data, _ = _qualify(
+        tmp_path,
+        "--ranks",
+        "2",
+        "--backend",
+        "host",
+        "--only",
+        "ranks,tagged all-reduce",
+        "--testing-force-fault",
+        timeout=190,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    check = next(c for c in data["checks"] if c["name"] == "tagged all-reduce")
+    assert check["status"] == "fail"
+    assert [r["status"] for r in check["per_rank"]] == ["fail", "fail"]  # every rank reports
+    assert all("MonoFault" in r["detail"] for r in check["per_rank"])
+    assert "qualify: FAIL" in out.stdout
