@@ -7,10 +7,10 @@ from mono_runtime.flydsl.isa import Resources, parse_isa
 from mono_runtime.flydsl.residency import residency_problem, workgroups_per_cu
 
 
-def res(vgprs=64, agprs=0, sgprs=40, lds=0, scratch=0, spills=0, threads=512):
+def res(vgprs=64, agprs=0, sgprs=40, lds=0, scratch=0, spills=0, sgpr_spills=0, threads=512):
     return Resources(vgprs=vgprs, agprs=agprs, total_vgprs=vgprs + agprs, sgprs=sgprs,
-                     lds_bytes=lds, scratch_bytes=scratch, vgpr_spills=spills, sgpr_spills=0,
-                     max_threads=threads, wave_size=64)
+                     lds_bytes=lds, scratch_bytes=scratch, vgpr_spills=spills,
+                     sgpr_spills=sgpr_spills, max_threads=threads, wave_size=64)
 
 
 def test_one_workgroup_per_cu_fits_gfx950():
@@ -40,9 +40,11 @@ def test_grid_larger_than_cus_times_occupancy_is_refused():
     assert residency_problem(res(vgprs=128), grid=512, threads=256, arch="gfx950") is None
 
 
-def test_spills_are_refused():
+def test_spills_to_scratch_are_refused():
     assert "spills" in residency_problem(res(scratch=16), 256, 512, "gfx950")
     assert "spills" in residency_problem(res(spills=3), 256, 512, "gfx950")
+    # SGPRs spilled into VGPR lanes touch no memory
+    assert residency_problem(res(sgpr_spills=40), 256, 512, "gfx950") is None
 
 
 def test_unknown_arch_is_refused():

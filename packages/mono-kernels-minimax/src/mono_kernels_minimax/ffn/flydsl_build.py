@@ -26,18 +26,19 @@ from .spec import ARGS, Experts, FfnBuild, peer_layout, scratch_layout, table_of
 THREADS = 256
 WAVE = 64
 WAVES = THREADS // WAVE
-GRID = 256  # one program per CU of an MI355X
+GRID = 256  # programs of a launch by default: one per CU of an MI355X
 MX = 32  # k of an MXFP4 block (one e8m0 scale)
 UP_KLANES = 16  # lanes that split the k of one up row
 DOWN_KLANES = 8  # lanes that split the k of one down column
 
-# the launch's arguments after spec.ARGS: mono_runtime's launch_args() then peer_args(),
-# then the launch's tag slot (the names and order of triton_build.ffn_kernel)
-RUNTIME_ARGS = ("ctl", "health", "peers", "alarm_base", "tag_slot")
+# the launch's arguments after spec.ARGS: mono_runtime's launch_args() then peer_args()
+# (the names and order of triton_build.ffn_kernel's runtime parameters; tests compare)
+RUNTIME_ARGS = ("ctl", "health", "tickets", "peers", "rank", "world")
 ARG_NAMES = tuple(name for name, _ in ARGS) + RUNTIME_ARGS
+INT32_ARGS = ("slot", "rank", "world")  # every other argument is an address (int64)
 
-# wait sites, named in health records
-REGIONS = ("ffn.ar1", "ffn.xrdy", "ffn.rtr", "ffn.route", "ffn.upf", "ffn.ar2", "ffn.hs")
+# wait sites, named in health records (the Triton build's names: the timeline reads alike)
+REGION_NAMES = ("ar1", "ar2", "items", "handshake")
 
 
 class FlyDslUnsupported(ValueError):
@@ -56,48 +57,53 @@ def check_build(b: FfnBuild) -> None:
         raise FlyDslUnsupported("hidden and per-rank intermediate sizes must be multiples of 64")
 
 
-def kernel_name(b: FfnBuild, final: bool = False) -> str:
+def kernel_name(b: FfnBuild, final: bool = False, programs: int = GRID) -> str:
     c = b.cfg
     name = (f"mono_ffn_h{c.hidden_size}_e{c.num_experts}_i{b.inter}_s{b.rows}_tp{b.tp}"
-            f"_{b.weights.value}")
+            f"_{b.weights.value}_p{programs}")
     if b.experts is not Experts.ALL:
         name += f"_{b.experts.value}"
     return name + ("_final" if final else "")
 
 
-def job_kwargs(b: FfnBuild, final: bool = False) -> dict:
+def job_kwargs(b: FfnBuild, final: bool = False, programs: int = GRID) -> dict:
     """JSON-able arguments of ``build_job`` for build ``b`` (the compile child rebuilds it)."""
     return {"cfg": dataclasses.asdict(b.cfg), "rows": b.rows, "tp": b.tp,
-            "weights": b.weights.value, "experts": b.experts.value, "final": final}
+            "weights": b.weights.value, "experts": b.experts.value, "final": final,
+            "programs": programs}
 
 
-def build_job(cfg: dict, rows: int, tp: int, weights: str, experts: str, final: bool):
+def build_job(cfg: dict, rows: int, tp: int, weights: str, experts: str, final: bool,
+              programs: int):
     """``mono_runtime.flydsl.offline`` builder: (launcher, example arguments)."""
     b = FfnBuild(MiniMaxM3Config(**cfg), rows, tp, WeightFormat(weights), Experts(experts))
-    return build(b, final), (0,) * len(ARG_NAMES)
+    return build(b, final, programs), tuple(0 for _ in ARG_NAMES)
 
 
-def compile_isa(builds, arch: str = "gfx950", final: bool = False, processes=None):
+def compile_isa(builds, arch: str = "gfx950", final: bool = False, programs: int = GRID,
+                processes: int | None = None):
     """Compile every build in child processes; their ISA (``mono_runtime.flydsl.isa``)."""
     from mono_runtime.flydsl.offline import Job, compile_all
 
     for b in builds:
         check_build(b)
-    jobs = [Job(f"{__name__}:build_job", job_kwargs(b, final)) for b in builds]
+    jobs = [Job(f"{__name__}:build_job", job_kwargs(b, final, programs)) for b in builds]
     return compile_all(jobs, arch, processes=processes)
 
 
-def residency_problem(isa, cus: int | None = None):
-    """Why a compiled build's grid of GRID programs cannot be resident (None: it can)."""
+def residency_problem(isa, programs: int = GRID, cus: int | None = None) -> str | None:
+    """Why a compiled build's grid cannot be resident on ``cus`` CUs (default: the full
+    part of its target), or None when it can."""
     from mono_runtime.flydsl.residency import residency_problem as problem
 
-    return problem(isa.resources, GRID, THREADS, isa.arch, cus)
+    return problem(isa.resources, programs, THREADS, isa.arch, cus)
 
 
-def build(b: FfnBuild, final: bool = False):
-    """The ``flyc.jit`` launcher of build ``b`` (arguments: ARG_NAMES, then ``stream``)."""
+def build(b: FfnBuild, final: bool = False, programs: int = GRID):
+    """The ``flyc.jit`` launcher of build ``b`` for a grid of ``programs`` (arguments:
+    ARG_NAMES, then ``stream``)."""
     check_build(b)
-    return _make_launcher(b, final, consts(b))
+    return _make_launcher(b, final, programs, consts(b))
 
 
 def consts(b: FfnBuild) -> dict:
@@ -129,7 +135,6 @@ try:
     from flydsl.expr import const_expr, range_constexpr, rocdl
     from flydsl.expr import math as fmath
     from flydsl.expr.typing import Int32, Int64, T
-
     from mono_runtime import protocol as proto
     from mono_runtime.flydsl import protocol as P
 except ImportError:  # no FlyDSL here: build() is unavailable, the checks above still work
@@ -233,11 +238,10 @@ def weight_block(c, w, ws, row, blk, krow, mx):
 # -- program-level steps ------------------------------------------------------------------
 
 
-def draw(c):
-    """The next ticket of this program, the same in every lane."""
+def draw(c, total):
+    """The next ticket of this program (lane 0 draws; every lane gets it, wave-uniform)."""
     if c["tid"] == 0:
-        t = fx.atomic_add(P.word_ptr(c["ctr"], 0, fx.Int32), fx.Int32(1), syncscope=P.DEVICE,
-                          ordering=fx.AtomicOrdering.AcqRel)
+        t = fx.Int32(P.ticket_take(c["counter"], total, c["programs"]))
         fx.ptr_store(t, c["lds"].tick.ptr)
     fx.gpu.barrier()
     t = uniform(fx.ptr_load(c["lds"].tick.ptr))
@@ -245,20 +249,24 @@ def draw(c):
     return t
 
 
-def flag(c, addr, i):
-    """This program's stores are done: pair (tag, 1) at flag i (device scope)."""
+def finish_item(c, t):
+    """Ticket t's task is done: every lane's stores first, then its done pair."""
     P.drain()
     if c["tid"] == 0:
-        P.publish(addr, i, fx.Int32(1), c["tag"], P.DEVICE)
+        P.ticket_finish(c["done"], t, c["tag"])
 
 
-def wait_flags(c, addr, first, n, region):
-    """Lane 0 waits (bounded) for flags first .. first + n; then the program proceeds (its
-    barrier passes lane 0's acquire on to every lane)."""
+def wait_items(c, first, n):
+    """Wait (bounded) until items first .. first + n - 1 (smaller tickets) are done; lane 0
+    polls, the barrier passes its acquire on to every lane. Returns ok, in every lane."""
     if c["tid"] == 0:
-        P.poll(c["prog"], [(addr, fx.Int64(first) + q) for q in range_constexpr(n)], c["tag"],
-               P.DEVICE, region, 0)
+        _, ok = P.poll(c["prog"], [(c["done"], fx.Int64(first) + q) for q in range_constexpr(n)],
+                       c["tag"], P.DEVICE, c["regions"]["items"], first)
+        fx.ptr_store(ok.select(fx.Int32(1), fx.Int32(0)), c["lds"].tick.ptr + 2)
     fx.gpu.barrier()
+    ok = fx.ptr_load(c["lds"].tick.ptr + 2) != 0
+    fx.gpu.barrier()
+    return ok
 
 
 def block_sum(c, v):
@@ -281,7 +289,6 @@ def block_sum(c, v):
 def stage_push(c, t):
     """Columns [t*PUSHC, (t+1)*PUSHC) of every row, bf16 pairs, into every rank's ar1."""
     k, tid = c["k"], c["tid"]
-    P.fault_stall(c["prog"])
     half = k["H"] // 2
     if tid < k["PUSHC"] // 2:
         p = t * (k["PUSHC"] // 2) + tid
@@ -292,31 +299,28 @@ def stage_push(c, t):
                 P.publish(ar1, (c["rank"] * 16 + s) * half + p, word, c["tag"], P.SYSTEM)
 
 
-def stage_seam(c, s):
+def stage_seam(c, t, s):
     """Row s: the ranks' ar1 pairs in rank order (fp32, rounded to bf16) + residual in fp32
-    -> residual_out; Gemma RMSNorm -> xn; flag xrdy[s]. A failed wait poisons the row."""
+    -> residual_out; Gemma RMSNorm -> xn. A failed wait poisons its columns (NaN)."""
     k, tid = c["k"], c["tid"]
     half, h = k["H"] // 2, k["H"]
     ssq = fx.Float32(0.0)
-    bad = fx.Int32(0)
     ar1 = P.own_data(c["prog"]) + k["PL"]["ar1"]
+    nan = fx.Float32(float("nan"))
     for c0 in range_constexpr(0, half, THREADS):
         p = c0 + tid
         if p < half:
             sl, sh, ok = P.reduce_bf16x2(c["prog"], ar1, 16 * half, s * half + p, c["tag"],
-                                         c["regions"]["ffn.ar1"])
+                                         c["regions"]["ar1"])
             r = ld_i32(c["residual"], s * half + p)
-            xl = round_bf16(sl) + lo(r)
-            xh = round_bf16(sh) + hi(r)
+            xl = ok.select(round_bf16(sl) + lo(r), nan)
+            xh = ok.select(round_bf16(sh) + hi(r), nan)
             st_i32(c["residual_out"], s * half + p, P.bf16x2_pack(xl, xh))
             st_f32(c["xs"], s * h + 2 * p, xl)
             st_f32(c["xs"], s * h + 2 * p + 1, xh)
             ssq = ssq + xl * xl + xh * xh
-            bad = bad | ok.select(fx.Int32(0), fx.Int32(1))
     ssq = block_sum(c, ssq)
-    poison = block_sum(c, fx.Float32(bad)) != 0
     rstd = fx.Float32(1.0) / fmath.sqrt(ssq / h + k["EPS"])
-    rstd = poison.select(fx.Float32(float("nan")), rstd)
     for c0 in range_constexpr(0, half, THREADS):
         p = c0 + tid
         if p < half:
@@ -325,14 +329,14 @@ def stage_seam(c, s):
             wn = ld_i32(c["norm"], p)
             st_i32(c["xn"], s * half + p, P.bf16x2_pack(xl * rstd * (lo(wn) + 1.0),
                                                          xh * rstd * (hi(wn) + 1.0)))
-    flag(c, c["xrdy"], s)
+    finish_item(c, t)
 
 
-def stage_router(c, u):
-    """16 experts x one K part of the fp32 router GEMV for every row -> logit; flag rtr[u]."""
+def stage_router(c, t, u):
+    """16 experts x one K part of the fp32 router GEMV for every row -> logit."""
     k, tid = c["k"], c["tid"]
     g, part = u // k["RP"], u % k["RP"]
-    wait_flags(c, c["xrdy"], 0, k["S"], c["regions"]["ffn.xrdy"])
+    wait_items(c, k["NPUSH"], k["S"])
     s, e = tid // 16, g * 16 + tid % 16
     if s < k["S"]:
         acc = fx.Float32(0.0)
@@ -342,15 +346,15 @@ def stage_router(c, u):
             acc = acc + lo(x) * ld_f32(c["router"], e * k["H"] + 2 * q)
             acc = acc + hi(x) * ld_f32(c["router"], e * k["H"] + 2 * q + 1)
         st_f32(c["logit"], (part * k["S"] + s) * k["E"] + e, acc)
-    flag(c, c["rtr"], u)
+    finish_item(c, t)
 
 
-def stage_route(c):
+def stage_route(c, t):
     """Top-k of sigmoid + bias (ties -> lower id, NaN last), renormalised x RSF; the slot
     table: the shared expert first (unless ROUTED), then the union in ascending id."""
     k, tid = c["k"], c["tid"]
     S, E, K = k["S"], k["E"], k["K"]
-    wait_flags(c, c["rtr"], 0, k["RG"] * k["RP"], c["regions"]["ffn.rtr"])
+    wait_items(c, k["NPUSH"] + S, k["RG"] * k["RP"])
     used, pos = c["lds"].used.ptr, c["lds"].pos.ptr
     first = 1 if k["SHARED"] else 0
     for e0 in range_constexpr(0, E, THREADS):
@@ -421,232 +425,246 @@ def stage_route(c):
                     st_f32(wtab, fx.ptr_load(pos + ids[j]) * S + s, ws[j])
         if const_expr(first == 1):
             st_f32(wtab, s, (live != 0).select(fx.Float32(1.0), fx.Float32(0.0)))
-    flag(c, c["routef"], 0)
+    finish_item(c, t)
 
 
-def up_dots(c, w, ws, rows, kl, g, v, mx):
-    """This lane's k-blocks of the gate and up rows ``rows`` against every row of xn."""
+def up_dots(c, w, ws, rows, kl, s, mx):
+    """This lane's k-blocks of the gate and up rows ``rows`` against row s of xn."""
     k = c["k"]
-    S, H = k["S"], k["H"]
+    H = k["H"]
     nblk = H // MX
+    g, v = fx.Float32(0.0), fx.Float32(0.0)
     for b0 in range(0, nblk, UP_KLANES):
         blk = b0 + kl
         if blk < nblk:
             tg = weight_block(c, w, ws, rows[0], blk, H, mx)
             tu = weight_block(c, w, ws, rows[1], blk, H, mx)
-            for s in range_constexpr(S):
-                for q in range_constexpr(MX // 2):
-                    x = ld_i32(c["xn"], s * (H // 2) + blk * (MX // 2) + q)
-                    g[s] = g[s] + lo(x) * tg[2 * q] + hi(x) * tg[2 * q + 1]
-                    v[s] = v[s] + lo(x) * tu[2 * q] + hi(x) * tu[2 * q + 1]
+            for q in range_constexpr(MX // 2):
+                x = ld_i32(c["xn"], s * (H // 2) + blk * (MX // 2) + q)
+                g = g + lo(x) * tg[2 * q] + hi(x) * tg[2 * q + 1]
+                v = v + lo(x) * tu[2 * q] + hi(x) * tu[2 * q + 1]
     return g, v
 
 
-def down_dots(c, w, ws, row, kl, j, y, mx):
-    """This lane's k-blocks of down row ``row`` against slot j's mid rows."""
+def down_dots(c, w, ws, row, kl, j, s, mx):
+    """This lane's k-blocks of down row ``row`` against slot j's mid row s."""
     k = c["k"]
-    S, I = k["S"], k["I"]
-    nblk = I // MX
+    S, inter = k["S"], k["I"]
+    nblk = inter // MX
+    y = fx.Float32(0.0)
     for b0 in range(0, nblk, DOWN_KLANES):
         blk = b0 + kl
         if blk < nblk:
-            t = weight_block(c, w, ws, row, blk, I, mx)
-            for s in range_constexpr(S):
-                for q in range_constexpr(MX // 2):
-                    m = ld_i32(c["mid"], ((j * S + s) * I) // 2 + blk * (MX // 2) + q)
-                    y[s] = y[s] + lo(m) * t[2 * q] + hi(m) * t[2 * q + 1]
+            t = weight_block(c, w, ws, row, blk, inter, mx)
+            for q in range_constexpr(MX // 2):
+                m = ld_i32(c["mid"], ((j * S + s) * inter) // 2 + blk * (MX // 2) + q)
+                y = y + lo(m) * t[2 * q] + hi(m) * t[2 * q + 1]
     return y
 
 
-def stage_up(c, u):
+def stage_up(c, t, u):
     """Slot j = u // NC, gate and up rows [ci*IC, (ci+1)*IC) of its expert over every row:
-    SwiGLU-OAI -> bf16 mid[j, s, :]; flag upf[u]. Lane = row i (16) x k-lane (16)."""
+    SwiGLU-OAI -> bf16 mid[j, s, :]; flag upf[u]. Lane = row i (16) x k-lane (16); rows s
+    one after another (the weight tile stays in cache between them)."""
     k, tid = c["k"], c["tid"]
-    S, H, I = k["S"], k["H"], k["I"]
+    S, H, inter = k["S"], k["H"], k["I"]
     j, ci = u // k["NC"], u % k["NC"]
     e = ld_i32(c["table"] + k["T"]["slot_expert"], j)
     i, kl = tid // UP_KLANES, tid % UP_KLANES
-    g = [fx.Float32(0.0)] * S
-    v = [fx.Float32(0.0)] * S
     shared = e == k["E"]
     mx = k["MXFP4"]
-    # the shared expert is bf16 in every format served here; routed experts per build
-    w = shared.select(c["sw13"], c["w13"] + fx.Int64(e) * (2 * I * H // (2 if mx else 1) * (1 if mx else 2)))
-    ws = shared.select(c["sw13_scale"], c["w13_scale"] + fx.Int64(e) * (2 * I * H // MX))
-    rows = (ci * k["IC"] + i, I + ci * k["IC"] + i)
-    if const_expr(not mx):
-        g, v = up_dots(c, w, ws, rows, kl, g, v, False)
-    else:
-        if shared:
-            g, v = up_dots(c, w, ws, rows, kl, g, v, False)
+    # routed experts in the build's format; the shared expert is bf16 in every format served
+    per_expert = 2 * inter * H // 2 if mx else 2 * inter * H * 2
+    w = shared.select(c["sw13"], c["w13"] + fx.Int64(e) * per_expert)
+    ws = shared.select(c["sw13_scale"], c["w13_scale"] + fx.Int64(e) * (2 * inter * H // MX))
+    rows = (ci * k["IC"] + i, inter + ci * k["IC"] + i)
+    for s in range(S):
+        g, v = fx.Float32(0.0), fx.Float32(0.0)
+        if const_expr(not mx):
+            g, v = up_dots(c, w, ws, rows, kl, s, False)
         else:
-            g, v = up_dots(c, w, ws, rows, kl, g, v, True)
-    for s in range_constexpr(S):
-        gs = xsum(g[s], (8, 4, 2, 1))
-        vs = xsum(v[s], (8, 4, 2, 1))
+            if shared:
+                g, v = up_dots(c, w, ws, rows, kl, s, False)
+            else:
+                g, v = up_dots(c, w, ws, rows, kl, s, True)
+        g = xsum(g, (8, 4, 2, 1))
+        v = xsum(v, (8, 4, 2, 1))
         if kl == 0:
-            gs = (gs < k["LIMIT"]).select(gs, fx.Float32(k["LIMIT"]))
-            vs = (vs < k["LIMIT"]).select(vs, fx.Float32(k["LIMIT"]))
-            vs = (vs > -k["LIMIT"]).select(vs, fx.Float32(-k["LIMIT"]))
-            act = gs * sigmoid(gs * k["ALPHA"]) * (vs + k["BETA"])
-            st_bf16(c["mid"], (j * S + s) * I + ci * k["IC"] + i, act)
-    flag(c, c["upf"], u)
+            g = (g < k["LIMIT"]).select(g, fx.Float32(k["LIMIT"]))
+            v = (v < k["LIMIT"]).select(v, fx.Float32(k["LIMIT"]))
+            v = (v > -k["LIMIT"]).select(v, fx.Float32(-k["LIMIT"]))
+            act = g * sigmoid(g * k["ALPHA"]) * (v + k["BETA"])
+            st_bf16(c["mid"], (j * S + s) * inter + ci * k["IC"] + i, act)
+    finish_item(c, t)
 
 
 def stage_down(c, d, nslots):
     """Output columns [d*DC, (d+1)*DC) over every slot in slot order, weighted by wtab,
     fp32, rounded to bf16 once -> every rank's ar2. Lane = column (32) x k-lane (8)."""
     k, tid = c["k"], c["tid"]
-    S, H, I = k["S"], k["H"], k["I"]
+    S, H, inter = k["S"], k["H"], k["I"]
     col, kl = tid // DOWN_KLANES, tid % DOWN_KLANES
     d0 = d * k["DC"]
-    acc = [fx.Float32(0.0)] * S
     mx = k["MXFP4"]
-    for j in range(nslots):
-        wait_flags(c, c["upf"], j * k["NC"], k["NC"], c["regions"]["ffn.upf"])
-        e = ld_i32(c["table"] + k["T"]["slot_expert"], j)
-        shared = e == k["E"]
-        w = shared.select(c["sw2"], c["w2"] + fx.Int64(e) * (H * I // (2 if mx else 1) * (1 if mx else 2)))
-        ws = shared.select(c["sw2_scale"], c["w2_scale"] + fx.Int64(e) * (H * I // MX))
-        y = [fx.Float32(0.0)] * S
-        if const_expr(not mx):
-            y = down_dots(c, w, ws, d0 + col, kl, j, y, False)
-        else:
-            if shared:
-                y = down_dots(c, w, ws, d0 + col, kl, j, y, False)
-            else:
-                y = down_dots(c, w, ws, d0 + col, kl, j, y, True)
-        for s in range_constexpr(S):
-            ys = xsum(y[s], (4, 2, 1))
-            wrow = ld_f32(c["table"] + k["T"]["wtab"], j * S + s)
-            acc[s] = acc[s] + (wrow != 0.0).select(wrow * ys, fx.Float32(0.0))
     half = H // 2
-    for s in range_constexpr(S):
-        other = fx.gpu.shuffle_xor(acc[s], DOWN_KLANES, WAVE)  # column col ^ 1
+    per_expert = H * inter // 2 if mx else H * inter * 2
+    ok = fx.Int32(1)
+    for j in range(nslots):
+        got = wait_items(c, c["static"] + j * k["NC"], k["NC"])
+        ok = got.select(ok, fx.Int32(0))
+    for s in range(S):
+        acc = fx.Float32(0.0)
+        for j in range(nslots):
+            e = ld_i32(c["table"] + k["T"]["slot_expert"], j)
+            shared = e == k["E"]
+            w = shared.select(c["sw2"], c["w2"] + fx.Int64(e) * per_expert)
+            ws = shared.select(c["sw2_scale"], c["w2_scale"] + fx.Int64(e) * (H * inter // MX))
+            y = fx.Float32(0.0)
+            if const_expr(not mx):
+                y = down_dots(c, w, ws, d0 + col, kl, j, s, False)
+            else:
+                if shared:
+                    y = down_dots(c, w, ws, d0 + col, kl, j, s, False)
+                else:
+                    y = down_dots(c, w, ws, d0 + col, kl, j, s, True)
+            y = xsum(y, (4, 2, 1))
+            wrow = ld_f32(c["table"] + k["T"]["wtab"], j * S + s)
+            acc = acc + (wrow != 0.0).select(wrow * y, fx.Float32(0.0))
+        acc = (ok != 0).select(acc, fx.Float32(float("nan")))
+        other = fx.gpu.shuffle_xor(acc, DOWN_KLANES, WAVE)  # column col ^ 1
         if (kl == 0) & (col % 2 == 0):
-            word = P.bf16x2_pack(acc[s], other)
+            word = P.bf16x2_pack(acc, other)
             for dst in range_constexpr(k["W"]):
                 ar2 = P.peer_data(c["prog"], dst) + k["PL"]["ar2"]
                 P.publish(ar2, (c["rank"] * 16 + s) * half + (d0 + col) // 2, word, c["tag"],
                           P.SYSTEM)
 
 
-def stage_final(c, f):
+def stage_final(c, t, f):
     """Columns [f*FC, (f+1)*FC): the ranks' ar2 partials in rank order -> out (bf16)."""
     k, tid = c["k"], c["tid"]
     half = k["H"] // 2
     ar2 = P.own_data(c["prog"]) + k["PL"]["ar2"]
+    nan = fx.Float32(float("nan"))
     if tid < k["FC"] // 2:
         p = f * (k["FC"] // 2) + tid
         for s in range_constexpr(k["S"]):
             sl, sh, ok = P.reduce_bf16x2(c["prog"], ar2, 16 * half, s * half + p, c["tag"],
-                                         c["regions"]["ffn.ar2"])
-            word = P.bf16x2_pack(sl, sh)
-            st_i32(c["out"], s * half + p, ok.select(word, fx.Int32(0x7FC07FC0)))
+                                         c["regions"]["ar2"])
+            st_i32(c["out"], s * half + p, P.bf16x2_pack(ok.select(sl, nan), ok.select(sh, nan)))
+    finish_item(c, t)
 
 
-def finish(c, final):
-    """This program is out of tickets: count it; the last program resets both counters.
-    A final launch's last program then trades a pair with every rank (the step-end
-    handshake): a rank that stopped waiting is seen by every rank before the launch ends."""
+def stage_handshake(c, t):
+    """The final launch's last task (TP fault handshake): every final task of this rank is
+    done; tell every rank, hear from every rank. A rank that gave up has set its alarm
+    here, so this wait fails on every rank of a step in which any rank stopped waiting."""
     k = c["k"]
+    wait_items(c, t - k["NF"], k["NF"])
     if c["tid"] == 0:
-        done = fx.atomic_add(P.word_ptr(c["ctr"], 1, fx.Int32), fx.Int32(1), syncscope=P.DEVICE,
-                             ordering=fx.AtomicOrdering.AcqRel)
-        if done == GRID - 1:
-            fx.generic_store(P.word_ptr(c["ctr"], 0, fx.Int32), fx.Int32(0))
-            fx.generic_store(P.word_ptr(c["ctr"], 1, fx.Int32), fx.Int32(0))
-            if const_expr(final):
-                hs = [(P.own_data(c["prog"]) + k["PL"]["hs"], q)
-                      for q in range_constexpr(k["W"])]
-                for dst in range_constexpr(k["W"]):
-                    P.publish(P.peer_data(c["prog"], dst) + k["PL"]["hs"], c["rank"],
-                              fx.Int32(1), c["tag"], P.SYSTEM)
-                P.poll(c["prog"], hs, c["tag"], P.SYSTEM, c["regions"]["ffn.hs"], 0)
+        hs = P.own_data(c["prog"]) + k["PL"]["hs"]
+        for dst in range_constexpr(k["W"]):
+            P.publish(P.peer_data(c["prog"], dst) + k["PL"]["hs"], c["rank"], fx.Int32(0),
+                      c["tag"], P.SYSTEM)
+        P.poll(c["prog"], [(hs, q) for q in range_constexpr(k["W"])], c["tag"], P.SYSTEM,
+               c["regions"]["handshake"], 0)
 
 
-_TRACED = (draw, flag, wait_flags, block_sum, stage_push, stage_seam, stage_router,
-           stage_route, stage_up, stage_down, stage_final, finish, weight_block, up_dots,
-           down_dots)
+_TRACED = (draw, finish_item, wait_items, block_sum, stage_push, stage_seam, stage_router,
+           stage_route, stage_up, stage_down, stage_final, stage_handshake, weight_block,
+           up_dots, down_dots)
 
 
-def _make_launcher(b: FfnBuild, final: bool, k: dict):
+def _make_launcher(b: FfnBuild, final: bool, programs: int, k: dict):
     if fx is None:
         raise FlyDslUnsupported("FlyDSL is not installed: the FlyDSL FFN build needs it")
     for fn in _TRACED:
         ASTRewriter.transform(fn)
-    regions = {name: proto.region_id(name) for name in REGIONS}
-    S, E = k["S"], k["E"]
-    n_static = k["NPUSH"] + S + k["RG"] * k["RP"] + 1
+    regions = {name: proto.region_id(f"ffn.{name}") for name in REGION_NAMES}
+    S, E, NC = k["S"], k["E"], k["NC"]
+    route = k["NPUSH"] + S + k["RG"] * k["RP"]
+    static = route + 1
+    tail = k["ND"] + k["NF"] + (1 if final else 0)
     o = k["O"]
 
     @fx.struct
     class Lds:
         red: fx.Array[fx.Float32, WAVES, 16]
-        tick: fx.Array[fx.Int32, 4, 16]
+        tick: fx.Array[fx.Int32, 4, 16]  # [0] ticket, [1] slot count, [2] a wait's ok
         used: fx.Array[fx.Int32, E, 16]
         pos: fx.Array[fx.Int32, E, 16]
 
-    @flyc.kernel(name=kernel_name(b, final), known_block_size=[THREADS, 1, 1])
+    @flyc.kernel(name=kernel_name(b, final, programs), known_block_size=[THREADS, 1, 1])
     def ffn(part: Int64, residual: Int64, out: Int64, residual_out: Int64, slots: Int64,
             norm: Int64, router: Int64, bias: Int64, w13: Int64, w13_scale: Int64,
             w2: Int64, w2_scale: Int64, sw13: Int64, sw13_scale: Int64, sw2: Int64,
-            sw2_scale: Int64, scratch: Int64, rank: Int32, ctl: Int64, health: Int64,
-            peers: Int64, alarm_base: Int64, tag_slot: Int32):
+            sw2_scale: Int64, scratch: Int64, slot: Int32, ctl: Int64, health: Int64,
+            tickets: Int64, peers: Int64, rank: Int32, world: Int32):
+        # `world` is the build's TP (k["W"], checked by the runner): rank loops unroll
         tid = fx.Int32(fx.thread_idx.x)
         c = {
-            "k": k, "tid": tid, "rank": rank, "regions": regions,
+            "k": k, "tid": tid, "rank": rank, "regions": regions, "static": static,
+            "programs": programs,
             "lds": fx.SharedAllocator().allocate(Lds).peek(),
             "prog": P.program(ctl, health, peers, rank, k["W"]),
-            "tag": P.step_tag(ctl, tag_slot),
+            "tag": P.step_tag(ctl, slot),
+            "counter": tickets + fx.Int64(slot) * 8, "done": scratch + o["done"],
             "part": part, "residual": residual, "out": out, "residual_out": residual_out,
             "slots": slots, "norm": norm, "router": router, "bias": bias, "w13": w13,
             "w13_scale": w13_scale, "w2": w2, "w2_scale": w2_scale, "sw13": sw13,
             "sw13_scale": sw13_scale, "sw2": sw2, "sw2_scale": sw2_scale,
-            "ctr": scratch + o["ctl"], "xrdy": scratch + o["xrdy"], "rtr": scratch + o["rtr"],
-            "routef": scratch + o["route"], "upf": scratch + o["upf"], "xs": scratch + o["xs"],
-            "xn": scratch + o["xn"], "logit": scratch + o["logit"],
+            "xs": scratch + o["xs"], "xn": scratch + o["xn"], "logit": scratch + o["logit"],
             "table": scratch + o["table"], "mid": scratch + o["mid"],
         }
-        total = fx.Int32(n_static + k["MAXSLOTS"] * k["NC"] + k["ND"] + k["NF"])
+        P.fault_stall(c["prog"])
+        total = fx.Int32(static + k["MAXSLOTS"] * NC + tail)  # a bound until routed
         nslots = fx.Int32(k["MAXSLOTS"])
         routed = fx.Int32(0)
-        t = draw(c)
+        t = draw(c, total)
         while t < total:
             if t < k["NPUSH"]:
                 stage_push(c, t)
             elif t < k["NPUSH"] + S:
-                stage_seam(c, t - k["NPUSH"])
-            elif t < n_static - 1:
-                stage_router(c, t - k["NPUSH"] - S)
-            elif t == n_static - 1:
-                stage_route(c)
+                stage_seam(c, t, t - k["NPUSH"])
+            elif t < route:
+                stage_router(c, t, t - k["NPUSH"] - S)
+            elif t < static:
+                stage_route(c, t)
             else:
                 if routed == 0:
-                    wait_flags(c, c["routef"], 0, 1, regions["ffn.route"])
+                    wait_items(c, route, 1)
                     got = ld_i32(c["table"], 0)
-                    nslots = uniform((got < k["MAXSLOTS"]).select(got, k["MAXSLOTS"]))
-                    total = n_static + nslots * k["NC"] + k["ND"] + k["NF"]
+                    got = (got < k["MAXSLOTS"]).select(got, fx.Int32(k["MAXSLOTS"]))
+                    nslots = uniform((got > 0).select(got, fx.Int32(0)))
+                    total = static + nslots * NC + tail
                     routed = fx.Int32(1)
-                u = t - n_static
-                if u < nslots * k["NC"]:
-                    stage_up(c, u)
-                elif u < nslots * k["NC"] + k["ND"]:
-                    stage_down(c, u - nslots * k["NC"], nslots)
+                    if (tid == 0) & (t == total + programs - 1):
+                        # the last taker, which drew before the slot count was known
+                        P.store64(c["counter"], 0, 0, P.DEVICE)
+                u = t - static
+                if t >= total:
+                    pass  # drawn before this program knew the slot count: no task
+                elif u < nslots * NC:
+                    stage_up(c, t, u)
+                elif u < nslots * NC + k["ND"]:
+                    stage_down(c, u - nslots * NC, nslots)
+                elif u < nslots * NC + k["ND"] + k["NF"]:
+                    stage_final(c, t, u - nslots * NC - k["ND"])
                 else:
-                    stage_final(c, u - nslots * k["NC"] - k["ND"])
-            t = draw(c)
-        finish(c, final)
+                    if const_expr(final):
+                        stage_handshake(c, t)
+            t = draw(c, total)
 
     @flyc.jit
     def launch(part: Int64, residual: Int64, out: Int64, residual_out: Int64, slots: Int64,
                norm: Int64, router: Int64, bias: Int64, w13: Int64, w13_scale: Int64,
                w2: Int64, w2_scale: Int64, sw13: Int64, sw13_scale: Int64, sw2: Int64,
-               sw2_scale: Int64, scratch: Int64, rank: Int32, ctl: Int64, health: Int64,
-               peers: Int64, alarm_base: Int64, tag_slot: Int32,
+               sw2_scale: Int64, scratch: Int64, slot: Int32, ctl: Int64, health: Int64,
+               tickets: Int64, peers: Int64, rank: Int32, world: Int32,
                stream: fx.Stream = fx.Stream(None)):  # noqa: B008
         ffn(part, residual, out, residual_out, slots, norm, router, bias, w13, w13_scale,
-            w2, w2_scale, sw13, sw13_scale, sw2, sw2_scale, scratch, rank, ctl, health,
-            peers, alarm_base, tag_slot).launch(grid=(GRID,), block=(THREADS,), stream=stream)
+            w2, w2_scale, sw13, sw13_scale, sw2, sw2_scale, scratch, slot, ctl, health,
+            tickets, peers, rank, world).launch(grid=(programs,), block=(THREADS,),
+                                                stream=stream)
 
     return launch

@@ -41,7 +41,10 @@ class Resources:
 
     @property
     def spills(self) -> bool:
-        return bool(self.vgpr_spills or self.sgpr_spills or self.scratch_bytes)
+        """Spills to memory (scratch). SGPR spills go to VGPR lanes first, which cost
+        VGPRs (counted above) but no memory; only once those run out do they use scratch,
+        which then shows in ``scratch_bytes``."""
+        return bool(self.vgpr_spills or self.scratch_bytes)
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def residency_problem(
     cus = TARGETS[arch].cus if cus is None else cus
     if res.spills:
         return (
-            f"the kernel spills ({res.vgpr_spills} VGPR, {res.sgpr_spills} SGPR spills, "
+            f"the kernel spills to scratch ({res.vgpr_spills} VGPR spills, "
             f"{res.scratch_bytes} B scratch per lane)"
         )
     per_cu, limit = workgroups_per_cu(res, threads, arch)
