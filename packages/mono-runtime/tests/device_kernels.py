@@ -5,7 +5,6 @@ the pytest process, which must not decide Triton's mode for other packages' test
 
 import triton
 import triton.language as tl
-
 from mono_runtime import protocol_triton as T
 
 

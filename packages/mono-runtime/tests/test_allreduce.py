@@ -6,7 +6,6 @@ stalled past the deadline (every rank raises MonoFault; after reset the next ste
 from __future__ import annotations
 
 import pytest
-
 from mono_peer.testing import spawn
 
 ENV = {"TRITON_INTERPRET": "1"}
@@ -53,7 +52,6 @@ def sums_child(rank, world, group):
 @pytest.mark.parametrize("world", [2, 4])
 def test_allreduce_matches_sum_and_reference(world):
     import torch
-
     from mono_runtime.allreduce import allreduce_reference
 
     results = spawn(sums_child, world, 220, env=ENV)
@@ -72,7 +70,6 @@ def test_allreduce_matches_sum_and_reference(world):
 
 def fault_child(rank, world, group, late):
     import torch
-
     from mono_runtime import MonoFault
     from mono_runtime.allreduce import allreduce
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from mono_runtime import GraphMode, MonoUnsupported, StepMeta, agree, plan, step_reason
 
 

@@ -10,7 +10,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from mono_peer.testing import spawn
 
 ENV = {"TRITON_INTERPRET": "1"}
@@ -47,7 +46,6 @@ def _expected(world, block=8):
 
 def tags_child(rank, world, group):
     import torch
-
     from mono_runtime import protocol as P
 
     K = _kernels()
@@ -83,7 +81,7 @@ def exchange_child(rank, world, group):
     runner.step_begin()
     out = _exchange(K, runner, slot=1, skew=1 if rank == 0 else 0)
     raised = None
-    for extra in range(3):
+    for _ in range(3):
         try:
             runner.after_step()
         except MonoFault as e:

@@ -101,7 +101,8 @@ def region_id(name: str, describe: Describe | None = None) -> int:
     `describe(pair)` -> (where the pair is, e.g. "from rank 1, row 0"; the writing rank or
     None) lets the timeline say who never arrived."""
     rid = zlib.crc32(name.encode()) & 0x7FFFFFFF or 1
-    _REGIONS[rid] = (name, describe)
+    if describe is not None or rid not in _REGIONS:
+        _REGIONS[rid] = (name, describe)
     return rid
 
 

@@ -11,7 +11,10 @@ from ..protocol import PEER_HEAD
 from .reference import allreduce_reference
 from .spec import AllreduceBuild
 
-__all__ = ["AllreduceBuild", "allreduce", "allreduce_reference", "default_programs"]
+__all__ = [
+    "ARG_TYPES", "AllreduceBuild", "allreduce", "allreduce_reference", "constexprs",
+    "default_programs",
+]
 
 
 def default_programs(device: torch.device) -> int:
@@ -76,10 +79,23 @@ def allreduce(
         as32(rout if rout is not None else out), build.rows, build.pairs, float(eps), slot,
         peer_offset // 8, scratch_offset, build.rows_region(), build.sumsq_region(),
         args["ctl"], args["health"], args["scratch"], args["tickets"], runner.peer.addresses,
-        runner.rank, runner.world, RESIDUAL=residual is not None, NORM=weight is not None,
-        BLOCK=block, NB=build.blocks, NB_P2=triton_next_pow2(build.blocks), CPU=runner.cpu,
+        runner.rank, runner.world, **constexprs(build, runner.cpu),
     )
     return out, rout
+
+
+ARG_TYPES = {
+    "x32": "*i32", "res32": "*i32", "w32": "*i32", "out32": "*i32", "rout32": "*i32",
+    "rows": "i32", "pairs": "i32", "eps": "fp32", "slot": "i32", "peer_off": "i64",
+    "sumsq_off": "i64", "region": "i32", "sq_region": "i32", "ctl": "*i64", "health": "i64",
+    "scratch": "*u8", "tickets": "*i64", "peers": "*i64", "rank": "i32", "world": "i32",
+}
+"""The kernel's runtime arguments and their Triton types (for compiles without a GPU)."""
+
+
+def constexprs(build: AllreduceBuild, cpu: bool = False) -> dict[str, object]:
+    return {"RESIDUAL": build.residual, "NORM": build.norm, "BLOCK": build.block,
+            "NB": build.blocks, "NB_P2": triton_next_pow2(build.blocks), "CPU": cpu}
 
 
 def triton_next_pow2(n: int) -> int:
