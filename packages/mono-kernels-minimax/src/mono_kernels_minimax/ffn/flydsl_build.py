@@ -106,6 +106,39 @@ def build(b: FfnBuild, final: bool = False, programs: int = GRID):
     return _make_launcher(b, final, programs, consts(b))
 
 
+_LAUNCHERS: dict = {}
+
+
+def kernel_args(*, part, residual, out, residual_out, slots, weights, scratch, slot, ctl,
+                health, tickets, peers, rank, world) -> list:
+    """The launch's arguments in ARG_NAMES order: tensors as device addresses (bf16
+    activations and the norm weight are read as bf16 pairs), a missing scale as the scratch
+    address (never read), then the int32 scalars."""
+    w = weights
+
+    def addr(t):
+        return (scratch if t is None else t).data_ptr()
+
+    return [
+        addr(part), addr(residual), addr(out), addr(residual_out), addr(slots), addr(w.norm),
+        addr(w.router), addr(w.bias), addr(w.w13), addr(w.w13_scale), addr(w.w2),
+        addr(w.w2_scale), addr(w.shared_w13), addr(w.shared_w13_scale), addr(w.shared_w2),
+        addr(w.shared_w2_scale), addr(scratch), int(slot), addr(ctl), addr(health),
+        addr(tickets), addr(peers), int(rank), int(world),
+    ]
+
+
+def launch(b: FfnBuild, programs: int = GRID, final: bool = False, **args) -> None:
+    """Launch build ``b`` (compiled on first use, then cached) on already-validated tensors
+    on the current stream; ``args`` as ``kernel_args``. ROCm only."""
+    if int(args["world"]) != b.tp:
+        raise ValueError(f"world={args['world']}: this build was compiled for tp={b.tp}")
+    key = (b, final, programs)
+    if key not in _LAUNCHERS:
+        _LAUNCHERS[key] = build(b, final, programs)
+    _LAUNCHERS[key](*kernel_args(**args))
+
+
 def consts(b: FfnBuild) -> dict:
     """Every number the kernel bakes in: the spec's plan and layouts."""
     c, p = b.cfg, b.plan

@@ -105,10 +105,11 @@ def rank_partial(
     """This rank's unreduced MoE output (bf16 [S, H]); rows with live=False give zeros."""
     acc = torch.zeros(normed.shape, dtype=torch.float32, device=normed.device)
     if experts is not Experts.SHARED:
+        w13, w2 = w.dense("w13"), w.dense("w2")
         for e in ids[live].unique().tolist():
             rows = (ids == e).any(-1) & live
             we = (weights * (ids == e)).sum(-1)[rows]
-            y = mlp(cfg, normed[rows], w.dense("w13")[e], w.dense("w2")[e])
+            y = mlp(cfg, normed[rows], w13[e], w2[e])
             acc[rows] += we[:, None] * y
     if experts is not Experts.ROUTED:
         y = mlp(cfg, normed, w.dense("shared_w13"), w.dense("shared_w2"))

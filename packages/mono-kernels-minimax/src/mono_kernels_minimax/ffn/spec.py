@@ -136,10 +136,11 @@ class TaskPlan:
         h, i = b.cfg.hidden_size, b.inter
         push_cols = min(h, 512)
         rp = 16 if h % (16 * 128) == 0 else 1
-        ic = 16
-        dc = 32
+        big = h >= 2048  # real shapes: small tiles for parallelism; tiny ones: few tasks
+        ic = 16 if big else min(64, i)
+        dc = 32 if big else 64
         fc = min(h, 256)
-        dk = 128 if i % 128 == 0 else 32
+        dk = next(d for d in (128, 64, 32) if i % d == 0)
         return cls(
             push=h // push_cols, push_cols=push_cols, seam_cols=min(h, 1024),
             router_groups=b.cfg.num_experts // 16, router_parts=rp, router_k=h // rp,
@@ -162,12 +163,16 @@ def _layout(items: list[tuple[str, int]]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def max_tickets(b: FfnBuild) -> int:
+    """Tickets of the widest launch: static, every slot's up tasks, down, final, handshake."""
+    p = b.plan
+    return p.static_tasks(b.rows) + b.max_slots * p.nc + p.down + p.final + 1
+
+
 def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     """(offset, bytes) of each region of one width's scratch (this rank only).
 
-    ctl    int32[64]: [0] ticket counter, [1] finished-task counter (the last finisher
-           resets both), the rest free
-    xrdy   pairs[S], rtr pairs[RG * RP], route pairs[1], upf pairs[max_slots * NC]: tagged flags
+    done   pairs[max_tickets]: item t's (tag, 1) once ticket t's task finished
     xs     fp32[S, H]   the seam's new residual in fp32 (private to the seam task)
     xn     bf16[16, H]  the normed MoE input (rows >= S never read unmasked)
     logit  fp32[RP, S, E]
@@ -179,11 +184,7 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     h, e, k = c.hidden_size, c.num_experts, c.top_k
     table = 4 + 4 * b.max_slots + 4 * b.max_slots * s + 8 * s * k
     return _layout([
-        ("ctl", 256),
-        ("xrdy", PAIR * s),
-        ("rtr", PAIR * p.router_groups * p.router_parts),
-        ("route", PAIR),
-        ("upf", PAIR * b.max_slots * p.nc),
+        ("done", PAIR * max_tickets(b)),
         ("xs", 4 * s * h),
         ("xn", 2 * DOT_ROWS * h),
         ("logit", 4 * p.router_parts * s * e),
@@ -247,5 +248,8 @@ ARGS: tuple[tuple[str, str], ...] = (
     ("sw2", "shared down"),
     ("sw2_scale", "its scales"),
     ("scratch", "uint8 this width's scratch region (scratch_layout)"),
-    ("rank", "int32 this rank"),
+    ("slot", "int32 the launch's tag slot in its step (0..255; also its ticket counter)"),
 )
+"""Then mono_runtime's: ctl, health, tickets (MonoRunner.launch_args()), peers, rank, world
+(peer_args()). bf16 tensors (part, residual, out, residual_out, norm) are passed as int32
+views: bf16 pairs, column 2j in the low half, exactly a mailbox payload."""

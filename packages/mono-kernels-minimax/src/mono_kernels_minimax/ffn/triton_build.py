@@ -13,9 +13,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from mono_runtime import protocol_triton as pt
+from mono_runtime.protocol import region_id
 
 from ..formats import WeightFormat
-from . import sync_triton as sy
 from .spec import Experts, FfnBuild, peer_layout, scratch_layout, table_offsets
 
 # -- dequantization ---------------------------------------------------------------------
@@ -50,7 +51,7 @@ def _weight_tile(w, ws, row0, k0, NROWS: tl.constexpr, KROW: tl.constexpr,
     if FMT == 1:
         kb = k0 // 2 + tl.arange(0, BK // 2)
         byte = tl.load(w + r[:, None] * (KROW // 2) + kb[None, :]).to(tl.int32)
-        vals = tl.reshape(tl.join(_e2m1(byte & 15), _e2m1(byte >> 4)), (NROWS, BK // 32, 32))
+        vals = tl.reshape(_e2m1(tl.join(byte & 15, byte >> 4)), (NROWS, BK // 32, 32))
         ks = k0 // 32 + tl.arange(0, BK // 32)
         sc = _e8m0(tl.load(ws + r[:, None] * (KROW // 32) + ks[None, :]))
         tile = tl.reshape(vals * sc[:, :, None], (NROWS, BK)).to(tl.bfloat16)
@@ -67,53 +68,17 @@ def _weight_tile(w, ws, row0, k0, NROWS: tl.constexpr, KROW: tl.constexpr,
 
 
 @triton.jit
-def _rne(x):
-    """fp32 bits of x rounded to the nearest bf16, ties to even (low 16 bits zero). Written
-    out because the CPU interpreter truncates in .to(tl.bfloat16); NaN stays NaN."""
-    bits = x.to(tl.int32, bitcast=True)
-    r = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
-    return tl.where(x != x, 0x7FC00000, r)
-
-
-@triton.jit
 def _round_bf16(x):
-    """x rounded to bf16, as fp32."""
-    return _rne(x).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _pack_bf16(lo, hi):
-    """int32 pairs of two fp32 tensors rounded to bf16 (lo in the low half)."""
-    return ((_rne(lo) >> 16) & 0xFFFF) | _rne(hi)
-
-
-@triton.jit
-def _lo(words):
-    return (words << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _hi(words):
-    return (words & -65536).to(tl.float32, bitcast=True)
+    """x rounded to bf16 (nearest even, as the runtime's packing rounds), as fp32."""
+    return (pt.bf16_bits(x) << 16).to(tl.float32, bitcast=True)
 
 
 # -- the expert GEMVs ----------------------------------------------------------------------
 
 
 @triton.jit
-def _dot(a, b, INTERPRET: tl.constexpr):
-    """a @ b in fp32; bf16 tensor-core operands on a GPU (exact products, fp32 sums). The CPU
-    interpreter mis-reads bf16 dot operands, so there both go through fp32."""
-    if INTERPRET:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b)
-
-
-
-@triton.jit
 def _up_dots(xn, w, ws, c, S: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
-             IC: tl.constexpr, UK: tl.constexpr, FMT: tl.constexpr, INTERPRET: tl.constexpr):
+             IC: tl.constexpr, UK: tl.constexpr, FMT: tl.constexpr, CPU: tl.constexpr):
     """fp32 [16, IC] gate and up of rows [c*IC, (c+1)*IC) (and I + those) over every row."""
     rows = tl.arange(0, 16)
     g = tl.zeros((16, IC), tl.float32)
@@ -123,14 +88,19 @@ def _up_dots(xn, w, ws, c, S: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
         x = tl.load(xn + rows[:, None] * H + k[None, :], mask=rows[:, None] < S, other=0.0)
         tg, sg = _weight_tile(w, ws, c * IC, k0, IC, H, UK, FMT)
         tu, su = _weight_tile(w, ws, I + c * IC, k0, IC, H, UK, FMT)
-        g += _dot(x, tl.trans(tg), INTERPRET) * sg
-        u += _dot(x, tl.trans(tu), INTERPRET) * su
+        if CPU:  # the interpreter mis-reads bf16 dot operands: fp32 there
+            x32 = x.to(tl.float32)
+            g += tl.dot(x32, tl.trans(tg).to(tl.float32), input_precision="ieee") * sg
+            u += tl.dot(x32, tl.trans(tu).to(tl.float32), input_precision="ieee") * su
+        else:  # bf16 tensor-core operands (exact products), fp32 sums
+            g += tl.dot(x, tl.trans(tg)) * sg
+            u += tl.dot(x, tl.trans(tu)) * su
     return g, u
 
 
 @triton.jit
 def _down_dot(mid, w, ws, d0, S: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
-              DC: tl.constexpr, DK: tl.constexpr, FMT: tl.constexpr, INTERPRET: tl.constexpr):
+              DC: tl.constexpr, DK: tl.constexpr, FMT: tl.constexpr, CPU: tl.constexpr):
     """fp32 [16, DC]: columns [d0, d0+DC) of one slot's down projection of its `mid` rows."""
     rows = tl.arange(0, 16)
     y = tl.zeros((16, DC), tl.float32)
@@ -138,7 +108,10 @@ def _down_dot(mid, w, ws, d0, S: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
         k = k0 + tl.arange(0, DK)
         m = tl.load(mid + rows[:, None] * I + k[None, :], mask=rows[:, None] < S, other=0.0)
         t, sc = _weight_tile(w, ws, d0, k0, DC, I, DK, FMT)
-        y += _dot(m, tl.trans(t), INTERPRET) * sc
+        if CPU:
+            y += tl.dot(m.to(tl.float32), tl.trans(t).to(tl.float32), input_precision="ieee") * sc
+        else:
+            y += tl.dot(m, tl.trans(t)) * sc
     return y
 
 
@@ -146,32 +119,43 @@ def _down_dot(mid, w, ws, d0, S: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
 
 
 @triton.jit
+def _wait_items(done, first, N: tl.constexpr, N2: tl.constexpr, tag, ctl, health, peers,
+                rank, world, region, CPU: tl.constexpr):
+    """Wait (bounded) until items first..first+N-1 (smaller tickets) are done; then their
+    stores are visible to this program. N2: N rounded up to a power of two."""
+    i = tl.arange(0, N2)
+    m = i < N
+    _, ok = pt.poll(done + first + i, m, tag, ctl, health, peers, rank, world, region, first,
+                    CPU)
+    tl.atomic_add(done + first + i, 0, mask=m, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+    return ok
+
+
+@triton.jit
 def ffn_kernel(
     part, residual, out, residual_out, slots,
     norm, router, bias, w13, w13_scale, w2, w2_scale, sw13, sw13_scale, sw2, sw2_scale,
-    scratch, rank,
-    ctl, health, peers, alarm_base, tag_slot,
+    scratch, slot,
+    ctl, health, tickets, peers, rank, world,
     S: tl.constexpr, H: tl.constexpr, E: tl.constexpr, K: tl.constexpr, I: tl.constexpr,
-    W: tl.constexpr, FMT: tl.constexpr, SFMT: tl.constexpr, SUBSET: tl.constexpr,
-    MAXSLOTS: tl.constexpr,
+    FMT: tl.constexpr, SFMT: tl.constexpr, SUBSET: tl.constexpr, MAXSLOTS: tl.constexpr,
     NPUSH: tl.constexpr, PUSHC: tl.constexpr, SC: tl.constexpr,
     RG: tl.constexpr, RP: tl.constexpr, RK: tl.constexpr, NRTR2: tl.constexpr,
     NC: tl.constexpr, NC2: tl.constexpr, IC: tl.constexpr, UK: tl.constexpr,
-    ND: tl.constexpr, DC: tl.constexpr, DK: tl.constexpr, NF: tl.constexpr, FC: tl.constexpr,
-    O_CTL: tl.constexpr, O_XRDY: tl.constexpr, O_RTR: tl.constexpr, O_ROUTE: tl.constexpr,
-    O_UPF: tl.constexpr, O_XS: tl.constexpr, O_XN: tl.constexpr, O_LOGIT: tl.constexpr,
+    ND: tl.constexpr, DC: tl.constexpr, DK: tl.constexpr, NF: tl.constexpr, NF2: tl.constexpr,
+    FC: tl.constexpr, W2P: tl.constexpr,
+    O_DONE: tl.constexpr, O_XS: tl.constexpr, O_XN: tl.constexpr, O_LOGIT: tl.constexpr,
     O_TABLE: tl.constexpr, O_MID: tl.constexpr,
     T_WTAB: tl.constexpr, T_IDS: tl.constexpr, T_TOPW: tl.constexpr,
     P_AR1: tl.constexpr, P_AR2: tl.constexpr, P_HS: tl.constexpr,
+    R_AR1: tl.constexpr, R_AR2: tl.constexpr, R_ITEMS: tl.constexpr, R_HS: tl.constexpr,
     ALPHA: tl.constexpr, BETA: tl.constexpr, LIMIT: tl.constexpr, EPS: tl.constexpr,
-    RSF: tl.constexpr, FINAL: tl.constexpr, INTERPRET: tl.constexpr, STOPAT: tl.constexpr = 100000,
+    RSF: tl.constexpr, FINAL: tl.constexpr, CPU: tl.constexpr,
 ):
-    tag = sy.step_tag(ctl, tag_slot)
-    tickets = (scratch + O_CTL).to(tl.pointer_type(tl.int32))
-    xrdy = (scratch + O_XRDY).to(tl.pointer_type(tl.int64))
-    rtr = (scratch + O_RTR).to(tl.pointer_type(tl.int64))
-    routef = (scratch + O_ROUTE).to(tl.pointer_type(tl.int64))
-    upf = (scratch + O_UPF).to(tl.pointer_type(tl.int64))
+    tag = pt.step_tag(ctl, slot)
+    counter = tickets + slot
+    done = (scratch + O_DONE).to(tl.pointer_type(tl.int64))
     xs = (scratch + O_XS).to(tl.pointer_type(tl.float32))
     xn = (scratch + O_XN).to(tl.pointer_type(tl.bfloat16))
     xn32 = (scratch + O_XN).to(tl.pointer_type(tl.int32))
@@ -180,42 +164,48 @@ def ffn_kernel(
     slot_e = (scratch + O_TABLE + 4).to(tl.pointer_type(tl.int32))
     wtab = (scratch + O_TABLE + T_WTAB).to(tl.pointer_type(tl.float32))
     mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
-    me = sy.peer_base(peers, rank)
+    me = pt.peer_data(peers, rank)
+    ROUTE: tl.constexpr = NPUSH + S + RG * RP
+    STATIC: tl.constexpr = ROUTE + 1
+    TAIL: tl.constexpr = ND + NF + (1 if FINAL else 0)
 
-    n_static = NPUSH + S + RG * RP + 1
-    total = n_static + MAXSLOTS * NC + ND + NF  # refined once the slot count is known
-    t = tl.atomic_add(tickets, 1)
-    zero = t * 0
-    total = zero + total
-    nslots = zero + MAXSLOTS
-    routed = zero
-    while t < tl.minimum(total, STOPAT):
-        if t < NPUSH:
+    pt.fault_stall(ctl, peers, rank, world, CPU)
+    total = STATIC + MAXSLOTS * NC + TAIL  # an upper bound until the slot count is known
+    t = pt.ticket_take(counter, total)
+    total = t * 0 + total
+    nslots = t * 0 + MAXSLOTS
+    routed = t * 0
+    while t < total:
+        if (t >= STATIC) & (routed == 0):
+            nslots = _slot_count(done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank,
+                                 world, R_ITEMS, CPU)
+            total = STATIC + nslots * NC + TAIL
+            routed = t * 0 + 1
+            _reset_if_last(counter, t, total)
+        if t >= total:
+            pass  # drawn before this program knew the slot count: no task, no more draws
+        elif t < NPUSH:
             # push: pairs of columns [t*PUSHC, (t+1)*PUSHC) of every row to every rank
-            sy.stall_if_injected(ctl, rank)
             p = t * (PUSHC // 2) + tl.arange(0, PUSHC // 2)
             for s in range(S):
                 payload = tl.load(part + s * (H // 2) + p)
-                for dst in range(W):
-                    ar1 = sy.peer_base(peers, dst) + P_AR1
-                    sy.publish(ar1 + ((rank * 16 + s) * (H // 2) + p) * 8, tag, payload)
+                for dst in range(world):
+                    dst_ar1 = pt.peer_data(peers, dst) + P_AR1 // 8
+                    pt.publish(dst_ar1 + (rank * 16 + s) * (H // 2) + p, payload, tag, p >= 0,
+                               "sys")
         elif t < NPUSH + S:
             # seam of row s: rank-ordered sum, + residual, Gemma RMSNorm
             s = t - NPUSH
             ssq = tl.sum(tl.zeros((2,), tl.float32), 0)
             for c0 in range(0, H // 2, SC // 2):
                 p = c0 + tl.arange(0, SC // 2)
-                lo = tl.zeros((SC // 2,), tl.float32)
-                hi = tl.zeros((SC // 2,), tl.float32)
-                for src in range(W):
-                    words = sy.poll(me + P_AR1 + ((src * 16 + s) * (H // 2) + p) * 8, tag,
-                                    ctl, health, alarm_base, 1, INTERPRET, p >= 0)
-                    lo += _lo(words)
-                    hi += _hi(words)
+                lo, hi, ok = pt.reduce_bf16x2(me + P_AR1 // 8 + s * (H // 2) + p, 16 * (H // 2),
+                                              p >= 0, tag, ctl, health, peers, rank, world,
+                                              R_AR1, s * (H // 2) + c0, CPU)
                 r = tl.load(residual + s * (H // 2) + p)
-                xl = _round_bf16(lo) + _lo(r)
-                xh = _round_bf16(hi) + _hi(r)
-                tl.store(residual_out + s * (H // 2) + p, _pack_bf16(xl, xh))
+                xl = tl.where(ok, _round_bf16(lo) + pt.bf16x2_lo(r), float("nan"))
+                xh = tl.where(ok, _round_bf16(hi) + pt.bf16x2_hi(r), float("nan"))
+                tl.store(residual_out + s * (H // 2) + p, pt.bf16x2_pack(xl, xh))
                 tl.store(xs + s * H + 2 * p, xl)
                 tl.store(xs + s * H + 2 * p + 1, xh)
                 ssq += tl.sum(xl * xl, 0) + tl.sum(xh * xh, 0)
@@ -226,14 +216,14 @@ def ffn_kernel(
                 xh = tl.load(xs + s * H + 2 * p + 1)
                 wn = tl.load(norm + p)
                 tl.store(xn32 + s * (H // 2) + p,
-                         _pack_bf16(xl * rstd * (_lo(wn) + 1.0), xh * rstd * (_hi(wn) + 1.0)))
-            sy.flag_set(xrdy + s, tag)
-        elif t < NPUSH + S + RG * RP:
+                         pt.bf16x2_pack(xl * rstd * (pt.bf16x2_lo(wn) + 1.0), xh * rstd * (pt.bf16x2_hi(wn) + 1.0)))
+            pt.ticket_finish(done, t, tag)
+        elif t < ROUTE:
             # router: 16 experts x one K part, fp32
             u = t - NPUSH - S
             g = u // RP
             part_k = u % RP
-            sy.flag_wait(xrdy, S, 16, tag, ctl, health, alarm_base, 2, INTERPRET)
+            _wait_items(done, NPUSH, S, 16, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
             rows = tl.arange(0, 16)
             ex = g * 16 + tl.arange(0, 16)
             acc = tl.zeros((16, 16), tl.float32)
@@ -244,111 +234,142 @@ def ffn_kernel(
                 acc += tl.dot(x.to(tl.float32), tl.trans(wr), input_precision="ieee")
             tl.store(logit + (part_k * S + rows[:, None]) * E + ex[None, :], acc,
                      mask=rows[:, None] < S)
-            sy.flag_set(rtr + u, tag)
-        elif t < n_static:
-            _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, rtr, routef, tag,
-                   ctl, health, alarm_base, S, E, K, RG * RP, NRTR2, RP, MAXSLOTS,
-                   T_IDS, T_TOPW, O_TABLE, SUBSET, RSF, INTERPRET)
+            pt.ticket_finish(done, t, tag)
+        elif t < STATIC:
+            _wait_items(done, NPUSH + S, RG * RP, NRTR2, tag, ctl, health, peers, rank, world,
+                        R_ITEMS, CPU)
+            _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, S, E, K, RP,
+                   T_IDS, T_TOPW, O_TABLE, SUBSET, RSF)
+            pt.ticket_finish(done, t, tag)
         else:
-            if routed == 0:
-                sy.flag_wait(routef, 1, 1, tag, ctl, health, alarm_base, 4, INTERPRET)
-                nslots = tl.minimum(tl.maximum(tl.load(nslots_p, volatile=True), 0), MAXSLOTS)
-                total = n_static + nslots * NC + ND + NF
-                routed = 1
-            u = t - n_static
-            if t >= total:
-                pass  # drawn before this program knew the slot count: no task
-            elif u < nslots * NC:
+            u = t - STATIC
+            if u < nslots * NC:
                 # up: slot j, gate/up rows [c*IC, (c+1)*IC) -> SwiGLU-OAI -> mid
                 j = u // NC
                 c = u % NC
                 e = tl.load(slot_e + j, volatile=True)
                 if e == E:
-                    g, v = _up_dots(xn, sw13, sw13_scale, c, S, H, I, IC, UK, SFMT, INTERPRET)
+                    g, v = _up_dots(xn, sw13, sw13_scale, c, S, H, I, IC, UK, SFMT, CPU)
                 else:
                     eo = e.to(tl.int64)
                     if FMT == 1:
                         g, v = _up_dots(xn, w13 + eo * (2 * I * H // 2),
-                                        w13_scale + eo * (2 * I * H // 32), c, S, H, I, IC, UK, FMT, INTERPRET)
+                                        w13_scale + eo * (2 * I * H // 32), c, S, H, I, IC, UK,
+                                        FMT, CPU)
                     elif FMT == 2:
                         g, v = _up_dots(xn, w13 + eo * (2 * I * H),
                                         w13_scale + eo * ((2 * I // 128) * ((H + 127) // 128)),
-                                        c, S, H, I, IC, UK, FMT, INTERPRET)
+                                        c, S, H, I, IC, UK, FMT, CPU)
                     else:
                         g, v = _up_dots(xn, w13 + eo * (2 * I * H), w13_scale, c, S, H, I, IC,
-                                        UK, FMT, INTERPRET)
+                                        UK, FMT, CPU)
                 g = tl.minimum(g, LIMIT)
                 v = tl.minimum(tl.maximum(v, -LIMIT), LIMIT)
                 h = g * tl.sigmoid(ALPHA * g) * (v + BETA)
                 rows = tl.arange(0, 16)
                 cols = c * IC + tl.arange(0, IC)
-                tl.store(mid + (j * S + rows[:, None]) * I + cols[None, :], _round_bf16(h).to(tl.bfloat16),
-                         mask=rows[:, None] < S)
-                sy.flag_set(upf + u, tag)
+                tl.store(mid + (j * S + rows[:, None]) * I + cols[None, :],
+                         _round_bf16(h).to(tl.bfloat16), mask=rows[:, None] < S)
+                pt.ticket_finish(done, t, tag)
             elif u < nslots * NC + ND:
                 # down: columns [d0, d0+DC) over every slot, weighted -> every rank's ar2
                 d0 = (u - nslots * NC) * DC
                 rows = tl.arange(0, 16)
                 acc = tl.zeros((16, DC), tl.float32)
+                ok = t == t
                 for j in range(nslots):
-                    sy.flag_wait(upf + j * NC, NC, NC2, tag, ctl, health, alarm_base, 5, INTERPRET)
+                    ok = ok & _wait_items(done, STATIC + j * NC, NC, NC2, tag, ctl, health, peers,
+                                          rank, world, R_ITEMS, CPU)
                     e = tl.load(slot_e + j, volatile=True)
                     wrow = tl.load(wtab + j * S + rows, mask=rows < S, other=0.0, volatile=True)
                     if e == E:
-                        y = _down_dot(mid + j * S * I, sw2, sw2_scale, d0, S, H, I, DC, DK, SFMT, INTERPRET)
+                        y = _down_dot(mid + j * S * I, sw2, sw2_scale, d0, S, H, I, DC, DK, SFMT,
+                                      CPU)
                     else:
                         eo = e.to(tl.int64)
                         if FMT == 1:
                             y = _down_dot(mid + j * S * I, w2 + eo * (H * I // 2),
-                                          w2_scale + eo * (H * I // 32), d0, S, H, I, DC, DK, FMT, INTERPRET)
+                                          w2_scale + eo * (H * I // 32), d0, S, H, I, DC, DK, FMT,
+                                          CPU)
                         elif FMT == 2:
                             y = _down_dot(mid + j * S * I, w2 + eo * (H * I),
                                           w2_scale + eo * ((H // 128) * ((I + 127) // 128)),
-                                          d0, S, H, I, DC, DK, FMT, INTERPRET)
+                                          d0, S, H, I, DC, DK, FMT, CPU)
                         else:
                             y = _down_dot(mid + j * S * I, w2 + eo * (H * I), w2_scale, d0, S, H,
-                                          I, DC, DK, FMT, INTERPRET)
+                                          I, DC, DK, FMT, CPU)
                     acc += tl.where(wrow[:, None] != 0.0, wrow[:, None] * y, 0.0)
+                acc = tl.where(ok, acc, float("nan"))
                 lo, hi = tl.split(tl.reshape(acc, (16, DC // 2, 2)))
-                payload = _pack_bf16(lo, hi)
+                payload = pt.bf16x2_pack(lo, hi)
                 p = d0 // 2 + tl.arange(0, DC // 2)
-                for dst in range(W):
-                    ar2 = sy.peer_base(peers, dst) + P_AR2
-                    sy.publish(ar2 + ((rank * 16 + rows[:, None]) * (H // 2) + p[None, :]) * 8,
-                               tag, payload, mask=rows[:, None] < S)
-            else:
+                for dst in range(world):
+                    dst_ar2 = pt.peer_data(peers, dst) + P_AR2 // 8
+                    pt.publish(dst_ar2 + (rank * 16 + rows[:, None]) * (H // 2) + p[None, :],
+                               payload, tag, rows[:, None] < S, "sys")
+            elif u < nslots * NC + ND + NF:
                 # final: the ranks' partials in rank order -> out
                 f = u - nslots * NC - ND
                 p = f * (FC // 2) + tl.arange(0, FC // 2)
                 for s in range(S):
-                    lo = tl.zeros((FC // 2,), tl.float32)
-                    hi = tl.zeros((FC // 2,), tl.float32)
-                    for src in range(W):
-                        words = sy.poll(me + P_AR2 + ((src * 16 + s) * (H // 2) + p) * 8, tag,
-                                        ctl, health, alarm_base, 6, INTERPRET, p >= 0)
-                        lo += _lo(words)
-                        hi += _hi(words)
-                    tl.store(out + s * (H // 2) + p, _pack_bf16(lo, hi))
-        t = tl.atomic_add(tickets, 1)
-    sy.ticket_exit(tickets, ctl, health, peers, alarm_base, rank, tag, P_HS, W, FINAL, INTERPRET)
+                    lo, hi, ok = pt.reduce_bf16x2(me + P_AR2 // 8 + s * (H // 2) + p,
+                                                  16 * (H // 2), p >= 0, tag, ctl, health, peers,
+                                                  rank, world, R_AR2, s * (H // 2) + f * (FC // 2),
+                                                  CPU)
+                    tl.store(out + s * (H // 2) + p,
+                             pt.bf16x2_pack(tl.where(ok, lo, float("nan")),
+                                        tl.where(ok, hi, float("nan"))))
+                pt.ticket_finish(done, t, tag)
+            else:
+                # the TP fault handshake: every final task here is done; tell every rank,
+                # hear from every rank (a rank that gave up has set its alarm here)
+                _wait_items(done, t - NF, NF, NF2, tag, ctl, health, peers, rank, world,
+                            R_ITEMS, CPU)
+                i = tl.arange(0, W2P)
+                for dst in range(world):
+                    pt.publish(pt.peer_data(peers, dst) + P_HS // 8 + rank + i, i, tag, i == 0,
+                               "sys")
+                pt.poll(me + P_HS // 8 + i, i < world, tag, ctl, health, peers, rank, world,
+                        R_HS, 0, CPU)
+        if t < total:
+            t = pt.ticket_take(counter, total)
+    if (routed == 0) & (t >= STATIC):
+        # this program's only draw was past the upper bound: it may still be the last taker
+        nslots = _slot_count(done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank,
+                             world, R_ITEMS, CPU)
+        _reset_if_last(counter, t, STATIC + nslots * NC + TAIL)
 
 
 @triton.jit
-def _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, rtr, routef, tag,
-           ctl, health, alarm_base, S: tl.constexpr, E: tl.constexpr, K: tl.constexpr,
-           NRTR: tl.constexpr, NRTR2: tl.constexpr, RP: tl.constexpr, MAXSLOTS: tl.constexpr,
-           T_IDS: tl.constexpr, T_TOPW: tl.constexpr, O_TABLE: tl.constexpr,
-           SUBSET: tl.constexpr, RSF: tl.constexpr, INTERPRET: tl.constexpr):
+def _slot_count(done, nslots_p, ROUTE: tl.constexpr, MAXSLOTS: tl.constexpr, tag, ctl, health,
+                peers, rank, world, region, CPU: tl.constexpr):
+    """The route task's slot count (waits for the route item, a smaller ticket)."""
+    _wait_items(done, ROUTE, 1, 1, tag, ctl, health, peers, rank, world, region, CPU)
+    return tl.minimum(tl.maximum(tl.load(nslots_p, volatile=True), 0), MAXSLOTS)
+
+
+@triton.jit
+def _reset_if_last(counter, t, n_items):
+    """ticket_take's last-taker reset, for a ticket drawn against an upper bound of the
+    item count: the launch draws n_items + P tickets in all, the last one resets."""
+    if t == n_items + tl.num_programs(0) - 1:
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, S: tl.constexpr,
+           E: tl.constexpr, K: tl.constexpr, RP: tl.constexpr, T_IDS: tl.constexpr,
+           T_TOPW: tl.constexpr, O_TABLE: tl.constexpr, SUBSET: tl.constexpr, RSF: tl.constexpr):
     """Top-k of sigmoid + bias (ties -> lower id, NaN last), renormalized weights x RSF, and
-    the slot table: shared expert first (unless ROUTED), then the union in ascending id."""
-    sy.flag_wait(rtr, NRTR, NRTR2, tag, ctl, health, alarm_base, 3, INTERPRET)
+    the slot table: shared expert first (unless ROUTED), then the union in ascending id.
+    Follows vLLM's `fused_topk_bias` (sigmoid branch) for the scores and weights."""
     rows = tl.arange(0, 16)
     ex = tl.arange(0, E)
     rmask = rows < S
     lg = tl.zeros((16, E), tl.float32)
     for p in range(RP):
         lg += tl.load(logit + (p * S + rows[:, None]) * E + ex[None, :], mask=rmask[:, None],
-                      other=0.0, volatile=True)
+                      other=0.0)
     score = tl.sigmoid(lg)
     key = score + tl.load(bias + ex)[None, :]
     key = tl.where(key != key, float("-inf"), key)
@@ -381,66 +402,71 @@ def _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, rtr, routef, tag
         first = 1
     pos = first + tl.cumsum(used, 0) - 1
     tl.store(slot_e + pos, ex, mask=used > 0)
-    tl.store(wtab + pos[None, :] * S + rows[:, None], wfull, mask=(used[None, :] > 0) & rmask[:, None])
-    if first == 1:
+    tl.store(wtab + pos[None, :] * S + rows[:, None], wfull,
+             mask=(used[None, :] > 0) & rmask[:, None])
+    if SUBSET != 1:
         tl.store(slot_e, E)
         tl.store(wtab + rows, tl.where(live, 1.0, 0.0), mask=rmask)
     tl.store(nslots_p, first + tl.sum(used, 0))
-    sy.flag_set(routef, tag)
 
 
 # -- host side ---------------------------------------------------------------------------
 
 _FMT = {WeightFormat.BF16: 0, WeightFormat.MXFP4: 1, WeightFormat.FP8: 2}
 _SUB = {Experts.ALL: 0, Experts.ROUTED: 1, Experts.SHARED: 2}
+REGIONS = {name: region_id(f"ffn.{name}") for name in ("ar1", "ar2", "items", "handshake")}
 
 
 def _p2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
+    return 1 << max(0, (n - 1).bit_length())
 
 
-def constexprs(b: FfnBuild, final: bool, interpret: bool) -> dict:
+def constexprs(b: FfnBuild, final: bool, cpu: bool) -> dict:
     """The kernel's compile-time arguments for build `b`."""
     c, p = b.cfg, b.plan
     sl = scratch_layout(b)
     tb = table_offsets(b)
     pl = peer_layout(c, b.tp)
     return dict(
-        S=b.rows, H=c.hidden_size, E=c.num_experts, K=c.top_k, I=b.inter, W=b.tp,
+        S=b.rows, H=c.hidden_size, E=c.num_experts, K=c.top_k, I=b.inter,
         FMT=_FMT[b.weights], SFMT=_FMT[b.weights.shared_format], SUBSET=_SUB[b.experts],
         MAXSLOTS=b.max_slots, NPUSH=p.push, PUSHC=p.push_cols, SC=p.seam_cols,
         RG=p.router_groups, RP=p.router_parts, RK=p.router_k,
         NRTR2=_p2(p.router_groups * p.router_parts),
         NC=p.nc, NC2=_p2(p.nc), IC=p.ic, UK=p.uk, ND=p.down, DC=p.dc, DK=p.dk,
-        NF=p.final, FC=p.fc,
-        O_CTL=sl["ctl"][0], O_XRDY=sl["xrdy"][0], O_RTR=sl["rtr"][0], O_ROUTE=sl["route"][0],
-        O_UPF=sl["upf"][0], O_XS=sl["xs"][0], O_XN=sl["xn"][0], O_LOGIT=sl["logit"][0],
+        NF=p.final, NF2=_p2(p.final), FC=p.fc, W2P=_p2(b.tp),
+        O_DONE=sl["done"][0], O_XS=sl["xs"][0], O_XN=sl["xn"][0], O_LOGIT=sl["logit"][0],
         O_TABLE=sl["table"][0], O_MID=sl["mid"][0],
         T_WTAB=tb["wtab"], T_IDS=tb["topk_ids"], T_TOPW=tb["topk_w"],
         P_AR1=pl["ar1"][0], P_AR2=pl["ar2"][0], P_HS=pl["hs"][0],
+        R_AR1=REGIONS["ar1"], R_AR2=REGIONS["ar2"], R_ITEMS=REGIONS["items"],
+        R_HS=REGIONS["handshake"],
         ALPHA=c.swiglu_alpha, BETA=c.swiglu_beta, LIMIT=c.swiglu_limit, EPS=c.rms_norm_eps,
-        RSF=c.routed_scaling_factor, FINAL=bool(final), INTERPRET=bool(interpret),
+        RSF=c.routed_scaling_factor, FINAL=bool(final), CPU=bool(cpu),
     )
 
 
-def launch(b: FfnBuild, grid: int, *, part, residual, out, residual_out, slots, weights,
-           scratch, rank, ctl, health, peers, alarm_base, tag_slot, final=False,
-           interpret=False, **launch_kw):
-    """Launch the kernel for build `b` on already-validated tensors (the runner checks)."""
+def kernel_args(b: FfnBuild, *, part, residual, out, residual_out, slots, weights, scratch,
+                slot, ctl, health, tickets, peers, rank, world) -> list:
+    """The runtime arguments in spec.ARGS order, then the runtime's (bf16 activations and
+    the norm weight as int32 pairs; a missing scale is any tensor)."""
 
     def pairs(t):
         return t.view(torch.int32)
 
     w = weights
-    dummy = scratch
 
     def sc(t):
-        return dummy if t is None else t
+        return scratch if t is None else t
 
-    return ffn_kernel[(grid,)](
+    return [
         pairs(part), pairs(residual), pairs(out), pairs(residual_out), slots,
         pairs(w.norm), w.router, w.bias, w.w13, sc(w.w13_scale), w.w2, sc(w.w2_scale),
         w.shared_w13, sc(w.shared_w13_scale), w.shared_w2, sc(w.shared_w2_scale),
-        scratch, rank, ctl, health, peers, alarm_base, tag_slot,
-        **constexprs(b, final, interpret), **launch_kw,
-    )
+        scratch, slot, ctl, health, tickets, peers, rank, world,
+    ]
+
+
+def launch(b: FfnBuild, grid: int, final: bool, cpu: bool, **args):
+    """Launch build `b` on already-validated tensors (the runner checks them)."""
+    return ffn_kernel[(grid,)](*kernel_args(b, **args), **constexprs(b, final, cpu))

@@ -1,0 +1,220 @@
+"""FfnRunner: one rank's FFN monokernels, one compiled build and scratch region per width.
+
+Built collectively (every rank of the TP group, same arguments): it owns a MonoRunner
+(control words, health, peer buffer) unless given one to share. Epoch scheme: the runtime's
+(PROTOCOL.md): `step_begin()` bumps the shared epoch once per forward (graph-capturable)
+and each launch of the step takes the next tag slot, which also names its ticket counter;
+every rank issuing the same launches derives the same tags. Call `after_step()` once per
+executed step (it raises MonoFault on every rank after any give-up).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from mono_runtime import protocol as P
+from mono_runtime.errors import MonoUnsupported
+from mono_runtime.runner import MonoRunner
+
+from ..config import MiniMaxM3Config
+from ..formats import WeightFormat
+from . import triton_build
+from .spec import Experts, FfnBuild, peer_bytes, scratch_bytes, scratch_layout, table_offsets
+from .weights import FfnWeights
+
+
+def _cpu_interpreter() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+class FfnRunner:
+    def __init__(
+        self,
+        cfg: MiniMaxM3Config,
+        fmt: WeightFormat,
+        group: Any,
+        rank: int,
+        tp: int,
+        device: torch.device | str,
+        widths: Iterable[int] = range(1, 17),
+        experts: Experts = Experts.ALL,
+        deadline_ns: int = 5_000_000_000,
+        programs: int | None = None,
+        runner: MonoRunner | None = None,
+    ) -> None:
+        self.cfg, self.fmt, self.tp, self.rank = cfg, WeightFormat(fmt), tp, rank
+        self.device = torch.device(device)
+        self.widths = tuple(sorted(set(widths)))
+        if not self.widths:
+            raise ValueError("widths: at least one width")
+        self.builds = {s: FfnBuild(cfg, s, tp, self.fmt, Experts(experts)) for s in self.widths}
+        self.offsets, off = {}, 0
+        for s, b in self.builds.items():
+            self.offsets[s] = off
+            off += scratch_bytes(b)
+        need_peer = peer_bytes(cfg, tp)
+        if runner is None:
+            runner = MonoRunner(self.device, group, rank, tp, off, need_peer, deadline_ns)
+        elif runner.scratch.numel() < off or runner.peer.bytes.numel() < P.PEER_HEAD + need_peer:
+            raise ValueError("runner: its scratch or peer buffer is smaller than this runner needs")
+        self.mono = runner
+        self.cpu = self.device.type == "cpu"
+        if self.cpu and not _cpu_interpreter():
+            raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
+        if programs is None:
+            programs = 2 if self.cpu else torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.programs = programs
+        self._slot = 0
+        self._warm: set[int] = set()
+
+    # -- protocol -------------------------------------------------------------------------
+    def step_begin(self) -> None:
+        """Once per forward, before its first launch (graph-capturable)."""
+        self.mono.step_begin()
+        self._slot = 0
+
+    def after_step(self) -> None:
+        self.mono.after_step()
+
+    def reset(self) -> None:
+        """Collective, no launch in flight: clears every scratch region, the peer buffer,
+        health and the tag era; a faulted runner is usable again."""
+        self.mono.reset()
+        self._slot = 0
+
+    def inject(self, rank: int | None, delay_ns: int = 0) -> None:
+        """Fault injection: `rank` stalls `delay_ns` before its first peer store."""
+        self.mono.inject(rank, delay_ns)
+
+    def close(self) -> None:
+        self.mono.close()
+
+    # -- views ----------------------------------------------------------------------------
+    def region(self, s: int, name: str) -> torch.Tensor:
+        """uint8 view of region `name` of width s's scratch (spec.scratch_layout)."""
+        off, n = scratch_layout(self.builds[s])[name]
+        base = self.offsets[s] + off
+        return self.mono.scratch[base : base + n]
+
+    def routing(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topk_ids int32 [S, K], topk_weights fp32 [S, K]) of width s's last launch."""
+        b, k = self.builds[s], self.cfg.top_k
+        t = table_offsets(b)
+        table = self.region(s, "table")
+        ids = table[t["topk_ids"] : t["topk_ids"] + 4 * s * k].view(torch.int32).view(s, k)
+        w = table[t["topk_w"] : t["topk_w"] + 4 * s * k].view(torch.float32).view(s, k)
+        return ids, w
+
+    # -- launches -------------------------------------------------------------------------
+    def warm(self) -> None:
+        """Compile and load every width before memory profiling and graph capture, and
+        refuse a width whose grid cannot be resident at once (GPU only)."""
+        if self.cpu:
+            self._warm.update(self.widths)
+            return
+        props = torch.cuda.get_device_properties(self.device)
+        for s, b in self.builds.items():
+            for final in (False, True):
+                kernel = triton_build.ffn_kernel.warmup(
+                    *self._args(b, s, *self._dummies(s), slot=0),
+                    grid=(self.programs,), **triton_build.constexprs(b, final, False))
+                kernel._init_handles()
+                threads = kernel.metadata.num_warps * 32
+                per_sm = min(
+                    props.max_threads_per_multi_processor // threads,
+                    props.regs_per_multiprocessor // max(1, kernel.n_regs * threads),
+                    props.shared_memory_per_multiprocessor // max(1, kernel.metadata.shared)
+                    if kernel.metadata.shared else 1 << 30,
+                )
+                if per_sm * props.multi_processor_count < self.programs:
+                    raise MonoUnsupported(
+                        f"width {s}: {self.programs} programs cannot be resident "
+                        f"({per_sm} per SM x {props.multi_processor_count} SMs)")
+            self._warm.add(s)
+
+    def _dummies(self, s: int):
+        h = self.cfg.hidden_size
+        z = torch.zeros(s, h, dtype=torch.bfloat16, device=self.device)
+        return z, z, z, z, torch.zeros(s, dtype=torch.int64, device=self.device)
+
+    def _args(self, b, s, part, residual, out, residual_out, slots, weights=None, slot=0):
+        la, pa = self.mono.launch_args(), self.mono.peer_args()
+        region = self.mono.scratch[self.offsets[s] : self.offsets[s] + scratch_bytes(b)]
+        if weights is None:
+            weights = self._type_weights()
+        return triton_build.kernel_args(
+            b, part=part, residual=residual, out=out, residual_out=residual_out, slots=slots,
+            weights=weights, scratch=region, slot=slot, ctl=la["ctl"], health=la["health"],
+            tickets=la["tickets"], peers=pa["peers"], rank=pa["rank"], world=pa["world"])
+
+    def _type_weights(self) -> FfnWeights:
+        """Placeholder tensors of the right dtypes: what a compile without a launch needs."""
+        fmt = self.fmt
+        spec = FfnWeights(fmt, *([None] * 11)).expected(self.cfg, self.tp)
+        made = {name: None if dtype is None else torch.empty(64, dtype=dtype, device=self.device)
+                for name, (_, dtype) in spec.items()}
+        return FfnWeights(fmt, **made)
+
+    def __call__(
+        self,
+        part: torch.Tensor,
+        residual: torch.Tensor,
+        weights: FfnWeights,
+        slots: torch.Tensor,
+        final: bool = False,
+        out: torch.Tensor | None = None,
+        residual_out: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's FFN tail on S rows: (all-reduced MoE output, new residual).
+        `slots[s] < 0` marks a padding row (seam only, zero MoE output). `final` ends the
+        launch in the TP fault handshake. Bad input raises ValueError before any launch."""
+        s = self._check(part, residual, weights, slots, out, residual_out)
+        if self._slot >= P.SLOTS:
+            raise ValueError(f"more than {P.SLOTS} launches in one step (call step_begin())")
+        if out is None:
+            out = torch.empty_like(part)
+        if residual_out is None:
+            residual_out = torch.empty_like(residual)
+        b = self.builds[s]
+        triton_build.ffn_kernel[(self.programs,)](
+            *self._args(b, s, part, residual, out, residual_out, slots, weights, self._slot),
+            **triton_build.constexprs(b, final, self.cpu))
+        self._slot += 1
+        return out, residual_out
+
+    def _check(self, part, residual, weights, slots, out, residual_out) -> int:
+        h = self.cfg.hidden_size
+        if not isinstance(part, torch.Tensor) or part.dim() != 2:
+            raise ValueError(f"part: expected a 2-D tensor [S, {h}]")
+        s = part.shape[0]
+        if s not in self.builds:
+            raise ValueError(f"part: {s} rows, this runner serves widths {self.widths}")
+        for name, t, shape, dtype in (
+            ("part", part, (s, h), torch.bfloat16),
+            ("residual", residual, (s, h), torch.bfloat16),
+            ("slots", slots, (s,), torch.int64),
+            ("out", out, (s, h), torch.bfloat16),
+            ("residual_out", residual_out, (s, h), torch.bfloat16),
+        ):
+            if t is None and name in ("out", "residual_out"):
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {shape}")
+            if t.dtype != dtype:
+                raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
+            if not t.is_contiguous():
+                raise ValueError(f"{name}: must be contiguous (strides {t.stride()})")
+            if t.device != self.device:
+                raise ValueError(f"{name}: on {t.device}, expected {self.device}")
+        if not isinstance(weights, FfnWeights):
+            raise ValueError(f"weights: expected FfnWeights, got {type(weights).__name__}")
+        if weights.fmt != self.fmt:
+            raise ValueError(f"weights: format {weights.fmt.value}, this runner reads {self.fmt.value}")
+        weights.validate(self.cfg, self.tp, self.device)
+        return s
