@@ -16,7 +16,7 @@ import torch
 from mono_kernels_kimi.config import KimiK3Config
 from mono_kernels_kimi.kda.inputs import make_inputs
 
-TILING = dict(programs=3, block_h=32, block_n=16, block_k=32, block_v=8)
+TILING = dict(programs=3, block_h=32, block_n=16, block_k=32, block_v=8, prefetch_items=4)
 
 
 def cases():
@@ -115,4 +115,14 @@ if __name__ == "__main__":
     for case in cases():
         if not only or case[0] in only:
             results[case[0]] = run_case(*case)
+    if not only or "warm" in only:
+        from mono_kernels_kimi.kda.runner import KdaRunner
+
+        runner = KdaRunner(KimiK3Config.tiny(), "cpu", 4, **TILING)
+        warmed = runner.warm()
+        results["warm"] = dict(
+            builds=sorted([b.requests, b.delta, b.write_block] for b in warmed),
+            flags=[list(f) for f in runner.layer_flags()],
+            ctrl=int(runner.scratch[:40].view(torch.int32).abs().sum()),
+        )
     print(json.dumps(results))

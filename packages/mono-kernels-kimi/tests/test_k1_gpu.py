@@ -71,7 +71,6 @@ def test_k1_eager_and_graph_replay(size, R, L, spec, layer):
     cfg = CONFIGS[size]
     inp, pad = _inputs(cfg, R, L, spec, layer, seed=R * 8 + L)
     runner = KdaRunner(cfg, "cuda", L, spec=spec)
-    runner.warm()
 
     # eager
     ref = inp.clone()
@@ -103,6 +102,20 @@ def test_k1_eager_and_graph_replay(size, R, L, spec, layer):
         torch.cuda.synchronize()
         runner.check()
         _compare(static, ref, want, pad)
+
+
+@pytest.mark.timeout(600)
+def test_k1_warm_compiles_every_build_and_writes_nothing():
+    from mono_kernels_kimi.kda.runner import KdaRunner
+
+    cfg = CONFIGS["full"]
+    runner = KdaRunner(cfg, "cuda", 4)
+    assert runner.layer_flags() == ((False, True), (True, False), (True, True))
+    warmed = runner.warm()
+    assert {(b.requests, b.delta, b.write_block) for b in warmed} == {
+        (r, d, w) for r in (1, 2) for d, w in runner.layer_flags()
+    }
+    runner.check()
 
 
 @pytest.mark.timeout(300)

@@ -49,3 +49,10 @@ def test_k1_matches_reference(results, name):
     assert m["untouched"], m  # padded requests and unowned slots: nothing written
     assert m["pad_zero"] and m["finite"], m
     assert m["ctrl"] == 0 and m["error"] == 0, m  # control words reset, no wait gave up
+
+
+@pytest.mark.timeout(300)
+def test_warm_launches_every_width_and_flag(results):
+    m = results["warm"]
+    assert m["builds"] == sorted([r, d, w] for r in (1, 2) for d, w in m["flags"]), m
+    assert m["ctrl"] == 0, m

@@ -27,12 +27,18 @@ def default_tiling(cfg: KimiK3Config, device: torch.device) -> dict:
         return p
 
     programs = 3
+    block_n = 32 if cfg.in_proj_rows >= 4096 else 16
+    prefetch = 4  # the interpreter never prefetches (x is ready before any in_proj item)
     if device.type == "cuda":
-        programs = torch.cuda.get_device_properties(device).multi_processor_count
+        props = torch.cuda.get_device_properties(device)
+        programs = props.multi_processor_count
+        l2 = getattr(props, "L2_cache_size", 0) or 50 << 20
+        prefetch = (l2 * 5 // 8) // (block_n * cfg.hidden_size * 2)
     return dict(
         programs=programs,
+        prefetch_items=prefetch,
         block_h=pow2_at_most(cfg.hidden_size, 512),
-        block_n=32 if cfg.in_proj_rows >= 4096 else 16,
+        block_n=block_n,
         block_k=pow2_at_most(cfg.hidden_size, 256),
         block_v=min(16, cfg.kda_head_dim // 2),
         max_polls=(1 << 22) if device.type == "cuda" else 1000,
@@ -176,10 +182,17 @@ class KdaRunner:
         triton_build.launch(build, args)
         return out
 
-    def warm(self) -> list[K1Build]:
-        """Compile and load every build (each width, with and without a delta and a block
-        write) by launching it on a padded step: every slot -1, so it returns after the
-        AttnRes and projection stages and writes no cache. Call before graph capture."""
+    def layer_flags(self) -> tuple[tuple[bool, bool], ...]:
+        """The (delta, write_block) pairs the model's KDA layers need: a delta after the
+        first layer, a block write on AttnRes block boundaries."""
+        cfg = self.cfg
+        kda = [i for i in range(cfg.num_hidden_layers) if cfg.is_kda_layer(i)]
+        return tuple(sorted({(i > 0, cfg.attn_res_blocks(i)[1] >= 0) for i in kda}))
+
+    def warm(self, flags: tuple[tuple[bool, bool], ...] | None = None) -> list[K1Build]:
+        """Compile and load every build the model needs (each width x `layer_flags()`, or
+        the given (delta, write_block) pairs) by launching it on a padded step: every slot
+        -1, so it writes no cache. Call before memory profiling and graph capture."""
         cfg, dev = self.cfg, self.device
         P, H = cfg.local_proj, cfg.hidden_size
         weights = {
@@ -201,25 +214,22 @@ class KdaRunner:
             shape = (r, self.L) if self.spec else (r,)
             idx = torch.full(shape, -1, dtype=torch.int32, device=dev)
             acc = torch.ones(r, dtype=torch.int32, device=dev) if self.spec else None
-            for delta in (False, True):
-                for write in (False, True):
-                    self(
-                        r,
-                        prefix=torch.zeros(S, H, dtype=torch.bfloat16, device=dev),
-                        delta=torch.zeros(S, H, dtype=torch.bfloat16, device=dev)
-                        if delta
-                        else None,
-                        blocks=torch.zeros(S, 2, H, dtype=torch.bfloat16, device=dev),
-                        num_blocks=1 if write else 0,
-                        write_idx=1 if write else -1,
-                        weights=weights,
-                        conv_state=conv_state,
-                        state=state,
-                        state_indices=idx,
-                        num_accepted=acc,
-                        out=torch.empty(S, P, dtype=torch.bfloat16, device=dev),
-                    )
-                    warmed.append(self.build(r, delta, write))
+            for delta, write in flags or self.layer_flags():
+                self(
+                    r,
+                    prefix=torch.zeros(S, H, dtype=torch.bfloat16, device=dev),
+                    delta=torch.zeros(S, H, dtype=torch.bfloat16, device=dev) if delta else None,
+                    blocks=torch.zeros(S, 2, H, dtype=torch.bfloat16, device=dev),
+                    num_blocks=1 if write else 0,
+                    write_idx=1 if write else -1,
+                    weights=weights,
+                    conv_state=conv_state,
+                    state=state,
+                    state_indices=idx,
+                    num_accepted=acc,
+                    out=torch.empty(S, P, dtype=torch.bfloat16, device=dev),
+                )
+                warmed.append(self.build(r, delta, write))
         self.check()
         return warmed
 

@@ -104,6 +104,9 @@ class K1Build:
     block_v: int = 16
     num_warps: int = 8
     max_polls: int = 1 << 24
+    # in_proj items that stream their rows into L2 while the AttnRes stages run (0: off);
+    # keep prefetch_items x block_n x hidden x 2 bytes well under the L2 size
+    prefetch_items: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.rows <= MAX_ROWS:
