@@ -40,10 +40,14 @@ class ToyKernels:
 
         return 8, max(AllreduceBuild(w, H, self.world).peer_bytes for w in widths)
 
-    def build(self, runner, width):
+    def build(self, runner, widths):
         from mono_runtime.allreduce import allreduce
 
-        return {i: (lambda h, i=i: allreduce(runner, h, slot=i)[0]) for i in self.layers}
+        layer = {i: (lambda h, i=i: allreduce(runner, h, slot=i)[0]) for i in self.layers}
+        return dict.fromkeys(widths, layer)
+
+    def step_begin(self, runner):
+        runner.step_begin()
 
     def kv_key(self):
         return self.kv
@@ -168,8 +172,7 @@ def test_single_rank_checks():
     with pytest.raises(ValueError, match="multiples of q=2"):
         MonoExecutor.build(kernels, q=2, widths=[3], group=None, make_runner=None)
     runner = _Runner()
-    table = {1: {0: "k"}}
-    executor = MonoExecutor(kernels, runner, table, q=1, group=None)
+    executor = MonoExecutor(kernels, runner, {1: {0: "k"}}, q=1, group=None)
     kernels.kv = 1
     executor.prepare_kv()
     meta = StepMeta(1, (1,), 0, 1, 0, kv_bound=True)

@@ -2,13 +2,16 @@
 engine's path) against the same model whose layers the executor puts on the kernels.
 No vLLM: the executor is engine-free, and vLLM does not install on the GPU machine.
 
+- MiniMax-M3 shaped: a dense first layer, then sparse MoE layers whose FFN tail (from
+  the unreduced o_proj output to the all-reduced MoE output) takes the FFN kernel, as
+  `mono_vllm.families.minimax.FfnLayer` runs it under vLLM; the engine's tail is
+  `mono_kernels_minimax.ffn.reference.ffn_reference`.
 - Kimi-K3 shaped: every layer a KDA layer (K1 from AttnRes to o_proj's input, then a
   bf16 o_proj); the engine's layer is `mono_kernels_kimi.kda.reference.kda_layer`.
-- (MiniMax-M3 shaped: see test_toy_decode_minimax in this module once FfnRunner lands.)
 
 GPU (`-m gpu`): 32 steps, eager and replayed from a CUDA graph captured with the plan baked
-in; tokens must be identical. CPU: the same code for 3 steps of 2 layers under
-TRITON_INTERPRET=1 in a child process.
+in; tokens must be identical. CPU: the same code for 3 steps under TRITON_INTERPRET=1 in a
+child process.
 """
 
 from __future__ import annotations
@@ -89,6 +92,9 @@ class ToyKimi:
         hidden = prefix.float() + delta.float()
         return hidden @ self.lm_head.float().t()
 
+    def kernels(self):
+        return ToyK1Kernels(self)
+
 
 class ToyK1Kernels:
     """The executor's LayerKernels for `ToyKimi`: K1 on every layer."""
@@ -105,20 +111,25 @@ class ToyK1Kernels:
     def runner_bytes(self, widths):
         return 8, 8
 
-    def build(self, runner, width):
+    def build(self, runner, widths):
         from mono_kernels_kimi.kda.runner import KdaRunner
 
         m = self.model
-        if self.k1 is None:
-            self.k1 = KdaRunner(m.cfg, m.device, 1, spec=False, max_rows=1)
-            self.k1.warm()
+        self.k1 = KdaRunner(m.cfg, m.device, 1, spec=False, max_rows=max(widths))
+        self.k1.warm()
 
-        def kernel(i, prefix, delta, blocks, caches):
-            out = torch.empty(1, m.cfg.local_proj, dtype=torch.bfloat16, device=m.device)
-            args = m.layer_args(i, prefix, delta, blocks, caches)
-            return self.k1(width, weights=m.weights[i], out=out, **args)
+        def kernel_at(width):
+            def kernel(i, prefix, delta, blocks, caches):
+                out = torch.empty(width, m.cfg.local_proj, dtype=torch.bfloat16, device=m.device)
+                args = m.layer_args(i, prefix, delta, blocks, caches)
+                return self.k1(width, weights=m.weights[i], out=out, **args)
 
-        return dict.fromkeys(self.layers, kernel)
+            return dict.fromkeys(self.layers, kernel)
+
+        return {w: kernel_at(w) for w in widths}
+
+    def step_begin(self, runner):
+        runner.step_begin()
 
     def kv_key(self):
         return "bound"
@@ -156,7 +167,7 @@ def greedy_reference(model, steps):
 def greedy_eager(model, steps):
     from mono_runtime import StepMeta
 
-    executor = _executor(ToyK1Kernels(model), model.device)
+    executor = _executor(model.kernels(), model.device)
     caches, token, out = model.caches(), 1, []
     for _ in range(steps):
         assert executor.plan(StepMeta(**DECODE)) is not None
@@ -173,7 +184,7 @@ def greedy_graph(model, steps):
     """One decode step captured in a CUDA graph with the plan baked in, replayed."""
     from mono_runtime import StepMeta
 
-    executor = _executor(ToyK1Kernels(model), model.device)
+    executor = _executor(model.kernels(), model.device)
     caches = model.caches()
     token = torch.ones((), dtype=torch.int64, device=model.device)
     stream = torch.cuda.Stream()
@@ -185,9 +196,9 @@ def greedy_graph(model, steps):
         executor.finish(logits)
         nxt = logits.argmax()
     torch.cuda.current_stream().wait_stream(stream)
-    for c, s in caches:  # the capture ran nothing: states start from zero as elsewhere
-        c.zero_()
-        s.zero_()
+    for state in caches:  # the capture ran nothing: states start from zero as elsewhere
+        for t in state:
+            t.zero_()
     out = []
     for _ in range(steps):
         graph.replay()
@@ -198,21 +209,159 @@ def greedy_graph(model, steps):
     return out
 
 
-def _cpu_run(rank, world, group):
-    model = ToyKimi(layers=2, device="cpu")
+def _gemma_add_norm(h, residual, weight, eps):
+    """vLLM's GemmaRMSNorm with a residual: (normed, new residual), bf16."""
+    x = h.float() + residual.float()
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())
+    return normed.to(torch.bfloat16), x.to(torch.bfloat16)
+
+
+class ToyMiniMax:
+    """A MiniMax-M3-shaped text model at TP 1: a dense first layer, then sparse MoE
+    layers of [Gemma add-norm, a stand-in for attention, the FFN tail]. The stand-in mixes
+    the layer's input with the one it saw at the previous step (its "KV cache"), so the
+    decode does not just cycle through a few tokens."""
+
+    def __init__(self, layers: int, device, fmt: str = "mxfp4", seed: int = 0) -> None:
+        from mono_kernels_minimax.config import MiniMaxM3Config
+        from mono_kernels_minimax.ffn.weights import random_weights
+        from mono_kernels_minimax.formats import WeightFormat
+
+        self.cfg = replace(MiniMaxM3Config.tiny(), num_hidden_layers=layers, first_dense_layers=1)
+        cfg, gen = self.cfg, torch.Generator().manual_seed(seed)
+        self.device, self.fmt, self.layers = torch.device(device), WeightFormat(fmt), layers
+        H = cfg.hidden_size
+
+        def randn(*shape, scale):
+            return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16).to(device)
+
+        self.embed = randn(VOCAB, H, scale=1.0)
+        self.lm_head = randn(VOCAB, H, scale=H**-0.5 * 8)
+        self.dense = randn(H, H, scale=H**-0.5)
+        self.in_norm = [randn(H, scale=0.1) for _ in range(layers)]
+        self.attn = [randn(H, H, scale=H**-0.5) for _ in range(layers)]
+        self.memory = [randn(H, H, scale=H**-0.5) for _ in range(layers)]
+        self._caches: list[torch.Tensor] = []
+        self.final_norm = randn(H, scale=0.1)
+        self.weights = {
+            i: random_weights(cfg, 1, self.fmt, seed=seed + i, device=device)
+            for i in range(1, layers)
+        }
+        self.slots = torch.arange(1, dtype=torch.int64, device=device)
+
+    def caches(self):
+        H = self.cfg.hidden_size
+        return [torch.zeros(1, H, dtype=torch.bfloat16, device=self.device)
+                for _ in range(self.layers)]  # fmt: skip
+
+    def front(self, i):
+        def run(positions, hidden, residual):
+            x, residual = _gemma_add_norm(hidden, residual, self.in_norm[i], self.cfg.rms_norm_eps)
+            seen = self._caches[i]
+            part = x.float() @ self.attn[i].float().t() + seen.float() @ self.memory[i].float().t()
+            seen.copy_(x)
+            return part.to(torch.bfloat16), residual
+
+        return run
+
+    def reference_layer(self, i):
+        from mono_kernels_minimax.ffn.reference import ffn_reference
+
+        def run(positions, hidden, residual):
+            part, residual = self.front(i)(positions, hidden, residual)
+            got = ffn_reference(self.cfg, [part], residual, [self.weights[i]], self.slots)
+            return got.out, got.residual
+
+        return run
+
+    def forward(self, token, caches, executor=None):
+        cfg, self._caches = self.cfg, caches
+        residual = self.embed[token].reshape(1, -1).clone()
+        hidden = (residual.float() @ self.dense.float().t()).to(torch.bfloat16)  # dense layer 0
+        for i in range(1, self.layers):
+            kernel = executor.layer(i) if executor is not None else None
+            run = kernel if kernel is not None else self.reference_layer(i)
+            hidden, residual = run(None, hidden, residual)
+        x, _ = _gemma_add_norm(hidden, residual, self.final_norm, cfg.rms_norm_eps)
+        return x.float() @ self.lm_head.float().t()
+
+    def kernels(self):
+        return ToyFfnKernels(self)
+
+
+class ToyFfnKernels:
+    """The executor's LayerKernels for `ToyMiniMax`: the FFN kernel on every MoE layer,
+    through the FfnLayer seam vLLM's layers use."""
+
+    name = "toy MiniMax-M3 FFN"
+    dtypes: dict[str, str] = {}
+
+    def __init__(self, model: ToyMiniMax) -> None:
+        self.model, self.layers, self.ffn = model, tuple(range(1, model.layers)), None
+
+    def check(self):
+        return []
+
+    def runner_bytes(self, widths):
+        from mono_kernels_minimax.ffn.spec import FfnBuild, peer_bytes, scratch_bytes
+
+        m = self.model
+        builds = [FfnBuild(m.cfg, w, 1, m.fmt) for w in widths]
+        return sum(scratch_bytes(b) for b in builds), peer_bytes(m.cfg, 1)
+
+    def build(self, runner, widths):
+        from mono_kernels_minimax.ffn.runner import FfnRunner
+        from mono_vllm.families.minimax import FfnLayer
+
+        m, last = self.model, self.layers[-1]
+        ffn = self.ffn = FfnRunner(m.cfg, m.fmt, None, 0, 1, m.device, widths, runner=runner)
+        ffn.warm()
+
+        def launch(i):
+            return lambda part, res, slots: ffn(part, res, m.weights[i], slots, final=i == last)
+
+        layer = {i: FfnLayer(m.front(i), launch(i), lambda: m.slots, False, 0) for i in self.layers}
+        return dict.fromkeys(widths, layer)
+
+    def step_begin(self, runner):
+        self.ffn.step_begin()
+
+    def kv_key(self):
+        return "bound"
+
+    def kv_check(self):
+        return []
+
+    def close(self):
+        self.ffn = None
+
+
+def _cpu_run(rank, world, group, which):
+    # sizes the interpreter runs in seconds: two KDA layers, or one MoE layer after the dense
+    model = ToyKimi(layers=2, device="cpu") if which == "kimi" else ToyMiniMax(2, "cpu")
     return greedy_reference(model, 3), greedy_eager(model, 3)
 
 
 @pytest.mark.timeout(280)
-def test_toy_kimi_decode_on_k1_cpu():
-    reference, mono = spawn(_cpu_run, 1, 260, env=ENV)[0]
+@pytest.mark.parametrize("which", ["minimax", "kimi"])
+def test_toy_decode_on_the_kernels_cpu(which):
+    reference, mono = spawn(_cpu_run, 1, 260, which, env=ENV)[0]
     assert mono == reference, (mono, reference)
 
 
 @pytest.mark.gpu
 @pytest.mark.timeout(600)
-def test_toy_kimi_greedy_32_steps_identical_gpu():
-    model = ToyKimi(layers=4, device="cuda")
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ToyMiniMax(layers=6, device="cuda", fmt="mxfp4"),
+        lambda: ToyMiniMax(layers=6, device="cuda", fmt="bf16"),
+        lambda: ToyKimi(layers=4, device="cuda"),
+    ],
+    ids=["minimax-mxfp4", "minimax-bf16", "kimi"],
+)
+def test_toy_greedy_32_steps_identical_gpu(make):
+    model = make()
     reference = greedy_reference(model, 32)
     assert greedy_eager(model, 32) == reference
     assert greedy_graph(model, 32) == reference

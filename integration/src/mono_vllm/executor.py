@@ -44,8 +44,12 @@ class LayerKernels(Protocol):
     def runner_bytes(self, widths: Sequence[int]) -> tuple[int, int]:
         """(scratch, peer) bytes the rank's runner needs for every build at these widths."""
 
-    def build(self, runner: Any, width: int) -> Mapping[int, Kernel]:
-        """The compiled, warmed kernel of each layer at `width` rows."""
+    def build(self, runner: Any, widths: Sequence[int]) -> Mapping[int, Mapping[int, Kernel]]:
+        """The compiled, warmed kernel of each layer at each width: ``[width][layer]``."""
+
+    def step_begin(self, runner: Any) -> None:
+        """Once per forward on the kernels, before its first launch (a graph captures it):
+        bumps the runner's step epoch exactly once, and resets per-step launch state."""
 
     def kv_key(self) -> Hashable | None:
         """What identifies the KV caches the kernels read as bound (addresses, not slot
@@ -94,11 +98,12 @@ class MonoExecutor:
             raise ValueError(f"widths {widths} must be positive multiples of q={q}")
         agree([*reasons, *kernels.check()], group, f"this deployment ({kernels.name})")
         runner = make_runner(*kernels.runner_bytes(widths))
-        table: dict[int, Mapping[int, Kernel]] = {}
+        table: Mapping[int, Mapping[int, Kernel]] = {}
         failure: list[str] = []
         try:
-            for width in widths:
-                table[width] = kernels.build(runner, width)
+            table = kernels.build(runner, widths)
+            if sorted(table) != widths:
+                raise ValueError(f"built widths {sorted(table)}, asked for {widths}")
         except MonoUnsupported as err:
             failure = [str(err)]
         except Exception as err:  # a local failure must not strand the peers in agree
@@ -140,7 +145,7 @@ class MonoExecutor:
                     f"mono ({self.kernels.name}): the KV cache was re-bound without "
                     "prepare_kv (the model state's initialize_kv_cache)"
                 )
-            self.runner.step_begin()
+            self.kernels.step_begin(self.runner)
         self.current = step
         return step
 

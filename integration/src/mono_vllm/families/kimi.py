@@ -145,22 +145,21 @@ class KimiKdaKernels:
     def runner_bytes(self, widths) -> tuple[int, int]:
         return 8, 8  # K1 keeps its own scratch (KdaRunner) and needs no peer memory
 
-    def build(self, runner: Any, width: int) -> dict[int, KdaLayer]:
+    def build(self, runner: Any, widths) -> dict[int, dict[int, KdaLayer]]:
         from mono_kernels_kimi.kda.runner import KdaRunner
 
-        q = self.deployment.q
-        if self._k1 is None:
-            device = self.backbone.layers[self.layers[0]].input_layernorm.weight.device
-            self._k1 = KdaRunner(
-                self._config(), device, q, spec=q > 1, max_rows=self.support.max_rows
-            )
-            self._k1.warm()  # compiles and loads every width: before profiling and capture
+        q, layers = self.deployment.q, self.backbone.layers
+        device = layers[self.layers[0]].input_layernorm.weight.device
+        self._k1 = KdaRunner(self._config(), device, q, spec=q > 1, max_rows=max(widths))
+        self._k1.warm()  # compiles and loads every width: before profiling and capture
+        weights = {i: k1_weights(layers[i]) for i in self.layers}
         return {
-            i: KdaLayer(
-                self.backbone.layers[i], self._k1, width // q, k1_weights(self.backbone.layers[i])
-            )
-            for i in self.layers
+            w: {i: KdaLayer(layers[i], self._k1, w // q, weights[i]) for i in self.layers}
+            for w in widths
         }
+
+    def step_begin(self, runner: Any) -> None:
+        runner.step_begin()
 
     def close(self) -> None:
         self._k1 = None

@@ -132,7 +132,7 @@ class MiniMaxFfnKernels:
         stage = range(backbone.start_layer, backbone.end_layer)
         self.layers = tuple(i for i in stage if getattr(backbone.layers[i], "is_moe_layer", False))
         self.metadata_key = attention_key(backbone.layers[self.layers[0]]) if self.layers else ""
-        self._runners: list[Any] = []
+        self._ffn: Any = None
 
     def check(self) -> list[str]:
         from mono_kernels_minimax.ffn.spec import FfnBuild
@@ -154,6 +154,57 @@ class MiniMaxFfnKernels:
         except ValueError as err:
             reasons.append(f"loaded weights: {err}")
         return reasons
+
+    def _format(self) -> Any:
+        return expert_format(self.backbone.layers[self.layers[0]].block_sparse_moe.experts)
+
+    def runner_bytes(self, widths) -> tuple[int, int]:
+        from mono_kernels_minimax.ffn.spec import FfnBuild, peer_bytes, scratch_bytes
+
+        cfg, fmt = kernel_config(self.backbone.config), self._format()
+        scratch = sum(scratch_bytes(FfnBuild(cfg, s, self.world, fmt)) for s in widths)
+        return scratch, peer_bytes(cfg, self.world)
+
+    def build(self, runner: Any, widths) -> dict[int, dict[int, FfnLayer]]:
+        from mono_kernels_minimax.ffn.runner import FfnRunner
+
+        cfg, layers = kernel_config(self.backbone.config), self.backbone.layers
+        ffn = self._ffn = FfnRunner(
+            cfg, self._format(), runner.group, self.rank, self.world, runner.device,
+            widths=widths, runner=runner,
+        )  # fmt: skip
+        ffn.warm()  # compiles every width and refuses one that cannot be resident
+        mine, last = set(self.layers), self.layers[-1]
+
+        def launch(i: int) -> Ffn:
+            weights = ffn_weights(layers[i])
+            return lambda part, residual, slots: ffn(
+                part, residual, weights, slots, final=i == last
+            )
+
+        launches = {i: launch(i) for i in self.layers}
+        fronts = {i: vllm_front(layers[i], after_kernel=i - 1 in mine) for i in self.layers}
+        # the next consumer (a stock layer or the final norm) all-reduces a deferred output
+        hand_off = {i: i + 1 not in mine and layers[i].ffn_all_reduce_deferred for i in mine}
+        return {
+            w: {
+                i: FfnLayer(
+                    fronts[i],
+                    launches[i],
+                    vllm_slots(attention_key(layers[i]), w),
+                    hand_off[i],
+                    self.rank,
+                )  # fmt: skip
+                for i in self.layers
+            }
+            for w in widths
+        }
+
+    def step_begin(self, runner: Any) -> None:
+        self._ffn.step_begin()  # bumps the shared runner's epoch, restarts the launch slots
+
+    def close(self) -> None:
+        self._ffn = None
 
     def kv_key(self) -> int | None:
         kv = kv_tensor(self.backbone.layers[self.layers[0]])
