@@ -25,6 +25,9 @@ if target == "sm90":
     out["release"] = len(re.findall(r"atom\.global\.gpu\.release", ptx))
     out["cg_loads"] = len(re.findall(r"ld\.global\.cg", ptx))
     out["local"] = len(re.findall(r"\bld\.local|\bst\.local", ptx))
+    from mono_runtime.builds import Resources
+    res = Resources.of_ptx(ptx, "sm_90a", k.metadata.shared, 32 * b.num_warps)
+    out["registers"], out["spill_bytes"] = res.registers, res.spill_bytes
 else:
     asm = k.asm["amdgcn"]
     out["vgpr_spill"] = max(int(v) for v in re.findall(r"vgpr_spill_count:\s+(\d+)", asm))
@@ -46,12 +49,14 @@ def compiled(target: str, R: int, L: int) -> dict:
 
 
 @pytest.mark.timeout(250)
-def test_compiles_for_sm90():
-    m = compiled("sm90", 8, 1)
+@pytest.mark.parametrize("R,L", [(8, 1), (2, 4)])
+def test_compiles_for_sm90(R, L):
+    m = compiled("sm90", R, L)
     # stage hand-offs: a GPU-scope release add after each item, acquire reads in each wait
     assert m["release"] >= 6 and m["acquire"] >= 5, m
     assert m["cg_loads"] > 0, m  # hand-offs bypass L1
-    assert m["local"] == 0, m  # no spills to local memory
+    assert m["local"] == 0 and m["spill_bytes"] == 0, m  # ptxas: no spills
+    assert m["registers"] <= 255, m  # one 8-warp program fits an SM (ticket loop: any grid)
     assert m["shared"] <= 227 * 1024
 
 

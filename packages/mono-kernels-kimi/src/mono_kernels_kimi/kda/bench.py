@@ -103,6 +103,23 @@ def _op_by_op(cfg: KimiK3Config, inp):
     )
 
 
+def _launch(runner: KdaRunner, inp) -> None:
+    runner(
+        inp.R,
+        prefix=inp.prefix,
+        delta=inp.delta,
+        blocks=inp.blocks,
+        num_blocks=inp.num_blocks,
+        write_idx=inp.write_idx,
+        weights=inp.weights,
+        conv_state=inp.conv_state,
+        state=inp.state,
+        state_indices=inp.state_indices,
+        num_accepted=inp.num_accepted,
+        out=inp.out,
+    )
+
+
 def rows(shapes=SHAPES, iters: int = 200, layer_idx: int = 13, baseline: bool = True) -> list[dict]:
     """One dict per (R, L): k1_us, bytes, floor_us, pct_of_floor (floor / k1), and, with
     `baseline`, op_by_op_us and speedup (op_by_op / k1)."""
@@ -117,23 +134,13 @@ def rows(shapes=SHAPES, iters: int = 200, layer_idx: int = 13, baseline: bool = 
         runner = KdaRunner(cfg, "cuda", L)  # compiles the one build at the first call
 
         def k1(inp=inp, runner=runner):
-            runner(
-                inp.R,
-                prefix=inp.prefix,
-                delta=inp.delta,
-                blocks=inp.blocks,
-                num_blocks=inp.num_blocks,
-                write_idx=inp.write_idx,
-                weights=inp.weights,
-                conv_state=inp.conv_state,
-                state=inp.state,
-                state_indices=inp.state_indices,
-                num_accepted=inp.num_accepted,
-                out=inp.out,
-            )
+            _launch(runner, inp)
 
         k1_us = _graph_time_us(k1, iters)
         runner.check()
+        plain = KdaRunner(cfg, "cuda", L, prefetch_items=0)
+        k1_plain_us = _graph_time_us(lambda inp=inp, plain=plain: _launch(plain, inp), iters)
+        plain.check()
         nbytes = k1_bytes(cfg, R, L, inp.num_blocks)
         floor_us = nbytes / bw * 1e6
         row = dict(
@@ -145,6 +152,7 @@ def rows(shapes=SHAPES, iters: int = 200, layer_idx: int = 13, baseline: bool = 
             copy_GBps=round(bw / 1e9, 1),
             floor_us=round(floor_us, 2),
             pct_of_floor=round(100 * floor_us / k1_us, 1),
+            k1_no_prefetch_us=round(k1_plain_us, 2),
         )
         if baseline:
             base_us = _graph_time_us(_op_by_op(cfg, inp.clone()), iters)
