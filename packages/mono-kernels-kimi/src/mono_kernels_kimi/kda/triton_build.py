@@ -59,7 +59,7 @@ def _prefetch_rows(in_proj, rows, nm, ctrl, C1: tl.constexpr, HID: tl.constexpr,
     """While x is not ready yet, stream this item's in_proj rows into L2 (HBM is idle
     during the AttnRes stages). The loads feed a sum that is stored only if it is NaN
     (never, for finite weights), so the compiler keeps them."""
-    if tl.load(ctrl + DONE0 + 2, volatile=True) < C1:
+    if tl.atomic_add(ctrl + DONE0 + 2, 0, sem="relaxed") < C1:
         junk = tl.zeros((), F32)
         for k0 in range(0, HID, BK):
             kk = k0 + tl.arange(0, BK)
@@ -83,11 +83,11 @@ def _done(ctrl, word: tl.constexpr):
 @triton.jit
 def _wait(ctrl, word: tl.constexpr, target, MAX_POLLS: tl.constexpr):
     seen = tl.atomic_add(ctrl + word, 0, sem="acquire")
-    err = tl.load(ctrl + ERROR, volatile=True)
+    err = tl.atomic_add(ctrl + ERROR, 0, sem="relaxed")
     polls = 0
     while (seen < target) & (polls < MAX_POLLS) & (err == 0):
         seen = tl.atomic_add(ctrl + word, 0, sem="acquire")
-        err = tl.load(ctrl + ERROR, volatile=True)
+        err = tl.atomic_add(ctrl + ERROR, 0, sem="relaxed")
         polls += 1
     if seen < target:
         tl.atomic_or(ctrl + ERROR, 1 << (word - DONE0))
