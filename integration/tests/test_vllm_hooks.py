@@ -309,3 +309,167 @@ def test_kda_metadata_spec_verify():
     meta = step_meta(ctx, "kda", torch.tensor([0, 1, 6]), 6, True, False, "int64")
     assert (meta.num_prefills, meta.num_decodes) == (1, 1)
     assert plan(meta, {6: {0: "k1"}}, q=1) is None
+
+
+# -- MonoDecode: vLLM's hooks around a backbone, on vLLM's own TP group ---------------------
+class FakeRunner:
+    def __init__(self, device, group, rank, world, scratch, peer):
+        self.calls = []
+
+    def step_begin(self):
+        self.calls.append("step_begin")
+
+    def guard(self, hidden):
+        self.calls.append("guard")
+
+    def after_step(self):
+        self.calls.append("after_step")
+
+    def close(self):
+        self.calls.append("close")
+
+
+class FakeFamily:
+    """Kernel layer 1 of a two-layer backbone; everything but the kernels is real."""
+
+    name, dtypes = "fake", {}
+    support = KernelSupport(tp=(1, 2), max_rows=4)
+
+    def __init__(self, backbone, deployment, rank, world):
+        self.layers, self.metadata_key, self.kv, self.launches = (1,), LAYER, None, []
+
+    def check(self):
+        return []
+
+    def runner_bytes(self, widths):
+        return 8, 8
+
+    def build(self, runner, widths):
+        def kernel(positions, hidden, residual):
+            self.launches.append(hidden.shape[0])
+            return hidden + 100, residual
+
+        return {w: {1: kernel} for w in widths}
+
+    def step_begin(self, runner):
+        runner.step_begin()
+
+    def kv_key(self):
+        return self.kv
+
+    def kv_check(self):
+        return []
+
+    def close(self):
+        pass
+
+
+class Layer(torch.nn.Module):
+    def forward(self, positions, hidden, residual):
+        return hidden + 1, residual
+
+
+class Text(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.layers = torch.nn.ModuleList([Layer(), Layer()])
+        self.model.register_parameter("w", torch.nn.Parameter(torch.zeros(1)))
+
+    def forward(self, hidden):
+        for layer in self.model.layers:
+            hidden, _ = layer(None, hidden, None)
+        return hidden
+
+
+@pytest.fixture(scope="module")
+def tp_group(vllm_config):
+    """vLLM's own process groups, one rank over gloo."""
+    import socket
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import (
+        destroy_model_parallel,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(vllm_config):
+        init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
+        initialize_model_parallel(1, 1)
+    yield
+    destroy_model_parallel()
+
+
+@pytest.fixture
+def mono_logs():
+    import logging
+
+    from mono_vllm.host import LOGGER
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger(LOGGER)
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+
+
+def test_mono_decode_drives_the_executor_through_vllms_hooks(vllm_config, tp_group, builder):
+    from mono_vllm.host import MonoDecode
+    from vllm.forward_context import override_forward_context
+
+    text = Text()
+    mono = MonoDecode(vllm_config, FakeFamily, text, make_runner=FakeRunner)
+    mono.build()
+    family, runner = mono.kernels, mono.executor.runner
+    assert type(text.model.layers[1]).__name__ == "MonoLayer"
+    assert mono.executor.widths == [1, 2, 3, 4]
+    common, md = _metadata(builder, [1, 1])
+    x = torch.zeros(2, 4)
+
+    def step(metadata=None):
+        metadata = metadata or {LAYER: md}
+        mono.record_batch(metadata, common.query_start_loc_cpu)
+        with override_forward_context(_context(metadata)):
+            positions = torch.zeros(2, dtype=torch.int64)
+            mono.begin(positions, None)
+            out = mono.end(text(x))
+        mono.after_step()
+        return out
+
+    mono.prepare_kv()  # the profiling run binds no cache the kernels read: stock
+    assert torch.equal(step(), x + 2) and family.launches == []
+    family.kv = 1
+    mono.prepare_kv()
+    assert torch.equal(step(), x + 101) and family.launches == [2]
+    assert runner.calls == ["after_step", "step_begin", "guard", "after_step"]
+    # query starts recorded for another step's metadata are not this step's: stock
+    mono.record_batch({LAYER: md}, common.query_start_loc_cpu)
+    with override_forward_context(_context({LAYER: md})):
+        mono.begin(torch.zeros(2, dtype=torch.int64), None)
+        assert torch.equal(mono.end(text(x)), x + 2)
+    with pytest.raises(RuntimeError, match="weight reloads are not supported"):
+        mono.refuse_reload()
+    mono.close()
+    assert type(text.model.layers[1]) is Layer and runner.calls[-1] == "close"
+
+
+def test_a_refused_deployment_logs_once_and_stays_stock(vllm_config, tp_group, mono_logs):
+    from mono_vllm.host import MonoDecode
+
+    text = Text()
+    mono = MonoDecode(vllm_config, FakeFamily, text, make_runner=FakeRunner)
+    mono.deployment = replace(mono.deployment, tp=3, decode_graphs="PIECEWISE")
+    mono.build()
+    assert mono.executor is None and type(text.model.layers[1]) is Layer
+    assert len(mono_logs) == 1 and mono_logs[0].levelname == "WARNING"
+    message = mono_logs[0].getMessage()
+    assert "mono decode off, vLLM's decode runs" in message
+    assert "TP 3 not supported" in message and "PIECEWISE graphs" in message
+    mono.after_step()  # a no-op: vLLM's path
+    mono.refuse_reload()

@@ -22,11 +22,13 @@ from .executor import MonoExecutor
 from .meta import step_meta
 from .switch import SWITCH, requested
 
+LOGGER = "vllm.mono_vllm"  # under vLLM's logger: its handler, format and level
+
 
 def _logger():
     from vllm.logger import init_logger
 
-    return init_logger("mono_vllm")
+    return init_logger(LOGGER)
 
 
 class MonoDecode:
@@ -39,7 +41,10 @@ class MonoDecode:
             return None
         return cls(vllm_config, family, model)
 
-    def __init__(self, vllm_config: Any, family: type, model: Any) -> None:
+    def __init__(self, vllm_config: Any, family: type, model: Any, make_runner: Any = None) -> None:
+        """`make_runner(device, group, rank, world, scratch, peer)`: the rank's runner
+        (`mono_runtime.MonoRunner` unless given)."""
+        self.make_runner = make_runner
         self.deployment = Deployment.of(vllm_config)
         self.max_num_seqs = vllm_config.scheduler_config.max_num_seqs
         self.family, self.model = family, model
@@ -52,9 +57,11 @@ class MonoDecode:
     # -- lifecycle ------------------------------------------------------------------------
     def build(self) -> None:
         """Checks, builds and warms the executor; on refusal logs why and stays off."""
-        from mono_runtime import MonoRunner
         from vllm.distributed import get_tp_group
 
+        make_runner = self.make_runner
+        if make_runner is None:
+            from mono_runtime.runner import MonoRunner as make_runner
         tp = get_tp_group()
         self.rank = tp.rank_in_group
         backbone = self.model.model
@@ -68,7 +75,7 @@ class MonoDecode:
                 q=d.q,
                 widths=range(d.q, rows + 1, d.q),
                 group=tp.cpu_group,
-                make_runner=lambda scratch, peer: MonoRunner(
+                make_runner=lambda scratch, peer: make_runner(
                     device, tp.cpu_group, tp.rank_in_group, tp.world_size, scratch, peer
                 ),
                 reasons=deployment_reasons(d, support),
@@ -154,7 +161,8 @@ class MonoDecode:
         step = executor.plan(meta) if isinstance(meta, StepMeta) else None
         # Model Runner V2 captures a FULL graph by running the forward eagerly (graph
         # mode NONE in the forward context) inside torch.cuda.graph
-        if step is not None and torch.cuda.is_current_stream_capturing():
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        if step is not None and capturing:
             if step.width not in self._captured and self.rank == 0:
                 _logger().info("mono: CUDA graph of %d rows captured on the kernels", step.width)
             self._captured.add(step.width)
