@@ -86,7 +86,8 @@ class RankProcesses:
         preload: tuple[str, ...] = ("torch", "torch.distributed"),
     ) -> None:
         self.ctx = mp.get_context("forkserver")
-        self.env = dict(env or {})
+        # one host: gloo over loopback, whatever the host name resolves to
+        self.env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"), **(env or {})}
         self.preload = list(preload)
         self.events = self.ctx.Queue()
         self.backlog: list[Event] = []  # events read while waiting for another kind

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mono_tools.qualify import collective
+from mono_tools.qualify import builds, collective
 from mono_tools.qualify.context import CheckFailed, RankContext
 
 
@@ -118,6 +118,12 @@ CHECKS: tuple[Check, ...] = (
         "fault over deadline",
         collective.fault_over_deadline,
         "a rank stalled past it: MonoFault with a timeline on every rank, then a clean step",
+    ),
+    Check(
+        "kernel builds",
+        builds.kernel_builds,
+        "each build present compiles for its GPU (CPU) or matches its reference (GPU)",
+        timeout_s=600,
     ),
 )
 BY_NAME = {check.name: check for check in CHECKS}

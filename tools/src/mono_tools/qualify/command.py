@@ -230,5 +230,5 @@ def _combine(name: str, per_rank: list[dict], seconds: float) -> Result:
             detail = "; ".join(f"rank {r['rank']}: {r['detail'].splitlines()[0]}" for r in bad)
         return Result(name, "fail", seconds, detail, per_rank)
     status = "skip" if statuses == {"skip"} else "pass"
-    details = [row["detail"] for row in per_rank if row["status"] == status]
-    return Result(name, status, seconds, details[0] if details else "", per_rank)
+    details = list(dict.fromkeys(row["detail"] for row in per_rank if row["status"] == status))
+    return Result(name, status, seconds, "; ".join(details), per_rank)
