@@ -97,3 +97,85 @@ def fault_then_reset(rank, world, group, fmt, late_rank):
     finally:
         runner.close()
     return outcome
+
+
+def kernel_types(fmt: str) -> dict[str, str]:
+    """Triton types of the kernel's runtime arguments for an expert format."""
+    w, s = {"bf16": ("*bf16", "*u8"), "mxfp4": ("*u8", "*u8"), "fp8": ("*fp8e4nv", "*fp32")}[fmt]
+    sw, ss = ("*fp8e4nv", "*fp32") if fmt == "fp8" else ("*bf16", "*u8")
+    return {
+        "part": "*i32", "residual": "*i32", "out": "*i32", "residual_out": "*i32",
+        "slots": "*i64", "norm": "*i32", "router": "*fp32", "bias": "*fp32",
+        "w13": w, "w13_scale": s, "w2": w, "w2_scale": s,
+        "sw13": sw, "sw13_scale": ss, "sw2": sw, "sw2_scale": ss,
+        "scratch": "*u8", "slot": "i32", "ctl": "*i64", "health": "i64", "tickets": "*i64",
+        "peers": "*i64", "rank": "i32", "world": "i32",
+    }
+
+
+def compile_checks(rank, world, group, fmt, rows, tiny):
+    """Compile for sm_90 (PTX + ptxas resources) and gfx950 without a GPU; return facts."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from mono_kernels_minimax.ffn import triton_build
+    from mono_kernels_minimax.ffn.spec import FfnBuild
+    from mono_runtime.builds import DeviceLimits, residency_problem
+    from mono_runtime.compile_check import compile_for, resources_of
+
+    cfg = MiniMaxM3Config.tiny() if tiny else MiniMaxM3Config()
+    b = FfnBuild(cfg, rows, 4 if not tiny else 2, WeightFormat(fmt))
+    fn = triton_build.ffn_kernel
+    types = kernel_types(fmt)
+    facts = {}
+    k = compile_for(fn, types, triton_build.constexprs(b, True, False), arch=90)
+    ptx = k.asm["ptx"]
+    res = resources_of(k)
+    facts["sys_release_xchg"] = "atom.global.sys.release.exch.b64" in ptx
+    facts["gpu_acquire"] = "atom.global.gpu.acquire" in ptx
+    facts["globaltimer"] = "%globaltimer" in ptx
+    facts["spills"] = res.spill_bytes
+    facts["residency"] = residency_problem(res, 132, DeviceLimits(), "ffn")
+    facts["registers"] = res.registers
+    signature = {n: types.get(n, "constexpr") for n in fn.arg_names}
+    consts = triton_build.constexprs(b, True, True)  # the poll-count clock: no PTX asm
+    source = ASTSource(fn=fn, signature=signature,
+                       constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
+    hip = triton.compile(source, target=GPUTarget("hip", "gfx950", 64), options={"num_warps": 4})
+    amdgcn = hip.asm["amdgcn"]
+    facts["hip_atomics"] = "global_atomic" in amdgcn or "flat_atomic" in amdgcn
+    return facts
+
+
+def bad_inputs(rank, world, group):
+    """Every bad argument of FfnRunner.__call__ -> the ValueError message (None: accepted)."""
+    from dataclasses import replace
+
+    cfg = MiniMaxM3Config.tiny()
+    w = random_weights(cfg, 1, WeightFormat.BF16)
+    runner = FfnRunner(cfg, WeightFormat.BF16, group, rank, world, "cpu", widths=[1, 2])
+    part, residual, slots = step_inputs(cfg, 1, 2, 1, "cpu")
+    part = part[0]
+    other = random_weights(replace(cfg, hidden_size=512), 1, WeightFormat.BF16)
+    cases = [
+        ("part", dict(part=part.float())),
+        ("residual", dict(residual=residual[:, :128])),
+        ("slots", dict(slots=slots.to(torch.int32))),
+        ("weights.norm", dict(weights=other)),  # another layer shape (hidden 512)
+        ("weights", dict(weights=random_weights(cfg, 1, WeightFormat.MXFP4))),
+        ("part", dict(part=torch.zeros(3, cfg.hidden_size, dtype=torch.bfloat16),
+                      residual=torch.zeros(3, cfg.hidden_size, dtype=torch.bfloat16),
+                      slots=torch.zeros(3, dtype=torch.int64))),  # a width beyond the build
+        ("residual_out", dict(residual_out=torch.zeros_like(residual).t().contiguous().t())),
+    ]
+    errors = []
+    for arg, change in cases:
+        kw = dict(part=part, residual=residual, weights=w, slots=slots) | change
+        try:
+            runner(**kw)
+            errors.append((arg, None))
+        except ValueError as err:
+            errors.append((arg, str(err)))
+    runner.close()
+    return errors

@@ -35,24 +35,23 @@ def _check(records, world_results=None):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("fmt,widths", [
-    ("bf16", [1, 3, 5, 7, 9, 11, 13, 15]),
-    ("mxfp4", [2, 4, 6, 8, 10, 12, 14, 16]),
-])
-def test_tp1_every_width(fmt, widths):
+@pytest.mark.parametrize("fmt,widths", [("bf16", [3, 8]), ("mxfp4", [1, 2, 5, 16])])
+def test_tp1_widths(fmt, widths):
+    """A spread of widths (the interpreter takes seconds a launch; every width 1..16 runs in
+    the GPU tier)."""
     (records,) = spawn(check_steps, 1, 220, fmt, widths, 1, env=ENV)
     _check(records)
 
 
 @pytest.mark.timeout(200)
 def test_tp1_fp8_and_final_handshake():
-    (records,) = spawn(check_steps, 1, 180, "fp8", [3], 2, "cpu", True, "all", (False, True),
+    (records,) = spawn(check_steps, 1, 180, "fp8", [4], 2, "cpu", True, "all", (False, True),
                        env=ENV)
     _check(records)
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("world,fmt,widths", [(2, "mxfp4", [1, 4]), (4, "mxfp4", [3])])
+@pytest.mark.parametrize("world,fmt,widths", [(2, "mxfp4", [1, 4]), (4, "bf16", [3])])
 def test_tp_ranks_bit_identical(world, fmt, widths):
     results = spawn(check_steps, world, 220, fmt, widths, 7, "cpu", True, "all", (True,),
                     env=ENV)
@@ -80,3 +79,24 @@ def test_late_rank_faults_every_rank_then_reset():
         assert r["poisoned"], f"rank {rank}: the faulted step returned finite outputs"
         assert r["after_reset_err"] < 1e-2, f"rank {rank}: wrong step after reset()"
 
+
+
+@pytest.mark.timeout(280)
+def test_compiles_for_sm90_and_gfx950():
+    (facts,) = spawn(ranks.compile_checks, 1, 260, "mxfp4", 4, True,
+                     env={"TRITON_INTERPRET": "0"})
+    assert facts["sys_release_xchg"], "peer pairs are not 64-bit release exchanges at sys scope"
+    assert facts["globaltimer"], "the bounded waits do not read %globaltimer"
+    assert facts["gpu_acquire"], "waits on other programs' items have no gpu-scope acquire"
+    # known: the persistent kernel sits at 255 registers; a few hundred bytes spill
+    assert facts["spills"] <= 512, f"sm_90 build spills {facts['spills']} bytes"
+    assert facts["residency"] is None, facts["residency"]
+    assert facts["hip_atomics"], "gfx950 build has no global atomics"
+
+
+@pytest.mark.timeout(120)
+def test_bad_input_raises_before_any_launch():
+    (errors,) = spawn(ranks.bad_inputs, 1, 100, env=ENV)
+    for arg, message in errors:
+        assert message is not None, f"{arg}: accepted"
+        assert message.startswith(arg), f"{arg}: the error does not name it: {message}"

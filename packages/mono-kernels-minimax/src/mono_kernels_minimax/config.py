@@ -51,14 +51,14 @@ class MiniMaxM3Config:
 
     @classmethod
     def tiny(cls) -> MiniMaxM3Config:
-        """Same structure, CPU-interpreter sizes: 256 hidden, 16 experts, 256 intermediate
-        (64 per rank at TP4: two MXFP4 blocks)."""
+        """Same structure, CPU-interpreter sizes: 256 hidden, 16 experts, 128 intermediate
+        (32 per rank at TP4: one MXFP4 block)."""
         return replace(
             cls(),
             hidden_size=256,
             num_hidden_layers=4,
             first_dense_layers=1,
             num_experts=16,
-            moe_intermediate_size=256,
+            moe_intermediate_size=128,
             dense_intermediate_size=512,
         )

@@ -53,8 +53,9 @@ def check_build(b: FfnBuild) -> None:
             "Triton build only")
     if b.rows * 16 > THREADS:
         raise FlyDslUnsupported(f"rows={b.rows}: a router task maps 16 experts x rows lanes")
-    if b.inter % (MX * 2) or b.cfg.hidden_size % (MX * 2):
-        raise FlyDslUnsupported("hidden and per-rank intermediate sizes must be multiples of 64")
+    if b.inter % MX or b.cfg.hidden_size % MX:
+        raise FlyDslUnsupported(f"hidden and per-rank intermediate sizes must be multiples of "
+                                f"{MX} (a k-block)")
 
 
 def kernel_name(b: FfnBuild, final: bool = False, programs: int = GRID) -> str:
@@ -523,9 +524,10 @@ def stage_up(c, t, u):
         g = xsum(g, (8, 4, 2, 1))
         v = xsum(v, (8, 4, 2, 1))
         if kl == 0:
-            g = (g < k["LIMIT"]).select(g, fx.Float32(k["LIMIT"]))
-            v = (v < k["LIMIT"]).select(v, fx.Float32(k["LIMIT"]))
-            v = (v > -k["LIMIT"]).select(v, fx.Float32(-k["LIMIT"]))
+            # clamps that keep NaN (a poisoned row stays poisoned)
+            g = (g > k["LIMIT"]).select(fx.Float32(k["LIMIT"]), g)
+            v = (v > k["LIMIT"]).select(fx.Float32(k["LIMIT"]), v)
+            v = (v < -k["LIMIT"]).select(fx.Float32(-k["LIMIT"]), v)
             act = g * sigmoid(g * k["ALPHA"]) * (v + k["BETA"])
             st_bf16(c["mid"], (j * S + s) * inter + ci * k["IC"] + i, act)
     finish_item(c, t)
@@ -654,7 +656,8 @@ def _make_launcher(b: FfnBuild, final: bool, programs: int, k: dict):
         nslots = fx.Int32(k["MAXSLOTS"])
         routed = fx.Int32(0)
         t = draw(c, total)
-        while t < total:
+        spent = fx.Int32(0)  # this program drew its one ticket past the end: stop drawing
+        while (t < total) & (spent == 0):
             if t < k["NPUSH"]:
                 stage_push(c, t)
             elif t < k["NPUSH"] + S:
@@ -676,7 +679,9 @@ def _make_launcher(b: FfnBuild, final: bool, programs: int, k: dict):
                         P.store64(c["counter"], 0, 0, P.DEVICE)
                 u = t - static
                 if t >= total:
-                    pass  # drawn before this program knew the slot count: no task
+                    # drawn before the slot count was known, past the end: this program's
+                    # one draw past the end (drawing again would over-count the takers)
+                    spent = fx.Int32(1)
                 elif u < nslots * NC:
                     stage_up(c, t, u)
                 elif u < nslots * NC + k["ND"]:
@@ -686,7 +691,8 @@ def _make_launcher(b: FfnBuild, final: bool, programs: int, k: dict):
                 else:
                     if const_expr(final):
                         stage_handshake(c, t)
-            t = draw(c, total)
+            if spent == 0:
+                t = draw(c, total)
 
     @flyc.jit
     def launch(part: Int64, residual: Int64, out: Int64, residual_out: Int64, slots: Int64,

@@ -116,24 +116,18 @@ class FfnRunner:
         if self.cpu:
             self._warm.update(self.widths)
             return
-        props = torch.cuda.get_device_properties(self.device)
+        from mono_runtime.builds import DeviceLimits, Resources, residency_problem
+
+        limits = DeviceLimits.of(self.device)
         for s, b in self.builds.items():
             for final in (False, True):
                 kernel = triton_build.ffn_kernel.warmup(
                     *self._args(b, s, *self._dummies(s), slot=0),
                     grid=(self.programs,), **triton_build.constexprs(b, final, False))
-                kernel._init_handles()
-                threads = kernel.metadata.num_warps * 32
-                per_sm = min(
-                    props.max_threads_per_multi_processor // threads,
-                    props.regs_per_multiprocessor // max(1, kernel.n_regs * threads),
-                    props.shared_memory_per_multiprocessor // max(1, kernel.metadata.shared)
-                    if kernel.metadata.shared else 1 << 30,
-                )
-                if per_sm * props.multi_processor_count < self.programs:
-                    raise MonoUnsupported(
-                        f"width {s}: {self.programs} programs cannot be resident "
-                        f"({per_sm} per SM x {props.multi_processor_count} SMs)")
+                problem = residency_problem(Resources.of_compiled(kernel), self.programs,
+                                            limits, f"FFN width {s}")
+                if problem:
+                    raise MonoUnsupported(problem)
             self._warm.add(s)
 
     def _dummies(self, s: int):

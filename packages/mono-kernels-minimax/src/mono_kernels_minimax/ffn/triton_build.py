@@ -345,7 +345,7 @@ def _slot_count(done, nslots_p, ROUTE: tl.constexpr, MAXSLOTS: tl.constexpr, tag
                 peers, rank, world, region, CPU: tl.constexpr):
     """The route task's slot count (waits for the route item, a smaller ticket)."""
     _wait_items(done, ROUTE, 1, 1, tag, ctl, health, peers, rank, world, region, CPU)
-    return tl.minimum(tl.maximum(tl.load(nslots_p, volatile=True), 0), MAXSLOTS)
+    return tl.minimum(tl.maximum(tl.load(nslots_p, volatile=True), 0), MAXSLOTS).to(tl.int64)
 
 
 @triton.jit

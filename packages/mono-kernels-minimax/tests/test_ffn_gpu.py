@@ -1,0 +1,149 @@
+"""The FFN Triton build on an NVIDIA GPU (`-m gpu`): tiny and full per-rank TP4 shapes on one
+rank, two ranks as two processes on one GPU, eager and CUDA graph replay with padding, and
+the benchmark's op-by-op path against the reference."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ranks = _load("ffn_ranks")
+
+
+def _check(records):
+    for r in records:
+        where = f"S={r['s']} final={r['final']}"
+        assert r["ids_equal"], f"{where}: expert choice differs from the reference"
+        assert r["res_err"] < 1e-6, f"{where}: residual rel-L2 {r['res_err']}"
+        assert r["out_err"] < 1e-2, f"{where}: out rel-L2 {r['out_err']}"
+        assert r["pad_zero"], f"{where}: a padding row got a non-zero MoE output"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8"])
+def test_tiny_every_width_one_rank(fmt):
+    widths = list(range(1, 17)) if fmt != "fp8" else [1, 4, 16]
+    _check(ranks.check_steps(0, 1, None, fmt, widths, 1, "cuda", True, "all", (False, True)))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("fmt", ["mxfp4", "fp8"])
+def test_full_rank_shapes_one_rank(fmt):
+    """MiniMax-M3 at a TP4 rank's expert width (I = 768), launched at TP 1."""
+    from mono_kernels_minimax.ffn.bench import rank_config
+    from mono_kernels_minimax.ffn.reference import ffn_reference
+    from mono_kernels_minimax.ffn.runner import FfnRunner
+    from mono_kernels_minimax.ffn.weights import random_weights
+    from mono_kernels_minimax.formats import WeightFormat
+
+    cfg = rank_config()
+    w = random_weights(cfg, 1, WeightFormat(fmt), seed=2, device="cuda")
+    runner = FfnRunner(cfg, WeightFormat(fmt), None, 0, 1, "cuda", widths=[1, 4, 16])
+    runner.warm()
+    for s in (1, 4, 16):
+        parts, residual, slots = ranks.step_inputs(cfg, 1, s, 40 + s, "cuda")
+        runner.step_begin()
+        out, res = runner(parts[0], residual, w, slots, final=True)
+        runner.after_step()
+        ref = ffn_reference(cfg, parts, residual, [w], slots)
+        ids, _ = runner.routing(s)
+        assert torch.equal(ids.long(), ref.topk_ids), f"S={s}: expert choice differs"
+        assert ranks.rel_l2(res, ref.residual) < 1e-6
+        assert ranks.rel_l2(out, ref.out) < 1e-2, f"S={s}: out rel-L2 {ranks.rel_l2(out, ref.out)}"
+    runner.close()
+
+
+@pytest.mark.timeout(600)
+def test_two_ranks_on_one_gpu():
+    from mono_peer.testing import spawn
+
+    results = spawn(ranks.check_steps, 2, 500, "mxfp4", [1, 5], 9, "cuda", True, "all",
+                    (True,), env={"TRITON_INTERPRET": "0"}, start_method="spawn")
+    for records in results:
+        _check(records)
+    for i in range(2):
+        assert results[0][i]["out"].view(torch.int16).equal(results[1][i]["out"].view(torch.int16))
+
+
+@pytest.mark.timeout(600)
+def test_graph_replay_with_padding():
+    """A graph captured for 4 rows, replayed with 2 real rows and 2 padding rows."""
+    from mono_kernels_minimax.config import MiniMaxM3Config
+    from mono_kernels_minimax.ffn.reference import ffn_reference
+    from mono_kernels_minimax.ffn.runner import FfnRunner
+    from mono_kernels_minimax.ffn.weights import random_weights
+    from mono_kernels_minimax.formats import WeightFormat
+
+    cfg = MiniMaxM3Config.tiny()
+    w = random_weights(cfg, 1, WeightFormat.MXFP4, seed=5, device="cuda")
+    runner = FfnRunner(cfg, WeightFormat.MXFP4, None, 0, 1, "cuda", widths=[4])
+    runner.warm()
+    parts, residual, slots = ranks.step_inputs(cfg, 1, 4, 77, "cuda", pad=False)
+    part, out, res = parts[0].clone(), torch.empty_like(parts[0]), torch.empty_like(residual)
+
+    def step():
+        runner.step_begin()
+        runner(part, residual, w, slots, out=out, residual_out=res, final=True)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    runner.after_step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for replay in range(3):
+        new_parts, new_res, _ = ranks.step_inputs(cfg, 1, 4, 90 + replay, "cuda")
+        part.copy_(new_parts[0])
+        residual.copy_(new_res)
+        slots.copy_(torch.tensor([5, 6, -1, -1], device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        runner.after_step()
+        ref = ffn_reference(cfg, [part], residual, [w], slots)
+        assert ranks.rel_l2(out, ref.out) < 1e-2
+        assert (out[2:] == 0).all(), "padding rows got a MoE output"
+        assert ranks.rel_l2(res, ref.residual) < 1e-6
+    runner.close()
+
+
+@pytest.mark.timeout(600)
+def test_opbyop_path_matches_reference():
+    from mono_kernels_minimax.config import MiniMaxM3Config
+    from mono_kernels_minimax.ffn.bench import OpByOp
+    from mono_kernels_minimax.ffn.reference import ffn_reference
+    from mono_kernels_minimax.ffn.weights import random_weights
+    from mono_kernels_minimax.formats import WeightFormat
+
+    cfg = MiniMaxM3Config.tiny()
+    w = random_weights(cfg, 1, WeightFormat.MXFP4, seed=6, device="cuda")
+    parts, residual, slots = ranks.step_inputs(cfg, 1, 8, 3, "cuda", pad=False)
+    out, res = OpByOp(cfg, w)(parts[0], residual)
+    ref = ffn_reference(cfg, parts, residual, [w], slots)
+    assert ranks.rel_l2(res, ref.residual) < 1e-2
+    assert ranks.rel_l2(out, ref.out) < 2e-2
+
+
+@pytest.mark.timeout(900)
+def test_bench_rows():
+    from mono_kernels_minimax.ffn.bench import bench
+
+    rows = bench(rows=(1, 16), formats=("mxfp4",), layers=4)
+    for r in rows:
+        print(r)
+        assert r["kernel_us"] > 0 and r["bytes"] > 0

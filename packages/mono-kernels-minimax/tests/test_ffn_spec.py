@@ -1,0 +1,128 @@
+"""Pure-Python parts: config, formats (checked against their definitions), spec, reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mono_kernels_minimax.config import MiniMaxM3Config
+from mono_kernels_minimax.ffn.reference import route, swiglu_oai
+from mono_kernels_minimax.ffn.spec import (
+    Experts, FfnBuild, max_tickets, peer_bytes, peer_layout, scratch_bytes, scratch_layout,
+)
+from mono_kernels_minimax.ffn.weights import random_weights
+from mono_kernels_minimax.formats import (
+    WeightFormat, dequantize, pack_fp8, pack_mxfp4, unpack_mxfp4,
+)
+
+# OCP MX v1.0, table of FP4 E2M1: code -> value (bit 3 sign, bits 2..1 exponent, bit 0 mantissa)
+OCP_E2M1 = {0b0000: 0.0, 0b0001: 0.5, 0b0010: 1.0, 0b0011: 1.5, 0b0100: 2.0, 0b0101: 3.0,
+            0b0110: 4.0, 0b0111: 6.0}
+
+
+def test_config_real_values():
+    c = MiniMaxM3Config()
+    assert (c.hidden_size, c.num_experts, c.top_k, c.moe_intermediate_size) == (6144, 128, 4, 3072)
+    assert c.per_rank_intermediate(4) == 768 and c.per_rank_shared_intermediate(4) == 768
+    assert c.num_moe_layers == 57 and c.routed_scaling_factor == 2.0
+    assert (c.swiglu_alpha, c.swiglu_beta, c.swiglu_limit) == (1.702, 1.0, 7.0)
+    with pytest.raises(ValueError, match="block-32"):
+        c.per_rank_intermediate(5)
+    t = MiniMaxM3Config.tiny()
+    assert t.top_k == c.top_k and t.n_shared_experts == 1 and t.per_rank_intermediate(4) == 32
+
+
+def test_mxfp4_layout_follows_its_definition():
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (3, 64), generator=g, dtype=torch.uint8)
+    scales = torch.randint(120, 135, (3, 2), generator=g, dtype=torch.uint8)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)  # even k in the low nibble
+    got = unpack_mxfp4(packed, scales)
+    for r in range(3):
+        for k in range(64):
+            c = int(codes[r, k])
+            v = OCP_E2M1[c & 7] * (-1 if c & 8 else 1) * 2.0 ** (int(scales[r, k // 32]) - 127)
+            assert got[r, k].item() == v
+    # values on the grid survive a pack round trip exactly
+    vals, sc = pack_mxfp4(got)
+    assert torch.equal(unpack_mxfp4(vals, sc), got)
+
+
+def test_mxfp4_quantization_error_is_block_bounded():
+    w = torch.randn(8, 256, generator=torch.Generator().manual_seed(1))
+    v, s = pack_mxfp4(w)
+    assert v.shape == (8, 128) and s.shape == (8, 8) and v.dtype == s.dtype == torch.uint8
+    err = (unpack_mxfp4(v, s) - w).abs().reshape(8, 8, 32).amax(-1)
+    # OCP scale 2**(floor(log2 amax) - 2): codes round to the grid (gap <= 2 units) and
+    # saturate at 6 units (amax may reach just under 8): error <= 2 units of the block
+    unit = torch.exp2(s.float() - 127)
+    assert (err <= 2 * unit + 1e-6).all()
+
+
+def test_fp8_block_layout():
+    w = torch.randn(256, 384, generator=torch.Generator().manual_seed(2))
+    q, s = pack_fp8(w)
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (2, 3)
+    assert ((dequantize(q, s, WeightFormat.FP8) - w).norm() / w.norm()) < 0.05
+
+
+def test_build_key_and_layouts():
+    cfg = MiniMaxM3Config()
+    b = FfnBuild(cfg, 16, 4)
+    assert b.layout == "mxfp4-k32" and b.inter == 768 and b.max_slots == 65
+    assert FfnBuild(cfg, 1, 4).max_slots == 5
+    assert b.key() != FfnBuild(cfg, 16, 4, WeightFormat.FP8).key()
+    lay = scratch_layout(b)
+    spans = sorted(lay.values())
+    assert all(a[0] + a[1] <= c[0] for a, c in zip(spans, spans[1:])), "regions overlap"
+    assert all(off % 256 == 0 for off, _ in spans)
+    assert scratch_bytes(b) >= spans[-1][0] + spans[-1][1]
+    assert lay["done"][1] == 8 * max_tickets(b)
+    pl = peer_layout(cfg, 4)
+    assert pl["ar1"][1] == 4 * 16 * 3072 * 8 and peer_bytes(cfg, 4) > pl["hs"][0]
+    for bad, match in (
+        (dict(rows=17), "rows=17"), (dict(rows=0), "rows=0"), (dict(tp=3), "tp=3"),
+        (dict(weights="mxfp4"), "WeightFormat"), (dict(experts="all"), "Experts"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            FfnBuild(**{"cfg": cfg, "rows": 1, "tp": 4, **bad})
+    with pytest.raises(ValueError, match="128-aligned"):
+        FfnBuild(MiniMaxM3Config.tiny(), 1, 4, WeightFormat.FP8)
+
+
+def test_route_ties_to_lower_id_and_nan_last():
+    cfg = MiniMaxM3Config.tiny()
+    e, h = cfg.num_experts, cfg.hidden_size
+    logits = torch.zeros(2, e)
+    logits[0, 7] = 5.0  # the best score, but its key is NaN (bias): ranks last
+    logits[0, 5] = logits[0, 9] = 2.0  # equal keys: 5 before 9, then 0, 1 (ties again)
+    logits[1, 3] = 1.0
+    router = torch.zeros(e, h)
+    router[:, :2] = logits.t()  # row s of eye(2, h) picks column s: logits[s, e]
+    bias = torch.zeros(e)
+    bias[7] = float("nan")
+    ids, wt = route(cfg, torch.eye(2, h).to(torch.bfloat16), router, bias)
+    assert ids[0].tolist() == [5, 9, 0, 1]
+    assert ids[1].tolist() == [3, 0, 1, 2]
+    assert torch.allclose(wt.sum(-1), torch.full((2,), cfg.routed_scaling_factor))
+
+
+def test_swiglu_oai_matches_vllm_formula():
+    cfg = MiniMaxM3Config()
+    x = torch.linspace(-12, 12, 64).repeat(2, 2)
+    d = x.shape[-1] // 2
+    # SiluAndMulWithClamp.forward_native, vLLM 0.33 (model_executor/layers/activation.py)
+    gate = torch.clamp(x[..., :d], max=7.0)
+    up = torch.clamp(x[..., d:], min=-7.0, max=7.0)
+    want = gate * torch.sigmoid(1.702 * gate) * (up + 1.0)
+    assert torch.equal(swiglu_oai(cfg, x), want)
+
+
+def test_random_weights_validate_and_refuse_other_shapes():
+    cfg = MiniMaxM3Config.tiny()
+    for fmt in (WeightFormat.BF16, WeightFormat.MXFP4):
+        w = random_weights(cfg, 2, fmt)
+        w.validate(cfg, 2)
+        with pytest.raises(ValueError, match="weights.w13: shape"):
+            w.validate(cfg, 4)  # another TP's shard
+    assert Experts("routed") is Experts.ROUTED
