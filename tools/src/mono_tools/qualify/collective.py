@@ -86,10 +86,17 @@ def launch(runner, inputs: Inputs, norm: bool = True):
 
 
 def one_step(runner, inputs: Inputs, norm: bool = True):
-    """`launch`, then the after-step check every step gets (raises MonoFault)."""
+    """`launch`, then the after-step check every step gets (raises MonoFault). On a GPU it
+    waits for the step first: qualify wants this step's verdict, not the next one's."""
     outs = launch(runner, inputs, norm)
-    runner.after_step()
+    finish(runner)
     return outs
+
+
+def finish(runner) -> None:
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+    runner.after_step()
 
 
 def expect_right(ctx: RankContext, inputs: Inputs, plain, normed, residual_out, what: str):
@@ -189,9 +196,9 @@ def graph_replay(ctx: RankContext) -> str:
             inputs = Inputs(ctx, rows, hidden, seed=100 + replay)
             x.copy_(inputs.mine)
             res.copy_(inputs.residual_dev)
+            w.copy_(inputs.weight_dev)
             graph.replay()
-            runner.after_step()
-            torch.cuda.synchronize(ctx.device)
+            finish(runner)
             expect_right(ctx, inputs, *outs, f"replay {replay}")
         epoch = runner.ctl[0].item()
     return f"{replays} replays of {rows}x{hidden}, right and bit-identical; epoch {epoch}"
@@ -246,7 +253,7 @@ def fault_over_deadline(ctx: RankContext) -> str:
             if step == 0:  # no token from a step in which a rank gave up
                 poisoned = bool(torch.isnan(normed.float()).all())
             try:
-                runner.after_step()
+                finish(runner)
             except MonoFault as exc:
                 fault = exc
                 break
