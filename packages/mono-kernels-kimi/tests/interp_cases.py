@@ -118,7 +118,7 @@ if __name__ == "__main__":
     if not only or "warm" in only:
         from mono_kernels_kimi.kda.runner import KdaRunner
 
-        runner = KdaRunner(KimiK3Config.tiny(), "cpu", 4, **TILING)
+        runner = KdaRunner(KimiK3Config.tiny(), "cpu", 8, **TILING)
         warmed = runner.warm()
         results["warm"] = dict(
             builds=sorted([b.requests, b.delta, b.write_block] for b in warmed),

@@ -397,21 +397,23 @@ def k1_kernel(
             si = tl.arange(0, RT)
             sm = si < S
             acc = tl.zeros((RT, BN), F32)
+            kb = tl.arange(0, BK)
+            wp = in_proj + rows[:, None] * HID + kb[None, :]
+            xp = xbuf + si[:, None] * HID + kb[None, :]
+            # two weight tiles in flight: the next tile's loads issue before this dot
+            w_next = tl.load(wp, mask=nm[:, None] & (kb < HID)[None, :], other=0.0)
             for k0 in range(0, HID, BK):
-                kk = k0 + tl.arange(0, BK)
-                km = kk < HID
+                w_cur = w_next
+                w_next = tl.load(
+                    wp + k0 + BK, mask=nm[:, None] & (k0 + BK + kb < HID)[None, :], other=0.0
+                )
                 xt = tl.load(
-                    xbuf + si[:, None] * HID + kk[None, :],
-                    mask=sm[:, None] & km[None, :],
+                    xp + k0,
+                    mask=sm[:, None] & (k0 + kb < HID)[None, :],
                     other=0.0,
                     cache_modifier=".cg",
                 )
-                wt = tl.load(
-                    in_proj + rows[:, None] * HID + kk[None, :],
-                    mask=nm[:, None] & km[None, :],
-                    other=0.0,
-                )
-                acc += _dot(xt, tl.trans(wt), INTERPRET)
+                acc += _dot(xt, tl.trans(w_cur), INTERPRET)
             tl.store(
                 proj + si[:, None] * NP + rows[None, :], _bf16(acc), mask=sm[:, None] & nm[None, :]
             )
