@@ -18,18 +18,20 @@ def tag_kernel(ctl, slots, out, N: tl.constexpr):
 def exchange_kernel(ctl, health, peers, rank, world, out, slot, skew, region,
                     BLOCK: tl.constexpr, CPU: tl.constexpr):
     """Every rank pushes BLOCK int32 values (rank * 1000 + lane) to every peer's row
-    `rank`, then reads every row (tag + skew: a skew makes the wait give up)."""
+    `rank`, then reads every row (tag + skew: a skew makes the wait give up). Rows are
+    double-buffered by slot parity (PROTOCOL.md section 2): a rank one launch ahead must
+    not overwrite what a slower peer has yet to read."""
     tag = T.step_tag(ctl, slot)
-    lanes = tl.arange(0, BLOCK)
+    lanes = tl.arange(0, BLOCK) + (slot & 1) * world * BLOCK
     T.fault_stall(ctl, peers, rank, world, CPU)
     for p in range(0, world):
-        T.publish(T.peer_data(peers, p) + rank * BLOCK + lanes, rank * 1000 + lanes, tag,
-                  lanes < BLOCK, "sys")
+        T.publish(T.peer_data(peers, p) + rank * BLOCK + lanes, rank * 1000 + lanes % BLOCK,
+                  tag, lanes == lanes, "sys")
     ok = tag == tag
     for r in range(0, world):
-        v, got = T.poll(T.peer_data(peers, rank) + r * BLOCK + lanes, lanes < BLOCK, tag + skew,
+        v, got = T.poll(T.peer_data(peers, rank) + r * BLOCK + lanes, lanes == lanes, tag + skew,
                         ctl, health, peers, rank, world, region, r * BLOCK, CPU)
-        tl.store(out + r * BLOCK + lanes, v)
+        tl.store(out + r * BLOCK + lanes % BLOCK, v)
         ok = ok & got
     tl.store(out + world * BLOCK, ok.to(tl.int32))
 
@@ -63,3 +65,10 @@ def reduce_kernel(ctl, health, peers, rank, world, x32, out_lo, out_hi, slot, re
                                  ctl, health, peers, rank, world, region, 0, CPU)
     tl.store(out_lo + lanes, tl.where(ok, lo, float("nan")))
     tl.store(out_hi + lanes, tl.where(ok, hi, float("nan")))
+
+
+@triton.jit
+def seen_kernel(ctl, log, n):
+    """Record the step (rel epoch) this launch runs in at log[(rel - 1) % n]."""
+    rel = T.step_tag(ctl, 0) >> 8
+    tl.store(log + (rel - 1) % n, rel)

@@ -10,7 +10,7 @@ from mono_peer.testing import spawn
 
 ENV = {"TRITON_INTERPRET": "1"}
 POLLS = 1_000_000  # ns per poll on a CPU runner
-ROWS, HIDDEN, BLOCK = 2, 40, 8  # 20 pairs a row: 3 blocks, the last one partial
+ROWS, HIDDEN, BLOCK = 2, 24, 8  # 12 pairs a row: 2 blocks, the second one partial
 
 
 def _inputs(world, seed):

@@ -70,17 +70,39 @@ def compile_child(rank, world, group):
     return out
 
 
+def other_kernels_child(rank, world, group):
+    """The guard and the benchmark kernels compile for sm_90 (the GPU run must not be the
+    first to find a compile error)."""
+    from mono_runtime import bench_protocol as B
+    from mono_runtime.compile_check import compile_for
+    from mono_runtime.guard import _guard_kernel
+
+    mailbox = {"ctl": "*i64", "health": "i64", "peers": "*i64", "region": "i32"}
+    compile_for(_guard_kernel, {"x": "*bf16", "n": "i32", "peers": "*i64", "rank": "i32",
+                                "world": "i32"}, {"BLOCK": 1024})
+    compile_for(B._ping_pong, {**mailbox, "rounds": "i32"}, {"CPU": False})
+    compile_for(B._tickets, {**mailbox, "tickets": "*i64", "done": "*i64", "n_items": "i32",
+                             "lag": "i32"}, {"CPU": False})
+    return True
+
+
+@pytest.mark.timeout(240)
+def test_guard_and_bench_kernels_compile_for_sm90():
+    assert spawn(other_kernels_child, 1, 220, env={"TRITON_INTERPRET": "0"}) == [True]
+
+
 @pytest.mark.timeout(240)
 def test_allreduce_compiles_for_sm90_with_system_scope_mailboxes():
     import re
 
     out = spawn(compile_child, 1, 220, env={"TRITON_INTERPRET": "0"})[0]
-    for norm, (ptx, res) in out.items():
+    for ptx, res in out.values():
         atoms = set(re.findall(r"atom\.global\.[\w.]+", ptx))
         assert "atom.global.sys.release.exch.b64" in atoms  # peer publishes
         assert "atom.global.sys.release.max.s32" in atoms  # alarm words at peers
         assert "atom.global.gpu.acq_rel.add.u64" in atoms  # ticket counter
         assert "ld.volatile.global" in ptx and "%globaltimer" in ptx
         assert residency_problem(res, 132, DeviceLimits()) is None
-        if not norm:
-            assert res.spill_bytes == 0, res
+        # ptxas saves one 64-bit register around the ticket atomic (once per item); any
+        # real spilling of the row blocks would show as far more
+        assert res.spill_bytes <= 16, res

@@ -58,13 +58,17 @@ def tags_child(rank, world, group):
         out = torch.zeros(1, dtype=torch.int64)
         K.tag_kernel[(1,)](ctl, torch.tensor([slot]), out, N=1)
         got.append((int(out[0]), P.tag_of(epoch, base, slot)))
-    return got
+    return got, ticket_runs(rank, world, group)
 
 
 @pytest.mark.timeout(120)
-def test_device_tags_match_host():
-    for device, host in spawn(tags_child, 1, 100, env=ENV)[0]:
+def test_device_tags_match_host_and_ticket_loop():
+    tags, tickets = spawn(tags_child, 1, 100, env=ENV)[0]
+    for device, host in tags:
         assert device == host
+    # item t waits for t - 1; the counter is back at 0 after every launch
+    for (order, counter), n in zip(tickets, (7, 5, 2), strict=True):
+        assert order == list(range(1, n + 1)) and counter == 0
 
 
 def exchange_child(rank, world, group):
@@ -111,7 +115,6 @@ def test_exchange_deadline_alarm_reset():
     assert "deadline at" in logs[0][1] and "wanted step 2 slot 2, saw step 2 slot 1" in logs[0][1]
     assert "rank 0 gave up" in logs[0][1] and logs[0][2] == 0
     # rank 1 either followed rank 0's alarm or timed out on rank 0 at the same moment
-    assert "alarms here: rank 0 gave up" in logs[1][1]
     assert "rank(s) 0 had raised an alarm" in logs[1][1] or "never arrived" in logs[1][1]
 
 
@@ -161,7 +164,7 @@ def test_era_end_and_rezero():
                         (P.REZERO_EVERY << 8) | 0, (1 << 8) | 1]
 
 
-def ticket_child(rank, world, group):
+def ticket_runs(rank, world, group):
     import torch
 
     K = _kernels()
@@ -178,13 +181,6 @@ def ticket_child(rank, world, group):
         runner.after_step()
     runner.close()
     return results
-
-
-@pytest.mark.timeout(120)
-def test_ticket_loop_orders_and_self_resets():
-    (results,) = spawn(ticket_child, 1, 100, env=ENV)
-    for (order, counter), n in zip(results, (7, 5, 2), strict=True):
-        assert order == list(range(1, n + 1)) and counter == 0
 
 
 def reduce_child(rank, world, group):
@@ -208,9 +204,8 @@ def reduce_child(rank, world, group):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("world", [2, 4])
-def test_rank_ordered_reduce(world):
-    results = spawn(reduce_child, world, 180, env=ENV)
+def test_rank_ordered_reduce():  # 4 ranks: test_allreduce
+    results = spawn(reduce_child, 2, 180, env=ENV)
     for got, want in results:
         assert got == want
     assert all(r[0] == results[0][0] for r in results)  # bit-identical ranks

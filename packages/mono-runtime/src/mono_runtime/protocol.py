@@ -17,6 +17,7 @@ CTL_ERA_BASE = 1  # the epoch at the last rezero; tags count steps from here
 CTL_DEADLINE = 2  # a wait's bound: ns on a GPU, polls under the CPU interpreter
 CTL_FAULT_RANK = 3  # fault injection: rank + 1 of the rank that stalls, 0 = off
 CTL_FAULT_DELAY = 4  # fault injection: the stall, in the deadline's unit
+CTL_GIVEUPS = 5  # give-ups of this rank: the record claim counter (device atomics only)
 CTL_WORDS = 8
 
 # -- Tags: a pair is one int64 word, tag in the high 32 bits, payload in the low 32. ------
@@ -33,7 +34,7 @@ ALARM_FOLLOWED = 1  # the rank gave up because another rank's alarm was set
 ALARM_GAVE_UP = 2  # the rank gave up on its own (deadline or era)
 
 # -- Health: int64 words of this rank, host-visible (pinned on CUDA). --------------------
-H_GIVEUPS = 0  # give-ups recorded or not; > 0 means this rank faulted
+H_GIVEUPS = 0  # k + 1 of the latest claimed record (plain store); > 0: this rank faulted
 HEALTH_HEAD = 8
 RECORD_WORDS = 8
 RECORDS = 8

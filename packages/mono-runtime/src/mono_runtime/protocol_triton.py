@@ -22,7 +22,8 @@ _SLOT_BITS = tl.constexpr(P.SLOT_BITS)
 _ERA_STEPS = tl.constexpr(P.ERA_STEPS)
 _MAX_RANKS = tl.constexpr(P.MAX_RANKS)
 _HEAD_WORDS64 = tl.constexpr(P.PEER_HEAD // 8)
-_GIVEUPS = tl.constexpr(P.H_GIVEUPS)
+_H_GIVEUPS = tl.constexpr(P.H_GIVEUPS)
+_CTL_GIVEUPS = tl.constexpr(P.CTL_GIVEUPS)
 _HEALTH_HEAD = tl.constexpr(P.HEALTH_HEAD)
 _RECORD_WORDS = tl.constexpr(P.RECORD_WORDS)
 _RECORDS = tl.constexpr(P.RECORDS)
@@ -89,9 +90,10 @@ def publish(ptrs, payload, tag, mask, SCOPE: tl.constexpr):
 
 
 @triton.jit
-def _give_up(kind, health, peers, rank, world, region, pair, wanted, seen, alarms, t):
+def _give_up(kind, ctl, health, peers, rank, world, region, pair, wanted, seen, alarms, t):
     """Set this rank's alarm word at every peer (own first), then record the give-up in
-    health unless it only follows an alarm this rank already raised."""
+    health unless it only follows an alarm this rank already raised. The record slot is
+    claimed with a device atomic (ctl GIVEUPS); host memory only sees plain stores."""
     level = tl.where(kind == _KIND_ALARM, _ALARM_FOLLOWED, _ALARM_GAVE_UP)
     health = health.to(tl.pointer_type(tl.int64))
     old = tl.atomic_max(_alarm_words(peers, rank) + rank, level, sem="acq_rel", scope="sys")
@@ -99,7 +101,7 @@ def _give_up(kind, health, peers, rank, world, region, pair, wanted, seen, alarm
         if p != rank:
             tl.atomic_max(_alarm_words(peers, p) + rank, level, sem="release", scope="sys")
     if (kind != _KIND_ALARM) | (old == 0):
-        k = tl.atomic_add(health + _GIVEUPS, 1, sem="acq_rel", scope="sys")
+        k = tl.atomic_add(ctl + _CTL_GIVEUPS, 1, sem="acq_rel", scope="gpu")
         if k < _RECORDS:
             rec = health + _HEALTH_HEAD + k * _RECORD_WORDS
             tl.store(rec + 1, tl.cast(region, tl.int64))
@@ -109,7 +111,8 @@ def _give_up(kind, health, peers, rank, world, region, pair, wanted, seen, alarm
             tl.store(rec + 5, tl.cast(tl.program_id(0), tl.int64))
             tl.store(rec + 6, t)
             tl.store(rec + 7, alarms)
-            tl.atomic_xchg(rec, tl.cast(kind, tl.int64), sem="release", scope="sys")
+            tl.store(rec, tl.cast(kind, tl.int64))
+        tl.store(health + _H_GIVEUPS, k + 1)
 
 
 @triton.jit
@@ -149,7 +152,7 @@ def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: t
         seen = tl.sum(tl.where(lanes == lane, pair_tag(pairs), 0), 0)
         one = tl.full(ranks.shape, 1, tl.int64)
         bits = tl.sum(tl.where(alarms != 0, one << ranks.to(tl.int64), 0), 0)
-        _give_up(kind, health, peers, rank, world, region, pair0 + lane, tag, seen, bits,
+        _give_up(kind, ctl, health, peers, rank, world, region, pair0 + lane, tag, seen, bits,
                  clock(it, CPU))
     return pair_payload(pairs), ok
 

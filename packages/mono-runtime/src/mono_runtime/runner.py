@@ -135,6 +135,7 @@ class MonoRunner:
         self.tickets.zero_()
         self.peer.bytes.zero_()
         self.health.zero_()
+        self.ctl[P.CTL_GIVEUPS] = 0
         self.ctl[P.CTL_ERA_BASE : P.CTL_ERA_BASE + 1].copy_(self.ctl[P.CTL_EPOCH : P.CTL_EPOCH + 1])
         self._sync()
         tp_agree(True, self.group)  # no rank stores into a peer that is still zeroing

@@ -5,16 +5,21 @@ Used by this package's tests, `mono qualify` and `mono bench allreduce`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
+from ..builds import CompileCache, Resources, target_of
 from ..protocol import PEER_HEAD
 from .reference import allreduce_reference
 from .spec import AllreduceBuild
 
 __all__ = [
     "ARG_TYPES", "AllreduceBuild", "allreduce", "allreduce_reference", "constexprs",
-    "default_programs",
+    "default_programs", "warm",
 ]
+
+_CACHE = CompileCache()
 
 
 def default_programs(device: torch.device) -> int:
@@ -96,6 +101,31 @@ ARG_TYPES = {
 def constexprs(build: AllreduceBuild, cpu: bool = False) -> dict[str, object]:
     return {"RESIDUAL": build.residual, "NORM": build.norm, "BLOCK": build.block,
             "NB": build.blocks, "NB_P2": triton_next_pow2(build.blocks), "CPU": cpu}
+
+
+def warm(runner, widths: Iterable[int], hidden: int, residual: bool = False,
+         norm: bool = False, block: int = 256) -> dict[AllreduceBuild, Resources | None]:
+    """Compile the kernel for every width now (before memory profiling and graph capture),
+    launching nothing; the compiled resources on a GPU, None under the interpreter (which
+    compiles nothing). Rows, slot and rank are not specialized: one binary per variant."""
+    from .kernel import allreduce_kernel
+
+    builds = [AllreduceBuild(w, hidden, runner.world, residual, norm, block) for w in widths]
+    if runner.cpu:
+        return dict.fromkeys(builds)
+
+    def compile_one(build: AllreduceBuild) -> Resources:
+        x = torch.empty(build.rows, build.hidden, dtype=torch.bfloat16, device=runner.device)
+        x32, w32 = x.view(torch.int32), x[0].view(torch.int32)
+        args = runner.launch_args()
+        kernel = allreduce_kernel.warmup(
+            x32, x32, w32, x32, x32, build.rows, build.pairs, 1e-6, 0, 0, 0,
+            build.rows_region(), build.sumsq_region(), args["ctl"], args["health"],
+            args["scratch"], args["tickets"], runner.peer.addresses, runner.rank,
+            runner.world, **constexprs(build), grid=(1,))
+        return Resources.of_compiled(kernel)
+
+    return _CACHE.warm(builds, allreduce_kernel, target_of(runner.device), compile_one)
 
 
 def triton_next_pow2(n: int) -> int:

@@ -31,7 +31,8 @@ def _sum_block(x32, res32, rows, pairs, row, cols, m, tag, par, peer_off, ctl, h
     return tl.where(ok, T.bf16x2_pack(lo, hi), _NAN2), ok
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "slot", "peer_off", "sumsq_off", "region", "sq_region",
+                               "rank", "world"])
 def allreduce_kernel(x32, res32, w32, out32, rout32, rows, pairs, eps, slot, peer_off,
                      sumsq_off, region, sq_region, ctl, health, scratch, tickets, peers,
                      rank, world, RESIDUAL: tl.constexpr, NORM: tl.constexpr,
