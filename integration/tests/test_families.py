@@ -79,6 +79,9 @@ def test_minimax_refusals():
         "activation gelu (kernel: swigluoai)",
         "router softmax (kernel: sigmoid)",
     ]
+    backbone = minimax_backbone()
+    backbone.aux_hidden_state_layers = (1,)
+    assert MiniMaxFfnKernels(backbone, DEPLOY, 0, 1).check() == ["EAGLE-3 auxiliary hidden states"]
     family = MiniMaxFfnKernels(minimax_backbone(), DEPLOY, 0, 2)  # weights of TP 1 at TP 2
     (reason,) = family.check()
     assert reason.startswith("loaded weights: weights.w13: shape"), reason

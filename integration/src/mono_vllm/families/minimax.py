@@ -143,6 +143,10 @@ class MiniMaxFfnKernels:
             return [*reasons, "no sparse MoE layers on this rank"]
         if self.layers[0] == 0:
             reasons.append("a sparse MoE first layer (the kernel needs a residual)")
+        if getattr(self.backbone, "aux_hidden_state_layers", ()):
+            # vLLM taps hidden + residual after chosen layers; around the kernel layers
+            # the hand-offs differ from vLLM's deferred all-reduce
+            reasons.append("EAGLE-3 auxiliary hidden states")
         try:
             cfg = kernel_config(text)
             first = self.backbone.layers[self.layers[0]]
