@@ -1,20 +1,22 @@
-"""`mono bench ffn`: MiniMax-M3's FFN tail (seam, router, experts, shared expert, all-reduce)
-at full per-rank shapes, through the kernel package's own benchmark function."""
+"""`mono bench ffn`: MiniMax-M3's FFN tail (seam, router, routed and shared experts, the
+in-kernel all-reduces) at a TP4 rank's shapes on one GPU, through the kernel package's own
+benchmark (`mono_kernels_minimax.ffn.bench.bench`): the kernel and its op-by-op path under
+graph replay, and the copy bandwidth of the same run."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
 
-from mono_tools.errors import CommandFailed
+from mono_tools.bench.results import BenchResult, Point
+from mono_tools.errors import CommandFailed, UsageError
 from mono_tools.machine import Machine
 
 MAX_ROWS = 16  # the FFN builds serve widths 1..16
+BASELINE = "op-by-op (cuBLAS + grouped GEMM + torch.compile)"
 
 
-def measure(args: argparse.Namespace, machine: Machine):
-    from mono_tools.errors import UsageError
-
+def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
     too_many = [r for r in args.rows if r > MAX_ROWS]
     if too_many:
         raise UsageError(f"--rows {too_many}: the FFN kernel serves at most {MAX_ROWS} rows")
@@ -22,4 +24,30 @@ def measure(args: argparse.Namespace, machine: Machine):
         raise CommandFailed(
             "this install has no FFN benchmark (mono_kernels_minimax.ffn.bench is absent)"
         )
-    raise CommandFailed("mono_kernels_minimax.ffn.bench is present but not wired into mono yet")
+    from mono_kernels_minimax.ffn import bench
+
+    fmt = args.format or "mxfp4"
+    rows = bench.bench(rows=tuple(args.rows), formats=(fmt,))
+    notes = {f"rows {r['rows']}": r["note"] for r in rows if r.get("note")}
+    return BenchResult(
+        kernel="ffn",
+        kernel_label=f"mono FFN (triton, {rows[0]['layout']})",
+        device=machine.gpu_name or "gpu",
+        copy_gbps=float(rows[0]["copy_tbps"]) * 1e3,
+        points=[
+            Point(
+                rows=r["rows"],
+                kernel_us=float(r["kernel_us"]),
+                baselines_us={} if r["opbyop_us"] is None else {BASELINE: float(r["opbyop_us"])},
+                bytes_moved=int(r["bytes"]),
+            )
+            for r in rows
+        ],
+        settings={
+            "model": "MiniMax-M3",
+            "layer": "FFN tail",
+            "shapes": "one TP4 rank's, launched at TP 1",
+            "format": rows[0]["layout"],
+            **({"baseline failures": notes} if notes else {}),
+        },
+    )

@@ -10,17 +10,21 @@ machine busy.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mono_tools.qualify.context import CheckFailed, RankContext, Skipped
 
 COMPILE_TIMEOUT_S = 400
+FFN_TP = (1, 2, 4, 8)  # the TP sizes the FFN kernel is built for
 
 K1_TRITON = r"""
 import json, sys
@@ -110,36 +114,74 @@ def share(jobs: list[Compile], world: int) -> list[list[Compile]]:
     return mine
 
 
-def _compile(job: Compile) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    try:
-        proc = subprocess.run(
+class Running:
+    """One compile child, started when the ranks start so that it overlaps the protocol
+    checks (on a small machine the compiles are most of qualify's time)."""
+
+    def __init__(self, job: Compile) -> None:
+        self.job = job
+        self.started = time.monotonic()
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        self.proc = subprocess.Popen(
             [sys.executable, "-c", job.script, job.target],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=COMPILE_TIMEOUT_S,
             env=env,
+            preexec_fn=_die_with_parent,
         )
-    except subprocess.TimeoutExpired:
-        raise CheckFailed(f"{job.label}: compile ran past {COMPILE_TIMEOUT_S} s") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise CheckFailed(f"{job.label} does not compile: {last}")
-    facts = json.loads(proc.stdout.strip().splitlines()[-1])
-    return f"{job.label} ok ({facts['shared'] // 1024} KiB shared)"
+
+    def result(self) -> str:
+        left = COMPILE_TIMEOUT_S - (time.monotonic() - self.started)
+        try:
+            out, err = self.proc.communicate(timeout=max(1.0, left))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise CheckFailed(f"{self.job.label}: compile ran past {COMPILE_TIMEOUT_S} s") from None
+        seconds = time.monotonic() - self.started
+        if self.proc.returncode != 0:
+            last = (err.strip().splitlines() or ["(no output)"])[-1]
+            raise CheckFailed(f"{self.job.label} does not compile: {last}")
+        facts = json.loads(out.strip().splitlines()[-1])
+        return f"{self.job.label} ok ({facts['shared'] // 1024} KiB shared, {seconds:.0f} s)"
+
+
+def _die_with_parent() -> None:
+    """Linux: the compile child is killed if its rank dies (a rank can be ended mid-run)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _present() -> tuple[list[Compile], list[tuple[Compile, str]]]:
+    present, absent = [], []
+    for job in COMPILES:
+        reason = job.missing()
+        if reason:
+            absent.append((job, reason))
+        else:
+            present.append(job)
+    return present, absent
+
+
+def start_compiles(ctx: RankContext) -> None:
+    """At start-up, on a CPU: launch this rank's share of the compiles in the background."""
+    if ctx.gpu:
+        return
+    present, absent = _present()
+    mine = share(present, ctx.world)[ctx.rank] if present else []
+    ctx.background["builds"] = ([Running(job) for job in mine], present, absent)
 
 
 def kernel_builds(ctx: RankContext) -> str:
     if ctx.gpu:
         return _run_on_gpu(ctx)
-    present, absent = [], []
-    for job in COMPILES:
-        reason = job.missing()
-        (absent if reason else present).append((job, reason))
+    if "builds" not in ctx.background:
+        start_compiles(ctx)
+    running, present, absent = ctx.background.pop("builds")
     if not present:
         raise Skipped("no kernel build present: " + "; ".join(r for _, r in absent))
-    mine = share([job for job, _ in present], ctx.world)[ctx.rank]
-    done = [_compile(job) for job in mine]
+    done = [job.result() for job in running]
     ctx.info["absent"] = {job.label: reason for job, reason in absent}
     if ctx.rank == 0:
         done += [f"{job.label} absent ({reason})" for job, reason in absent]
@@ -153,6 +195,11 @@ def _run_on_gpu(ctx: RankContext) -> str:
     done = []
     if _has("mono_kernels_kimi.kda.runner", "KdaRunner") is None:
         done.append(_k1_matches_reference(ctx))
+    if _has("mono_kernels_minimax.ffn.runner", "FfnRunner") is None:
+        if ctx.world in FFN_TP:
+            done.append(_ffn_matches_reference(ctx))
+        else:
+            done.append(f"FFN not run (it shards over {FFN_TP} ranks, not {ctx.world})")
     if not done:
         raise Skipped("no kernel build present")
     return "; ".join(done)
@@ -197,6 +244,69 @@ def _k1_matches_reference(ctx: RankContext) -> str:
             )
         checked.append(f"{requests}x{L} rel {err_out:.0e}")
     return f"K1 (tiny) matches its reference ({', '.join(checked)})"
+
+
+def _ffn_matches_reference(ctx: RankContext) -> str:
+    """MiniMax-M3's FFN tail at tiny shapes with TP = every rank (its in-kernel all-reduces
+    across the GPUs): a plain and a padded step, against the reference, the same bits on
+    every rank."""
+    import torch
+    from mono_kernels_minimax.config import MiniMaxM3Config
+    from mono_kernels_minimax.ffn.reference import ffn_reference
+    from mono_kernels_minimax.ffn.runner import FfnRunner
+    from mono_kernels_minimax.ffn.weights import random_weights
+    from mono_kernels_minimax.formats import WeightFormat
+
+    tiny = MiniMaxM3Config.tiny()  # one 32-column block per rank at least
+    cfg = replace(tiny, moe_intermediate_size=max(tiny.moe_intermediate_size, 32 * ctx.world))
+    fmt, widths = WeightFormat.MXFP4, (1, 4)
+    weights = [
+        random_weights(cfg, ctx.world, fmt, seed=5, rank_seed=r, device=ctx.device)
+        for r in range(ctx.world)
+    ]
+    runner = FfnRunner(
+        cfg,
+        fmt,
+        ctx.group,
+        ctx.rank,
+        ctx.world,
+        ctx.device,
+        widths=widths,
+        deadline_ns=60_000_000_000,  # the first launch meets ranks a few seconds apart
+    )
+    checked = []
+    try:
+        runner.warm()
+        for s in widths:
+            g = torch.Generator().manual_seed(50 + s)
+            parts = [
+                torch.randn(s, cfg.hidden_size, generator=g).bfloat16().to(ctx.device)
+                for _ in range(ctx.world)
+            ]
+            residual = torch.randn(s, cfg.hidden_size, generator=g).bfloat16().to(ctx.device)
+            slots = torch.arange(s, dtype=torch.int64)
+            if s > 1:
+                slots[1] = -1  # a graph-padding row: seam only, zero MoE output
+            slots = slots.to(ctx.device)
+            runner.step_begin()
+            out, res = runner(parts[ctx.rank], residual, weights[ctx.rank], slots)
+            torch.cuda.synchronize(ctx.device)
+            runner.after_step()
+            ref = ffn_reference(cfg, parts, residual, weights, slots)
+            err_out, err_res = _rel(out, ref.out), _rel(res, ref.residual)
+            if not (err_out < 1e-2 and err_res < 1e-6):
+                raise CheckFailed(
+                    f"FFN S={s} TP{ctx.world} off its reference: out rel {err_out:.2e} "
+                    f"(limit 1e-2), residual rel {err_res:.2e} (limit 1e-6)"
+                )
+            if not ctx.same_on_every_rank(out):
+                raise CheckFailed(f"FFN S={s}: ranks got different bits")
+            checked.append(f"S={s} rel {err_out:.0e}")
+    finally:
+        torch.cuda.synchronize(ctx.device)
+        ctx.barrier()
+        runner.close()
+    return f"FFN (tiny, TP{ctx.world}) matches its reference ({', '.join(checked)})"
 
 
 def _rel(a, b) -> float:

@@ -18,6 +18,7 @@ class Check:
     what: str  # one line for the README and --list
     timeout_s: float = 120.0  # the parent gives up on a rank silent for longer: a hang
     gpu_only: bool = False
+    prepare: Callable[[RankContext], None] | None = None  # started before the first check
 
 
 def ranks(ctx: RankContext) -> str:
@@ -124,6 +125,7 @@ CHECKS: tuple[Check, ...] = (
         builds.kernel_builds,
         "each build present compiles for its GPU (CPU) or matches its reference (GPU)",
         timeout_s=600,
+        prepare=builds.start_compiles,
     ),
 )
 BY_NAME = {check.name: check for check in CHECKS}

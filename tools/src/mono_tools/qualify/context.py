@@ -25,6 +25,7 @@ class RankContext:
     group: Any  # the gloo process group of every rank
     force_fault: bool = False  # testing only: make the all-reduce check meet a real fault
     info: dict = field(default_factory=dict)  # extra per-rank facts for the JSON report
+    background: dict = field(default_factory=dict)  # work checks start early (compiles)
 
     @property
     def gpu(self) -> bool:

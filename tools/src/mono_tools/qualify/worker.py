@@ -28,8 +28,12 @@ def run_checks(rank: int, world: int, group, reporter: Reporter, payload: dict) 
         group=group,
         force_fault=payload.get("force_fault", False),
     )
-    for name in payload["checks"]:
-        check = BY_NAME[name]
+    plan = [BY_NAME[name] for name in payload["checks"]]
+    for check in plan:
+        if check.prepare is not None:
+            check.prepare(ctx)
+    for check in plan:
+        name = check.name
         ctx.barrier()  # every rank starts a check together: its collectives need all of them
         ctx.info = {}
         reporter.send("start", step=name)
