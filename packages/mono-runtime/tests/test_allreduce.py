@@ -79,7 +79,7 @@ def fault_child(rank, world, group, late):
     runner.step_begin()  # ranks start seconds apart: one generous step lines them up
     log["first"], _ = allreduce(runner, parts[rank], 0, block=BLOCK)
     runner.after_step()
-    runner.set_deadline(150 * POLLS)
+    runner.set_deadline(300 * POLLS)
     # a stall under the deadline: right answer
     runner.inject(late, 5 * POLLS)
     runner.step_begin()

@@ -148,7 +148,8 @@ def test_step_begin_in_cuda_graph_replayed_1000_times():
     with MonoRunner("cuda", None, 0, 1, 64, 1 << 20) as runner:
         log = torch.zeros(n, dtype=torch.int64, device="cuda")
         x = torch.randn(3, 512, device="cuda").bfloat16()
-        seen_kernel[(1,)](runner.ctl, log, n)  # compile outside capture (rel 0: ignored)
+        runner.step_begin()
+        seen_kernel[(1,)](runner.ctl, log, n)  # compile outside capture
         allreduce(runner, x, 0)
         runner.reset()
         log.zero_()

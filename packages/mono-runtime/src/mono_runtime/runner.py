@@ -54,6 +54,8 @@ class MonoRunner:
         problem = _problem(rank, world, scratch_bytes, peer_bytes)
         agree([problem] if problem else [], group, "this runner")
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.group, self.rank, self.world = group, rank, world
         self.cpu = self.device.type == "cpu"
         self.unit = "polls" if self.cpu else "ns"
