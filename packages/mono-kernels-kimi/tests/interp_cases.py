@@ -108,6 +108,58 @@ def run_case(name, R, L, spec, layer, pad, pad_slot, layout):
     )
 
 
+def give_up_case():
+    """A launch whose first stage never runs (its tickets are pre-drawn): every later wait
+    gives up after max_polls, the launch still ends, the error word says which stage was
+    missing, check() raises MonoFault; after reset() the runner serves a step correctly."""
+    from mono_kernels_kimi.kda.runner import KdaRunner
+    from mono_kernels_kimi.kda.spec import TICKET
+    from mono_runtime.errors import MonoFault
+
+    cfg = KimiK3Config.tiny()
+    runner = KdaRunner(cfg, "cpu", 2, **{**TILING, "max_polls": 50})
+
+    def launch(inp):
+        runner(
+            1,
+            prefix=inp.prefix,
+            delta=inp.delta,
+            blocks=inp.blocks,
+            num_blocks=inp.num_blocks,
+            write_idx=inp.write_idx,
+            weights=inp.weights,
+            conv_state=inp.conv_state,
+            state=inp.state,
+            state_indices=inp.state_indices,
+            num_accepted=inp.num_accepted,
+            out=inp.out,
+        )
+
+    inp = make_inputs(cfg, 1, 2, layer_idx=3, seed=5)
+    build = runner.build(1, True, False)
+    runner.scratch[:128].view(torch.int32)[TICKET] = build.stage_items[0]
+    launch(inp.clone())
+    err = runner.error_word()
+    try:
+        runner.check()
+        raised = ""
+    except MonoFault as fault:
+        raised = str(fault)
+    words = runner.scratch[:40].view(torch.int32).tolist()
+    runner.reset()
+    ok = inp.clone()
+    ref = inp.clone()
+    want = ref.reference()
+    launch(ok)
+    return dict(
+        error=err,
+        raised=raised,
+        ctrl_after=sum(abs(w) for w in words[:9]),
+        core_after_reset=rel(ok.out, want),
+        error_after_reset=runner.error_word(),
+    )
+
+
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run me with TRITON_INTERPRET=1"
     only = set(sys.argv[1:])
@@ -125,4 +177,6 @@ if __name__ == "__main__":
             flags=[list(f) for f in runner.layer_flags()],
             ctrl=int(runner.scratch[:40].view(torch.int32).abs().sum()),
         )
+    if not only or "giveup" in only:
+        results["giveup"] = give_up_case()
     print(json.dumps(results))

@@ -56,3 +56,11 @@ def test_warm_launches_every_width_and_flag(results):
     m = results["warm"]
     assert m["builds"] == sorted([1, d, w] for d, w in m["flags"]), m
     assert m["ctrl"] == 0, m
+
+
+@pytest.mark.timeout(300)
+def test_a_wait_that_gives_up_ends_the_launch_and_raises(results):
+    m = results["giveup"]
+    assert m["error"] & 1 and "ares" in m["raised"], m  # stage 2 waited for stage 1
+    assert m["ctrl_after"] == 0, m  # the launch ended and reset its counters
+    assert m["core_after_reset"] < 1e-2 and m["error_after_reset"] == 0, m

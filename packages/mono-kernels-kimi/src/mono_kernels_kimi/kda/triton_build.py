@@ -90,7 +90,7 @@ def _wait(ctrl, word: tl.constexpr, target, MAX_POLLS: tl.constexpr):
         err = tl.atomic_add(ctrl + ERROR, 0, sem="relaxed")
         polls += 1
     if seen < target:
-        tl.atomic_or(ctrl + ERROR, 1 << (word - DONE0))
+        tl.atomic_or(ctrl + ERROR, tl.full((), 1, tl.int32) << (word - DONE0))
     tl.debug_barrier()
 
 
