@@ -24,13 +24,12 @@ REAL = MiniMaxM3Config()
 MX, BF = WeightFormat.MXFP4, WeightFormat.BF16
 SYS, DEV = "sc0 sc1", "sc1"
 
-# (arch, build, final launch): both formats, both ends of the widths, TP4 and TP8, the
-# final launch's handshake, both targets
+# (arch, build): both formats, both ends of the widths, TP4 and TP8, both targets
 CI_BUILDS = [
-    ("gfx950", FfnBuild(REAL, 1, 4, MX), False),
-    ("gfx950", FfnBuild(REAL, 16, 4, MX), True),
-    ("gfx950", FfnBuild(REAL, 4, 8, BF), False),
-    ("gfx942", FfnBuild(REAL, 8, 4, MX), False),
+    ("gfx950", FfnBuild(REAL, 1, 4, MX)),
+    ("gfx950", FfnBuild(REAL, 16, 4, MX)),
+    ("gfx950", FfnBuild(REAL, 4, 8, BF)),
+    ("gfx942", FfnBuild(REAL, 8, 4, MX)),
 ]
 
 
@@ -58,24 +57,23 @@ def test_launch_refuses_a_world_other_than_the_builds_tp():
 
 
 def test_kernel_names_differ_by_every_key_field():
-    names = {fb.kernel_name(b, final) for _, b, final in CI_BUILDS}
+    names = {fb.kernel_name(b) for _, b in CI_BUILDS}
     assert len(names) == len(CI_BUILDS)
-    assert fb.kernel_name(FfnBuild(REAL, 1, 4, MX), programs=128) != fb.kernel_name(
+    assert fb.kernel_name(FfnBuild(REAL, 1, 4, MX), 128) != fb.kernel_name(
         FfnBuild(REAL, 1, 4, MX))
 
 
 def _compile(entries):
-    """Compile (arch, build, final) entries: one child process per target, in parallel."""
+    """Compile (arch, build) entries: one child process per target, in parallel."""
     from mono_runtime.flydsl.offline import Job, compile_jobs
 
     by_arch: dict[str, list[int]] = {}
-    for i, (arch, _, _) in enumerate(entries):
+    for i, (arch, _) in enumerate(entries):
         by_arch.setdefault(arch, []).append(i)
 
     def run(arch):
         idx = by_arch[arch]
-        jobs = [Job(f"{fb.__name__}:build_job", fb.job_kwargs(entries[i][1], entries[i][2]))
-                for i in idx]
+        jobs = [Job(f"{fb.__name__}:build_job", fb.job_kwargs(entries[i][1])) for i in idx]
         return idx, compile_jobs(jobs, arch, timeout_s=900)
 
     out = [None] * len(entries)
@@ -95,16 +93,15 @@ def compiled():
 
 
 @pytest.fixture(params=range(len(CI_BUILDS)),
-                ids=[f"{a}-s{b.rows}-tp{b.tp}-{b.weights.value}{'-final' if f else ''}"
-                     for a, b, f in CI_BUILDS])
+                ids=[f"{a}-s{b.rows}-tp{b.tp}-{b.weights.value}" for a, b in CI_BUILDS])
 def case(request, compiled):
-    arch, b, final = CI_BUILDS[request.param]
-    return b, final, compiled[request.param]
+    _, b = CI_BUILDS[request.param]
+    return b, compiled[request.param]
 
 
 @pytest.mark.timeout(600)
 def test_no_scratch_and_the_grid_is_resident(case):
-    b, _, isa = case
+    b, isa = case
     assert isa.name.startswith(fb.kernel_name(b)) and isa.arch in ("gfx950", "gfx942")
     assert not isa.resources.spills, isa.resources
     assert fb.residency_problem(isa) is None, isa.resources
@@ -113,7 +110,7 @@ def test_no_scratch_and_the_grid_is_resident(case):
 
 @pytest.mark.timeout(600)
 def test_kernel_arguments_are_the_argument_list(case):
-    _, _, isa = case
+    _, isa = case
     sizes = [4 if name in fb.INT32_ARGS else 8 for name in fb.ARG_NAMES]
     assert [a.size for a in isa.args] == sizes
 
@@ -136,7 +133,7 @@ def _release_before(body, k):
 
 @pytest.mark.timeout(600)
 def test_peer_pushes_are_system_scope_pairs_behind_a_release(case):
-    b, final, isa = case
+    b, isa = case
     body = isa.body
     counters = [i for i, ln in enumerate(body)
                 if ln.startswith("global_atomic_add_x2") and ln.endswith(SYS)]
@@ -145,7 +142,7 @@ def test_peer_pushes_are_system_scope_pairs_behind_a_release(case):
     sys_pairs = [k for k in stores if _scope(body[k]) == SYS and behind[k] == SYS]
     dev_pairs = [k for k in stores if _scope(body[k]) == DEV and behind[k] == DEV]
     # pushes of ar1 and ar2 (and the handshake), the done pairs of the ticket items
-    assert len(sys_pairs) >= 2 + int(final) and dev_pairs
+    assert len(sys_pairs) >= 3 and dev_pairs
     # a health record's fields follow its give-up counter; its KIND word, behind a release,
     # closes it: every other system-scope 64-bit store is a pair behind a release
     fields = set()
@@ -163,7 +160,7 @@ def test_peer_pushes_are_system_scope_pairs_behind_a_release(case):
 def test_every_wait_sleeps_reads_the_clock_and_watches_the_alarms(case):
     from mono_runtime.flydsl.testing import wait_loops
 
-    b, _, isa = case
+    b, isa = case
     loops = wait_loops(isa)
     polls = [lp for lp in loops if "s_sleep 1" in lp.body]
     # item waits (device scope), the ar1 / ar2 reduces (system scope), the fault stall
@@ -191,8 +188,8 @@ def test_every_width_compiles_without_scratch_and_is_resident():
     from mono_runtime.flydsl.testing import require_toolchain
 
     require_toolchain()
-    entries = [(arch, FfnBuild(REAL, s, 4, MX), False)
+    entries = [(arch, FfnBuild(REAL, s, 4, MX))
                for arch in ("gfx950", "gfx942") for s in range(1, 17)]
-    for (_, b, _), isa in zip(entries, _compile(entries), strict=True):
+    for (_, b), isa in zip(entries, _compile(entries), strict=True):
         assert not isa.resources.spills, (b.rows, isa.arch, isa.resources)
         assert fb.residency_problem(isa) is None, (b.rows, isa.arch, isa.resources)

@@ -37,10 +37,11 @@ class Rank:
     def run(self, b, w, part, residual, slots, programs, final=False):
         out = torch.empty_like(part)
         residual_out = torch.empty_like(residual)
-        fb.launch(b, programs, final, part=part.view(torch.int32),
+        fb.launch(b, programs, part=part.view(torch.int32),
                   residual=residual.view(torch.int32), out=out.view(torch.int32),
                   residual_out=residual_out.view(torch.int32), slots=slots, weights=w,
-                  scratch=self.scratch, slot=0, ctl=self.ctl, health=self.health,
+                  scratch=self.scratch, slot=0, final=int(final), ctl=self.ctl,
+                  health=self.health,
                   tickets=self.tickets, peers=self.peers, rank=0, world=1)
         torch.cuda.synchronize()
         return out, residual_out

@@ -35,7 +35,7 @@ DOWN_KLANES = 8  # lanes that split the k of one down column
 # (the names and order of triton_build.ffn_kernel's runtime parameters; tests compare)
 RUNTIME_ARGS = ("ctl", "health", "tickets", "peers", "rank", "world")
 ARG_NAMES = tuple(name for name, _ in ARGS) + RUNTIME_ARGS
-INT32_ARGS = ("slot", "rank", "world")  # every other argument is an address (int64)
+INT32_ARGS = ("slot", "final", "rank", "world")  # every other one is an address (int64)
 
 # wait sites, named in health records (the Triton build's names: the timeline reads alike)
 REGION_NAMES = ("ar1", "ar2", "items", "handshake")
@@ -58,38 +58,47 @@ def check_build(b: FfnBuild) -> None:
                                 f"{MX} (a k-block)")
 
 
-def kernel_name(b: FfnBuild, final: bool = False, programs: int = GRID) -> str:
+def kernel_name(b: FfnBuild, programs: int = GRID) -> str:
     c = b.cfg
     name = (f"mono_ffn_h{c.hidden_size}_e{c.num_experts}_i{b.inter}_s{b.rows}_tp{b.tp}"
             f"_{b.weights.value}_p{programs}")
-    if b.experts is not Experts.ALL:
-        name += f"_{b.experts.value}"
-    return name + ("_final" if final else "")
+    return name if b.experts is Experts.ALL else f"{name}_{b.experts.value}"
 
 
-def job_kwargs(b: FfnBuild, final: bool = False, programs: int = GRID) -> dict:
+def job_kwargs(b: FfnBuild, programs: int = GRID) -> dict:
     """JSON-able arguments of ``build_job`` for build ``b`` (the compile child rebuilds it)."""
     return {"cfg": dataclasses.asdict(b.cfg), "rows": b.rows, "tp": b.tp,
-            "weights": b.weights.value, "experts": b.experts.value, "final": final,
-            "programs": programs}
+            "weights": b.weights.value, "experts": b.experts.value, "programs": programs}
 
 
-def build_job(cfg: dict, rows: int, tp: int, weights: str, experts: str, final: bool,
-              programs: int):
+def build_job(cfg: dict, rows: int, tp: int, weights: str, experts: str, programs: int):
     """``mono_runtime.flydsl.offline`` builder: (launcher, example arguments)."""
     b = FfnBuild(MiniMaxM3Config(**cfg), rows, tp, WeightFormat(weights), Experts(experts))
-    return build(b, final, programs), tuple(0 for _ in ARG_NAMES)
+    return build(b, programs), tuple(0 for _ in ARG_NAMES)
 
 
-def compile_isa(builds, arch: str = "gfx950", final: bool = False, programs: int = GRID,
+def compile_isa(builds, arch: str = "gfx950", programs: int = GRID,
                 processes: int | None = None):
     """Compile every build in child processes; their ISA (``mono_runtime.flydsl.isa``)."""
     from mono_runtime.flydsl.offline import Job, compile_all
 
     for b in builds:
         check_build(b)
-    jobs = [Job(f"{__name__}:build_job", job_kwargs(b, final, programs)) for b in builds]
+    jobs = [Job(f"{__name__}:build_job", job_kwargs(b, programs)) for b in builds]
     return compile_all(jobs, arch, processes=processes)
+
+
+def check_resident(builds, arch: str = "gfx950", programs: int = GRID,
+                   cus: int | None = None) -> None:
+    """Compile ``builds`` (child processes) and raise MonoUnsupported naming every build
+    whose grid cannot be resident on ``cus`` CUs of ``arch`` (warm-up, before any launch)."""
+    from mono_runtime.errors import MonoUnsupported
+
+    problems = [f"{kernel_name(b, programs)}: {why}"
+                for b, isa in zip(builds, compile_isa(builds, arch, programs), strict=True)
+                if (why := residency_problem(isa, programs, cus))]
+    if problems:
+        raise MonoUnsupported("FlyDSL FFN builds refused:\n  " + "\n  ".join(problems))
 
 
 def residency_problem(isa, programs: int = GRID, cus: int | None = None) -> str | None:
@@ -100,18 +109,18 @@ def residency_problem(isa, programs: int = GRID, cus: int | None = None) -> str 
     return problem(isa.resources, programs, THREADS, isa.arch, cus)
 
 
-def build(b: FfnBuild, final: bool = False, programs: int = GRID):
+def build(b: FfnBuild, programs: int = GRID):
     """The ``flyc.jit`` launcher of build ``b`` for a grid of ``programs`` (arguments:
     ARG_NAMES, then ``stream``)."""
     check_build(b)
-    return _make_launcher(b, final, programs, consts(b))
+    return _make_launcher(b, programs, consts(b))
 
 
 _LAUNCHERS: dict = {}
 
 
-def kernel_args(*, part, residual, out, residual_out, slots, weights, scratch, slot, ctl,
-                health, tickets, peers, rank, world) -> list:
+def kernel_args(*, part, residual, out, residual_out, slots, weights, scratch, slot, final,
+                ctl, health, tickets, peers, rank, world) -> list:
     """The launch's arguments in ARG_NAMES order: tensors as device addresses (bf16
     activations and the norm weight are read as bf16 pairs), a missing scale as the scratch
     address (never read), then the int32 scalars."""
@@ -124,19 +133,19 @@ def kernel_args(*, part, residual, out, residual_out, slots, weights, scratch, s
         addr(part), addr(residual), addr(out), addr(residual_out), addr(slots), addr(w.norm),
         addr(w.router), addr(w.bias), addr(w.w13), addr(w.w13_scale), addr(w.w2),
         addr(w.w2_scale), addr(w.shared_w13), addr(w.shared_w13_scale), addr(w.shared_w2),
-        addr(w.shared_w2_scale), addr(scratch), int(slot), addr(ctl), addr(health),
+        addr(w.shared_w2_scale), addr(scratch), int(slot), int(final), addr(ctl), addr(health),
         addr(tickets), addr(peers), int(rank), int(world),
     ]
 
 
-def launch(b: FfnBuild, programs: int = GRID, final: bool = False, **args) -> None:
+def launch(b: FfnBuild, programs: int = GRID, **args) -> None:
     """Launch build ``b`` (compiled on first use, then cached) on already-validated tensors
     on the current stream; ``args`` as ``kernel_args``. ROCm only."""
     if int(args["world"]) != b.tp:
         raise ValueError(f"world={args['world']}: this build was compiled for tp={b.tp}")
-    key = (b, final, programs)
+    key = (b, programs)
     if key not in _LAUNCHERS:
-        _LAUNCHERS[key] = build(b, final, programs)
+        _LAUNCHERS[key] = build(b, programs)
     _LAUNCHERS[key](*kernel_args(**args))
 
 
@@ -301,6 +310,22 @@ def wait_items(c, first, n):
     ok = fx.ptr_load(c["lds"].tick.ptr + 2) != 0
     fx.gpu.barrier()
     return ok
+
+
+def slot_count(c):
+    """The route task's slot count, once its item is done (a smaller ticket)."""
+    k = c["k"]
+    wait_items(c, c["route"], 1)
+    got = ld_i32(c["table"], 0)
+    got = (got < k["MAXSLOTS"]).select(got, fx.Int32(k["MAXSLOTS"]))
+    return uniform((got > 0).select(got, fx.Int32(0)))
+
+
+def reset_if_last(c, t, n_items):
+    """ticket_take's last-taker reset for a ticket drawn against an upper bound of the item
+    count: a launch draws n_items + programs tickets in all; the last one resets."""
+    if (c["tid"] == 0) & (t == n_items + c["programs"] - 1):
+        P.store64(c["counter"], 0, 0, P.DEVICE)
 
 
 def block_sum(c, v):
@@ -605,12 +630,12 @@ def stage_handshake(c, t):
                c["regions"]["handshake"], 0)
 
 
-_TRACED = (draw, finish_item, wait_items, block_sum, stage_push, stage_seam, stage_router,
-           stage_route, stage_up, stage_down, stage_final, stage_handshake, weight_block,
-           up_dots, down_dots)
+_TRACED = (draw, finish_item, wait_items, slot_count, reset_if_last, block_sum, stage_push,
+           stage_seam, stage_router, stage_route, stage_up, stage_down, stage_final,
+           stage_handshake, weight_block, up_dots, down_dots)
 
 
-def _make_launcher(b: FfnBuild, final: bool, programs: int, k: dict):
+def _make_launcher(b: FfnBuild, programs: int, k: dict):
     if fx is None:
         raise FlyDslUnsupported("FlyDSL is not installed: the FlyDSL FFN build needs it")
     for fn in _TRACED:
@@ -619,7 +644,6 @@ def _make_launcher(b: FfnBuild, final: bool, programs: int, k: dict):
     S, E, NC = k["S"], k["E"], k["NC"]
     route = k["NPUSH"] + S + k["RG"] * k["RP"]
     static = route + 1
-    tail = k["ND"] + k["NF"] + (1 if final else 0)
     o = k["O"]
 
     @fx.struct
@@ -629,16 +653,17 @@ def _make_launcher(b: FfnBuild, final: bool, programs: int, k: dict):
         used: fx.Array[fx.Int32, E, 16]
         pos: fx.Array[fx.Int32, E, 16]
 
-    @flyc.kernel(name=kernel_name(b, final, programs), known_block_size=[THREADS, 1, 1])
+    @flyc.kernel(name=kernel_name(b, programs), known_block_size=[THREADS, 1, 1])
     def ffn(part: Int64, residual: Int64, out: Int64, residual_out: Int64, slots: Int64,
             norm: Int64, router: Int64, bias: Int64, w13: Int64, w13_scale: Int64,
             w2: Int64, w2_scale: Int64, sw13: Int64, sw13_scale: Int64, sw2: Int64,
-            sw2_scale: Int64, scratch: Int64, slot: Int32, ctl: Int64, health: Int64,
-            tickets: Int64, peers: Int64, rank: Int32, world: Int32):
+            sw2_scale: Int64, scratch: Int64, slot: Int32, final: Int32, ctl: Int64,
+            health: Int64, tickets: Int64, peers: Int64, rank: Int32, world: Int32):
         # `world` is the build's TP (k["W"], checked by the runner): rank loops unroll
         tid = fx.Int32(fx.thread_idx.x)
         c = {
             "k": k, "tid": tid, "rank": rank, "regions": regions, "static": static,
+            "route": route,
             "programs": programs,
             "lds": fx.SharedAllocator().allocate(Lds).peek(),
             "prog": P.program(ctl, health, peers, rank, k["W"]),
@@ -652,13 +677,24 @@ def _make_launcher(b: FfnBuild, final: bool, programs: int, k: dict):
             "table": scratch + o["table"], "mid": scratch + o["mid"],
         }
         P.fault_stall(c["prog"])
-        total = fx.Int32(static + k["MAXSLOTS"] * NC + tail)  # a bound until routed
+        tail = k["ND"] + k["NF"] + (final != 0).select(fx.Int32(1), fx.Int32(0))
+        total = static + k["MAXSLOTS"] * NC + tail  # an upper bound until routed
         nslots = fx.Int32(k["MAXSLOTS"])
         routed = fx.Int32(0)
         t = draw(c, total)
         spent = fx.Int32(0)  # this program drew its one ticket past the end: stop drawing
         while (t < total) & (spent == 0):
-            if t < k["NPUSH"]:
+            if (t >= static) & (routed == 0):
+                nslots = slot_count(c)
+                total = static + nslots * NC + tail
+                routed = fx.Int32(1)
+                reset_if_last(c, t, total)
+            u = t - static
+            if t >= total:
+                # drawn against the upper bound, past the true end: this program's one draw
+                # past the end (drawing again would over-count the takers)
+                spent = fx.Int32(1)
+            elif t < k["NPUSH"]:
                 stage_push(c, t)
             elif t < k["NPUSH"] + S:
                 stage_seam(c, t, t - k["NPUSH"])
@@ -666,44 +702,30 @@ def _make_launcher(b: FfnBuild, final: bool, programs: int, k: dict):
                 stage_router(c, t, t - k["NPUSH"] - S)
             elif t < static:
                 stage_route(c, t)
+            elif u < nslots * NC:
+                stage_up(c, t, u)
+            elif u < nslots * NC + k["ND"]:
+                stage_down(c, u - nslots * NC, nslots)
+            elif u < nslots * NC + k["ND"] + k["NF"]:
+                stage_final(c, t, u - nslots * NC - k["ND"])
             else:
-                if routed == 0:
-                    wait_items(c, route, 1)
-                    got = ld_i32(c["table"], 0)
-                    got = (got < k["MAXSLOTS"]).select(got, fx.Int32(k["MAXSLOTS"]))
-                    nslots = uniform((got > 0).select(got, fx.Int32(0)))
-                    total = static + nslots * NC + tail
-                    routed = fx.Int32(1)
-                    if (tid == 0) & (t == total + programs - 1):
-                        # the last taker, which drew before the slot count was known
-                        P.store64(c["counter"], 0, 0, P.DEVICE)
-                u = t - static
-                if t >= total:
-                    # drawn before the slot count was known, past the end: this program's
-                    # one draw past the end (drawing again would over-count the takers)
-                    spent = fx.Int32(1)
-                elif u < nslots * NC:
-                    stage_up(c, t, u)
-                elif u < nslots * NC + k["ND"]:
-                    stage_down(c, u - nslots * NC, nslots)
-                elif u < nslots * NC + k["ND"] + k["NF"]:
-                    stage_final(c, t, u - nslots * NC - k["ND"])
-                else:
-                    if const_expr(final):
-                        stage_handshake(c, t)
-            if spent == 0:
+                stage_handshake(c, t)
+            if (t < total) & (spent == 0):
                 t = draw(c, total)
+        if (routed == 0) & (t >= static):
+            # this program's only draw was past the upper bound: it may be the last taker
+            reset_if_last(c, t, static + slot_count(c) * NC + tail)
 
     @flyc.jit
     def launch(part: Int64, residual: Int64, out: Int64, residual_out: Int64, slots: Int64,
                norm: Int64, router: Int64, bias: Int64, w13: Int64, w13_scale: Int64,
                w2: Int64, w2_scale: Int64, sw13: Int64, sw13_scale: Int64, sw2: Int64,
-               sw2_scale: Int64, scratch: Int64, slot: Int32, ctl: Int64, health: Int64,
-               tickets: Int64, peers: Int64, rank: Int32, world: Int32,
+               sw2_scale: Int64, scratch: Int64, slot: Int32, final: Int32, ctl: Int64,
+               health: Int64, tickets: Int64, peers: Int64, rank: Int32, world: Int32,
                stream: fx.Stream = fx.Stream(None)):  # noqa: B008
         ffn(part, residual, out, residual_out, slots, norm, router, bias, w13, w13_scale,
-            w2, w2_scale, sw13, sw13_scale, sw2, sw2_scale, scratch, slot, ctl, health,
-            tickets, peers, rank, world).launch(grid=(programs,), block=(THREADS,),
+            w2, w2_scale, sw13, sw13_scale, sw2, sw2_scale, scratch, slot, final, ctl,
+            health, tickets, peers, rank, world).launch(grid=(programs,), block=(THREADS,),
                                                 stream=stream)
 
     return launch
