@@ -108,7 +108,7 @@ def kernel_types(fmt: str) -> dict[str, str]:
         "slots": "*i64", "norm": "*i32", "router": "*fp32", "bias": "*fp32",
         "w13": w, "w13_scale": s, "w2": w, "w2_scale": s,
         "sw13": sw, "sw13_scale": ss, "sw2": sw, "sw2_scale": ss,
-        "scratch": "*u8", "slot": "i32", "ctl": "*i64", "health": "i64", "tickets": "*i64",
+        "scratch": "*u8", "slot": "i32", "final": "i32", "ctl": "*i64", "health": "i64", "tickets": "*i64",
         "peers": "*i64", "rank": "i32", "world": "i32",
     }
 
@@ -129,7 +129,7 @@ def compile_checks(rank, world, group, fmt, rows, tiny):
     fn = triton_build.ffn_kernel
     types = kernel_types(fmt)
     facts = {}
-    k = compile_for(fn, types, triton_build.constexprs(b, True, False), arch=90)
+    k = compile_for(fn, types, triton_build.constexprs(b, False), arch=90)
     ptx = k.asm["ptx"]
     res = resources_of(k)
     facts["sys_release_xchg"] = "atom.global.sys.release.exch.b64" in ptx
@@ -139,7 +139,7 @@ def compile_checks(rank, world, group, fmt, rows, tiny):
     facts["residency"] = residency_problem(res, 132, DeviceLimits(), "ffn")
     facts["registers"] = res.registers
     signature = {n: types.get(n, "constexpr") for n in fn.arg_names}
-    consts = triton_build.constexprs(b, True, True)  # the poll-count clock: no PTX asm
+    consts = triton_build.constexprs(b, True)  # the poll-count clock: no PTX asm
     source = ASTSource(fn=fn, signature=signature,
                        constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
     hip = triton.compile(source, target=GPUTarget("hip", "gfx950", 64), options={"num_warps": 4})

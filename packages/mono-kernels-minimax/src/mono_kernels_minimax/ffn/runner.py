@@ -120,14 +120,13 @@ class FfnRunner:
 
         limits = DeviceLimits.of(self.device)
         for s, b in self.builds.items():
-            for final in (False, True):
-                kernel = triton_build.ffn_kernel.warmup(
-                    *self._args(b, s, *self._dummies(s), slot=0),
-                    grid=(self.programs,), **triton_build.constexprs(b, final, False))
-                problem = residency_problem(Resources.of_compiled(kernel), self.programs,
-                                            limits, f"FFN width {s}")
-                if problem:
-                    raise MonoUnsupported(problem)
+            kernel = triton_build.ffn_kernel.warmup(
+                *self._args(b, s, *self._dummies(s)), grid=(self.programs,),
+                **triton_build.constexprs(b, False))
+            problem = residency_problem(Resources.of_compiled(kernel), self.programs, limits,
+                                        f"FFN width {s}")
+            if problem:
+                raise MonoUnsupported(problem)
             self._warm.add(s)
 
     def _dummies(self, s: int):
@@ -135,14 +134,15 @@ class FfnRunner:
         z = torch.zeros(s, h, dtype=torch.bfloat16, device=self.device)
         return z, z, z, z, torch.zeros(s, dtype=torch.int64, device=self.device)
 
-    def _args(self, b, s, part, residual, out, residual_out, slots, weights=None, slot=0):
+    def _args(self, b, s, part, residual, out, residual_out, slots, weights=None, slot=0,
+              final=False):
         la, pa = self.mono.launch_args(), self.mono.peer_args()
         region = self.mono.scratch[self.offsets[s] : self.offsets[s] + scratch_bytes(b)]
         if weights is None:
             weights = self._type_weights()
         return triton_build.kernel_args(
             b, part=part, residual=residual, out=out, residual_out=residual_out, slots=slots,
-            weights=weights, scratch=region, slot=slot, ctl=la["ctl"], health=la["health"],
+            weights=weights, scratch=region, slot=slot, final=final, ctl=la["ctl"], health=la["health"],
             tickets=la["tickets"], peers=pa["peers"], rank=pa["rank"], world=pa["world"])
 
     def _type_weights(self) -> FfnWeights:
@@ -175,8 +175,9 @@ class FfnRunner:
             residual_out = torch.empty_like(residual)
         b = self.builds[s]
         triton_build.ffn_kernel[(self.programs,)](
-            *self._args(b, s, part, residual, out, residual_out, slots, weights, self._slot),
-            **triton_build.constexprs(b, final, self.cpu))
+            *self._args(b, s, part, residual, out, residual_out, slots, weights, self._slot,
+                        final),
+            **triton_build.constexprs(b, self.cpu))
         self._slot += 1
         return out, residual_out
 

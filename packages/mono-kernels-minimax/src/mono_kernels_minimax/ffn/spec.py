@@ -9,21 +9,29 @@ One launch, one TP rank, S = 1..16 rows (a decode step), does in this order of t
     push    PUSH tasks   this rank's unreduced o_proj partial, bf16 pairs -> every rank's
                          peer region `ar1[src = this rank]`
     seam    S tasks      row s: the ranks' pairs summed in rank order (fp32 -> bf16), + residual
-                         in fp32 -> `residual_out` (bf16); Gemma RMSNorm -> scratch `xn`; flag
-                         `xrdy[s]`
-    router  RG x RP      16 experts x one K part of the fp32 router GEMV -> `logit[p, s, e]`,
-                         flag `rtr[task]`
+                         in fp32 -> `residual_out` (bf16); Gemma RMSNorm -> scratch `xn`
+    router  RG x RP      16 experts x one K part of the fp32 router GEMV -> `logit[p, s, e]`
     route   1 task       parts summed in order, sigmoid, + bias, top-k (ties -> lower id, NaN
                          last), weights renormalized x routed_scaling_factor; the slot table:
                          slot 0 = the shared expert (id E), slots 1.. = the union of the live
                          rows' experts in ascending id; `wtab[slot, s]` the row's weight (0 when
-                         the row does not use it; padding rows use none); flag `route`
-    up      nslots x NC  slot j, IC gate + IC up rows of w13: SwiGLU-OAI -> bf16 `mid[j, s, :]`,
-                         flag `upf[j, c]`   (dynamic: tickets past nslots * NC are not drawn)
+                         the row does not use it; padding rows use none). ROUTED builds have no
+                         shared slot, SHARED builds only it.
+    up      nslots x NC  slot j, IC gate + IC up rows of w13: SwiGLU-OAI -> bf16 `mid[j, s, :]`
+                         (dynamic: tickets past nslots * NC belong to the next stages)
     down    ND tasks     DC output columns over every slot in slot order, weighted by `wtab`,
                          fp32, rounded to bf16 -> every rank's `ar2[src = this rank]`
     final   NF tasks     FC columns: the ranks' partials in rank order (fp32) -> `out` (bf16)
-    (final=True launches end with the TP fault handshake, see mono_runtime PROTOCOL.md)
+    hs      1 task       final launches only: after every final task, a pair to every rank's
+                         `hs[this rank]`, then a poll of its own `hs[0..tp)`: a rank that gave
+                         up anywhere in the step has set its alarm here, so every rank records
+                         a give-up in the same step
+
+Tasks that others wait on (seam, router, route, final) mark `done[t]` = (tag, 1) with
+mono_runtime's `ticket_finish`; up tasks count themselves and the last marks `done[ALLUP]`; a waiter polls the done pairs of the tickets it needs (all
+smaller than its own) and then acquires them. Tickets come from the runtime's per-slot
+counter (`tickets[slot]`); programs that drew before the route task's slot count was known
+learn it, and the launch's last taker resets the counter.
 
 Peer regions are sized for 16 rows so that every width shares them; one buffer suffices
 (no parity): a rank cannot push launch n+1's `ar1` before every peer finished reading launch
@@ -172,7 +180,9 @@ def max_tickets(b: FfnBuild) -> int:
 def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     """(offset, bytes) of each region of one width's scratch (this rank only).
 
-    done   pairs[max_tickets]: item t's (tag, 1) once ticket t's task finished
+    done   pairs[max_tickets + 1]: item t's (tag, 1) once ticket t's task finished; the
+           last item (ALLUP) once every up task of the launch finished
+    count  int32: up tasks finished (zeroed by the route task; the last one marks ALLUP)
     xs     fp32[S, H]   the seam's new residual in fp32 (private to the seam task)
     xn     bf16[16, H]  the normed MoE input (rows >= S never read unmasked)
     logit  fp32[RP, S, E]
@@ -184,7 +194,8 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     h, e, k = c.hidden_size, c.num_experts, c.top_k
     table = 4 + 4 * b.max_slots + 4 * b.max_slots * s + 8 * s * k
     return _layout([
-        ("done", PAIR * max_tickets(b)),
+        ("done", PAIR * (max_tickets(b) + 1)),
+        ("count", 256),
         ("xs", 4 * s * h),
         ("xn", 2 * DOT_ROWS * h),
         ("logit", 4 * p.router_parts * s * e),
@@ -249,6 +260,7 @@ ARGS: tuple[tuple[str, str], ...] = (
     ("sw2_scale", "its scales"),
     ("scratch", "uint8 this width's scratch region (scratch_layout)"),
     ("slot", "int32 the launch's tag slot in its step (0..255; also its ticket counter)"),
+    ("final", "int32 1: the launch ends in the TP fault handshake"),
 )
 """Then mono_runtime's: ctl, health, tickets (MonoRunner.launch_args()), peers, rank, world
 (peer_args()). bf16 tensors (part, residual, out, residual_out, norm) are passed as int32

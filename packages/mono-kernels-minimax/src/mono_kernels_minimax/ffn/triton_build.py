@@ -17,7 +17,7 @@ from mono_runtime import protocol_triton as pt
 from mono_runtime.protocol import region_id
 
 from ..formats import WeightFormat
-from .spec import Experts, FfnBuild, peer_layout, scratch_layout, table_offsets
+from .spec import Experts, FfnBuild, max_tickets, peer_layout, scratch_layout, table_offsets
 
 # -- dequantization ---------------------------------------------------------------------
 
@@ -132,11 +132,13 @@ def _wait_items(done, first, N: tl.constexpr, N2: tl.constexpr, tag, ctl, health
     return ok
 
 
-@triton.jit
+# Integer arguments that vary per launch or per rank: never specialized (a value of 1 or a
+# multiple of 16 would otherwise compile another binary: e.g. one per rank).
+@triton.jit(do_not_specialize=["slot", "final", "rank", "world"])
 def ffn_kernel(
     part, residual, out, residual_out, slots,
     norm, router, bias, w13, w13_scale, w2, w2_scale, sw13, sw13_scale, sw2, sw2_scale,
-    scratch, slot,
+    scratch, slot, final,
     ctl, health, tickets, peers, rank, world,
     S: tl.constexpr, H: tl.constexpr, E: tl.constexpr, K: tl.constexpr, I: tl.constexpr,
     FMT: tl.constexpr, SFMT: tl.constexpr, SUBSET: tl.constexpr, MAXSLOTS: tl.constexpr,
@@ -145,17 +147,19 @@ def ffn_kernel(
     NC: tl.constexpr, NC2: tl.constexpr, IC: tl.constexpr, UK: tl.constexpr,
     ND: tl.constexpr, DC: tl.constexpr, DK: tl.constexpr, NF: tl.constexpr, NF2: tl.constexpr,
     FC: tl.constexpr, W2P: tl.constexpr,
-    O_DONE: tl.constexpr, O_XS: tl.constexpr, O_XN: tl.constexpr, O_LOGIT: tl.constexpr,
+    O_DONE: tl.constexpr, O_COUNT: tl.constexpr, MAXTICKETS: tl.constexpr, O_XS: tl.constexpr, O_XN: tl.constexpr, O_LOGIT: tl.constexpr,
     O_TABLE: tl.constexpr, O_MID: tl.constexpr,
     T_WTAB: tl.constexpr, T_IDS: tl.constexpr, T_TOPW: tl.constexpr,
     P_AR1: tl.constexpr, P_AR2: tl.constexpr, P_HS: tl.constexpr,
     R_AR1: tl.constexpr, R_AR2: tl.constexpr, R_ITEMS: tl.constexpr, R_HS: tl.constexpr,
     ALPHA: tl.constexpr, BETA: tl.constexpr, LIMIT: tl.constexpr, EPS: tl.constexpr,
-    RSF: tl.constexpr, FINAL: tl.constexpr, CPU: tl.constexpr,
+    RSF: tl.constexpr, CPU: tl.constexpr,
 ):
     tag = pt.step_tag(ctl, slot)
     counter = tickets + slot
     done = (scratch + O_DONE).to(tl.pointer_type(tl.int64))
+    upcount = (scratch + O_COUNT).to(tl.pointer_type(tl.int32))
+    ALLUP: tl.constexpr = MAXTICKETS  # the done item of the whole up stage
     xs = (scratch + O_XS).to(tl.pointer_type(tl.float32))
     xn = (scratch + O_XN).to(tl.pointer_type(tl.bfloat16))
     xn32 = (scratch + O_XN).to(tl.pointer_type(tl.int32))
@@ -167,10 +171,10 @@ def ffn_kernel(
     me = pt.peer_data(peers, rank)
     ROUTE: tl.constexpr = NPUSH + S + RG * RP
     STATIC: tl.constexpr = ROUTE + 1
-    TAIL: tl.constexpr = ND + NF + (1 if FINAL else 0)
+    tail = ND + NF + final  # the handshake task closes final launches
 
     pt.fault_stall(ctl, peers, rank, world, CPU)
-    total = STATIC + MAXSLOTS * NC + TAIL  # an upper bound until the slot count is known
+    total = STATIC + MAXSLOTS * NC + tail  # an upper bound until the slot count is known
     t = pt.ticket_take(counter, total)
     total = t * 0 + total
     nslots = t * 0 + MAXSLOTS
@@ -179,7 +183,7 @@ def ffn_kernel(
         if (t >= STATIC) & (routed == 0):
             nslots = _slot_count(done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank,
                                  world, R_ITEMS, CPU)
-            total = STATIC + nslots * NC + TAIL
+            total = STATIC + nslots * NC + tail
             routed = t * 0 + 1
             _reset_if_last(counter, t, total)
         if t >= total:
@@ -210,6 +214,7 @@ def ffn_kernel(
                 tl.store(xs + s * H + 2 * p + 1, xh)
                 ssq += tl.sum(xl * xl, 0) + tl.sum(xh * xh, 0)
             rstd = 1.0 / tl.sqrt_rn(ssq / H + EPS)
+            tl.debug_barrier()  # xs is re-read below by other threads of this program
             for c0 in range(0, H // 2, SC // 2):
                 p = c0 + tl.arange(0, SC // 2)
                 xl = tl.load(xs + s * H + 2 * p)
@@ -240,6 +245,10 @@ def ffn_kernel(
                         R_ITEMS, CPU)
             _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, S, E, K, RP,
                    T_IDS, T_TOPW, O_TABLE, SUBSET, RSF)
+            tl.atomic_xchg(upcount, 0, sem="relaxed", scope="gpu")
+            tl.debug_barrier()
+            if tl.load(nslots_p) == 0:
+                pt.ticket_finish(done, ALLUP, tag)  # no up task: the stage is complete
             pt.ticket_finish(done, t, tag)
         else:
             u = t - STATIC
@@ -270,16 +279,19 @@ def ffn_kernel(
                 cols = c * IC + tl.arange(0, IC)
                 tl.store(mid + (j * S + rows[:, None]) * I + cols[None, :],
                          _round_bf16(h).to(tl.bfloat16), mask=rows[:, None] < S)
-                pt.ticket_finish(done, t, tag)
+                # the stage's last up task marks item ALLUP: down waits on one pair, not
+                # on every up task (the route task zeroed the count before any up began)
+                tl.debug_barrier()
+                if tl.atomic_add(upcount, 1, sem="acq_rel", scope="gpu") == nslots * NC - 1:
+                    pt.ticket_finish(done, ALLUP, tag)
             elif u < nslots * NC + ND:
                 # down: columns [d0, d0+DC) over every slot, weighted -> every rank's ar2
                 d0 = (u - nslots * NC) * DC
                 rows = tl.arange(0, 16)
                 acc = tl.zeros((16, DC), tl.float32)
-                ok = t == t
+                ok = _wait_items(done, ALLUP, 1, 1, tag, ctl, health, peers, rank, world,
+                                 R_ITEMS, CPU)
                 for j in range(nslots):
-                    ok = ok & _wait_items(done, STATIC + j * NC, NC, NC2, tag, ctl, health, peers,
-                                          rank, world, R_ITEMS, CPU)
                     e = tl.load(slot_e + j, volatile=True)
                     wrow = tl.load(wtab + j * S + rows, mask=rows < S, other=0.0, volatile=True)
                     if e == E:
@@ -337,7 +349,7 @@ def ffn_kernel(
         # this program's only draw was past the upper bound: it may still be the last taker
         nslots = _slot_count(done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank,
                              world, R_ITEMS, CPU)
-        _reset_if_last(counter, t, STATIC + nslots * NC + TAIL)
+        _reset_if_last(counter, t, STATIC + nslots * NC + tail)
 
 
 @triton.jit
@@ -421,7 +433,7 @@ def _p2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def constexprs(b: FfnBuild, final: bool, cpu: bool) -> dict:
+def constexprs(b: FfnBuild, cpu: bool) -> dict:
     """The kernel's compile-time arguments for build `b`."""
     c, p = b.cfg, b.plan
     sl = scratch_layout(b)
@@ -435,19 +447,19 @@ def constexprs(b: FfnBuild, final: bool, cpu: bool) -> dict:
         NRTR2=_p2(p.router_groups * p.router_parts),
         NC=p.nc, NC2=_p2(p.nc), IC=p.ic, UK=p.uk, ND=p.down, DC=p.dc, DK=p.dk,
         NF=p.final, NF2=_p2(p.final), FC=p.fc, W2P=_p2(b.tp),
-        O_DONE=sl["done"][0], O_XS=sl["xs"][0], O_XN=sl["xn"][0], O_LOGIT=sl["logit"][0],
+        O_DONE=sl["done"][0], O_COUNT=sl["count"][0], MAXTICKETS=max_tickets(b), O_XS=sl["xs"][0], O_XN=sl["xn"][0], O_LOGIT=sl["logit"][0],
         O_TABLE=sl["table"][0], O_MID=sl["mid"][0],
         T_WTAB=tb["wtab"], T_IDS=tb["topk_ids"], T_TOPW=tb["topk_w"],
         P_AR1=pl["ar1"][0], P_AR2=pl["ar2"][0], P_HS=pl["hs"][0],
         R_AR1=REGIONS["ar1"], R_AR2=REGIONS["ar2"], R_ITEMS=REGIONS["items"],
         R_HS=REGIONS["handshake"],
         ALPHA=c.swiglu_alpha, BETA=c.swiglu_beta, LIMIT=c.swiglu_limit, EPS=c.rms_norm_eps,
-        RSF=c.routed_scaling_factor, FINAL=bool(final), CPU=bool(cpu),
+        RSF=c.routed_scaling_factor, CPU=bool(cpu),
     )
 
 
 def kernel_args(b: FfnBuild, *, part, residual, out, residual_out, slots, weights, scratch,
-                slot, ctl, health, tickets, peers, rank, world) -> list:
+                slot, final, ctl, health, tickets, peers, rank, world) -> list:
     """The runtime arguments in spec.ARGS order, then the runtime's (bf16 activations and
     the norm weight as int32 pairs; a missing scale is any tensor)."""
 
@@ -463,10 +475,10 @@ def kernel_args(b: FfnBuild, *, part, residual, out, residual_out, slots, weight
         pairs(part), pairs(residual), pairs(out), pairs(residual_out), slots,
         pairs(w.norm), w.router, w.bias, w.w13, sc(w.w13_scale), w.w2, sc(w.w2_scale),
         w.shared_w13, sc(w.shared_w13_scale), w.shared_w2, sc(w.shared_w2_scale),
-        scratch, slot, ctl, health, tickets, peers, rank, world,
+        scratch, slot, int(bool(final)), ctl, health, tickets, peers, rank, world,
     ]
 
 
-def launch(b: FfnBuild, grid: int, final: bool, cpu: bool, **args):
+def launch(b: FfnBuild, grid: int, cpu: bool, **args):
     """Launch build `b` on already-validated tensors (the runner checks them)."""
-    return ffn_kernel[(grid,)](*kernel_args(b, **args), **constexprs(b, final, cpu))
+    return ffn_kernel[(grid,)](*kernel_args(b, **args), **constexprs(b, cpu))
