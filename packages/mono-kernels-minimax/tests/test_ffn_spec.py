@@ -83,6 +83,7 @@ def test_build_key_and_layouts():
     for bad, match in (
         (dict(rows=17), "rows=17"), (dict(rows=0), "rows=0"), (dict(tp=3), "tp=3"),
         (dict(weights="mxfp4"), "WeightFormat"), (dict(experts="all"), "Experts"),
+        (dict(timeline=True), "timeline"),
     ):
         with pytest.raises(ValueError, match=match):
             FfnBuild(**{"cfg": cfg, "rows": 1, "tp": 4, **bad})
@@ -126,3 +127,14 @@ def test_random_weights_validate_and_refuse_other_shapes():
         with pytest.raises(ValueError, match="weights.w13: shape"):
             w.validate(cfg, 4)  # another TP's shard
     assert Experts("routed") is Experts.ROUTED
+
+
+def test_mxfp4_nibble_order_is_vllms():
+    """vLLM's own decoder of packed e2m1 bytes (low nibble first) reads our packing alike."""
+    utils = pytest.importorskip(
+        "vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 16, (4, 64), generator=g, dtype=torch.uint8)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    ones = torch.full((4, 2), 127, dtype=torch.uint8)  # e8m0 1.0
+    assert torch.equal(utils.break_fp4_bytes(packed, torch.float32), unpack_mxfp4(packed, ones))

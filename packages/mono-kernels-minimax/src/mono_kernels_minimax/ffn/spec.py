@@ -83,6 +83,8 @@ class FfnBuild:
             raise ValueError(f"weights={self.weights!r}: expected a WeightFormat")
         if not isinstance(self.experts, Experts):
             raise ValueError(f"experts={self.experts!r}: expected an Experts value")
+        if self.timeline:
+            raise ValueError("timeline=True: per-stage timestamps are not built yet")
         i = c.per_rank_intermediate(self.tp)
         if c.per_rank_shared_intermediate(self.tp) != i:
             raise ValueError("the shared expert's per-rank width must equal a routed expert's")
