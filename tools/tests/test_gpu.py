@@ -53,7 +53,8 @@ def test_bench_rows_1_2(tmp_path, kernel, module):
     data = json.loads((tmp_path / f"bench-{kernel}.json").read_text())
     assert [p["rows"] for p in data["points"]] == [1, 2]
     for point in data["points"]:
-        assert point["kernel_us"] > 0 and all(v > 0 for v in point["baselines_us"].values())
+        assert point["kernel_us"] > 0 and point["baselines_us"]  # the op-by-op path ran
+        assert all(v > 0 for v in point["baselines_us"].values())
         assert point["kernel_pct_of_limit"] > 0
     assert data["copy_gbps"] > 100
     assert (tmp_path / f"bench-{kernel}.png").read_bytes()[:4] == b"\x89PNG"
