@@ -14,12 +14,19 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from mono_runtime.flydsl.offline import FlyCompileError, Job, compile_jobs
 from mono_runtime.flydsl.residency import residency_problem
-from mono_runtime.flydsl.testing import require_toolchain, wait_loops
+from mono_runtime.flydsl.testing import (
+    DEV,
+    SYS,
+    giveup_claims,
+    require_toolchain,
+    scope,
+    system_stores,
+    wait_loops,
+)
 
 WORLD = 4
 ARCHES = ("gfx950", "gfx942")
 PROBE = "mono_runtime.flydsl.probes:build_protocol_probe"
-SYS, DEV = "sc0 sc1", "sc1"
 MEM_OP = re.compile(r"^(global|buffer|flat)_(store|atomic|load)")
 
 
@@ -38,62 +45,37 @@ def isa(request, probes):
     return probes[request.param]
 
 
-def _scope(line: str) -> str | None:
-    return SYS if line.endswith(SYS) else DEV if line.endswith(" " + DEV) else None
-
-
 def _next_mem_op(lines, i):
     return next(ln for ln in lines[i + 1:] if MEM_OP.match(ln))
 
 
 @pytest.mark.timeout(300)
-def test_every_release_is_followed_by_a_store_of_its_scope(isa):
+def test_every_release_is_followed_by_a_store_of_itsscope(isa):
     body = isa.body
     releases = [i for i, ln in enumerate(body) if ln.startswith("buffer_wbl2")]
     assert releases
     for i in releases:
-        scope = _scope(body[i])
+        released = scope(body[i])
         op = _next_mem_op(body, i)
         assert body[i + 1].startswith("s_waitcnt vmcnt(0)"), body[i: i + 3]
-        if op.startswith("global_atomic_add_x2") and scope == DEV:
-            continue  # the ticket counter's acq_rel add: "sc0" there returns the old value
-        assert _scope(op) == scope, (body[i], op)
-
-
-def _release_before(body, k):
-    """The scope of the release that the store at line k is behind: walking back over
-    the text (branches may merge stores of several paths into one block), the first write
-    back met before any other store or atomic."""
-    for ln in reversed(body[:k]):
-        if ln.startswith("buffer_wbl2"):
-            return _scope(ln)
-        if re.match(r"^(global|buffer|flat)_(store|atomic)", ln):
-            return None
-    return None
+        if op.startswith("global_atomic_add_x2") and released == DEV:
+            continue  # a device acq_rel add (ticket, record claim): "sc0" returns the value
+        assert scope(op) == released, (body[i], op)
 
 
 @pytest.mark.timeout(300)
 def test_pairs_are_one_64_bit_store_behind_a_release(isa):
-    """Every 64-bit system-scope store is a pair behind a system release, but for the
-    fields of a health record (written after the give-up counter's add, KIND last)."""
-    body = isa.body
-    stores = [k for k, ln in enumerate(body)
-              if ln.startswith("global_store_dwordx2") and ln.endswith(SYS)]
-    fields = set()
-    counters = [i for i, ln in enumerate(body)
-                if ln.startswith("global_atomic_add_x2") and ln.endswith(SYS)]
-    for c in counters:
-        after = [k for k in stores if k > c]
-        kind = next(k for k in after if _release_before(body, k) == SYS)
-        record = [k for k in after if k < kind]
-        assert len(record) == 7, [body[k] for k in record]  # REGION .. ALARMS, then KIND
-        fields.update(record)
-    pairs = [k for k in stores if k not in fields]
-    assert all(_release_before(body, k) == SYS for k in pairs), [body[k] for k in pairs]
+    """Every 64-bit system-scope store is a pair behind a system release, but for a health
+    record's fields and its GIVEUPS word (8 a give-up path; KIND goes behind a release)."""
+    claims = giveup_claims(isa)
+    assert len(claims) == 2  # one give-up path a wait site
+    pairs, loose = system_stores(isa)
+    assert len(loose) == 8 * len(claims), [isa.body[k] for k in loose]
+    assert all(any(c < k for c in claims) for k in loose)
     # the KIND words, and the pushes (the compiler may merge the peers' stores into one
     # block, each path keeping its own release)
-    assert len(pairs) > len(counters)
-    assert sum(ln == "buffer_wbl2 sc0 sc1" for ln in body) >= WORLD
+    assert len(pairs) > len(claims)
+    assert sum(ln == "buffer_wbl2 sc0 sc1" for ln in isa.body) >= WORLD
 
 
 @pytest.mark.timeout(300)
@@ -108,10 +90,10 @@ def test_every_wait_sleeps_reads_the_clock_and_watches_the_alarms(isa):
         assert any(ln.startswith("s_memrealtime") for ln in loop.body), loop.label
         loads = loop.loads()
         # nothing but atomic, scoped loads in a wait: never a weight load behind a poll
-        assert all(_scope(ln) for ln in loads), loads
-        assert sum(_scope(ln) == SYS for ln in loads) >= alarm_loads, loads
+        assert all(scope(ln) for ln in loads), loads
+        assert sum(scope(ln) == SYS for ln in loads) >= alarm_loads, loads
     for loop in polls:
-        pair_scope = DEV if any(_scope(ln) == DEV for ln in loop.loads()) else SYS
+        pair_scope = DEV if any(scope(ln) == DEV for ln in loop.loads()) else SYS
         scopes.append(pair_scope)
         # the acquire after the wait: an invalidate at the pairs' scope
         assert f"buffer_inv {pair_scope}" in loop.after, loop.after
@@ -123,11 +105,10 @@ def test_every_wait_sleeps_reads_the_clock_and_watches_the_alarms(isa):
 @pytest.mark.timeout(300)
 def test_give_up_raises_alarms_everywhere_before_recording(isa):
     body = isa.body
-    counters = [i for i, ln in enumerate(body)
-                if ln.startswith("global_atomic_add_x2") and ln.endswith(SYS)]
-    assert len(counters) == 2  # one give-up path a wait site
+    claims = giveup_claims(isa)
+    assert len(claims) == 2
     start = 0
-    for c in counters:
+    for c in claims:
         cas = [ln for ln in body[start:c] if ln.startswith("global_atomic_cmpswap")]
         # atomic max of this rank's alarm word: its own head first, then every peer's
         assert len(cas) == WORLD + 1 and all(ln.endswith(SYS) for ln in cas), cas
@@ -136,8 +117,9 @@ def test_give_up_raises_alarms_everywhere_before_recording(isa):
 
 @pytest.mark.timeout(300)
 def test_tickets_are_device_scope_acq_rel(isa):
-    takes = [i for i, ln in enumerate(isa.body)
-             if ln.startswith("global_atomic_add_x2") and not ln.endswith(SYS)]
+    claims = set(giveup_claims(isa))
+    takes = [i for i, ln in enumerate(isa.body) if ln.startswith("global_atomic_add_x2")
+             and scope(ln) != SYS and i not in claims]
     assert len(takes) == 2  # before the loop and at its end
     for i in takes:
         assert isa.body[i - 2] == "buffer_wbl2 sc1" and "buffer_inv sc1" in isa.body[i: i + 3]

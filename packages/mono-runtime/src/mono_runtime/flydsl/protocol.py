@@ -301,7 +301,8 @@ def give_up(prog, kind, region, pair, wanted, seen, alarms):
         fx.atomic_max(word_ptr(prog.bases[p], prog.rank, fx.Int32), level, syncscope=SYSTEM,
                       ordering=fx.AtomicOrdering.Release)
     if (kind != P.KIND_ALARM) | (old == 0):
-        k = fx.atomic_add(word_ptr(prog.health, P.H_GIVEUPS), fx.Int64(1), syncscope=SYSTEM,
+        # the record is claimed on the device (ctl GIVEUPS): host memory sees only stores
+        k = fx.atomic_add(word_ptr(prog.ctl, P.CTL_GIVEUPS), fx.Int64(1), syncscope=DEVICE,
                           ordering=fx.AtomicOrdering.AcqRel)
         if k < P.RECORDS:
             rec = prog.health + (fx.Int64(P.HEALTH_HEAD) + k * P.RECORD_WORDS) * 8
@@ -314,6 +315,7 @@ def give_up(prog, kind, region, pair, wanted, seen, alarms):
             store64(rec, P.R_ALARMS, alarms, SYSTEM)
             release(SYSTEM)
             store64(rec, P.R_KIND, fx.Int64(kind), SYSTEM)
+        store64(prog.health, P.H_GIVEUPS, k + 1, SYSTEM)
 
 
 @traced

@@ -68,17 +68,39 @@ def wait_loops(isa: KernelIsa) -> list[WaitLoop]:
     return list(by_label.values())
 
 
-def blocks(isa: KernelIsa) -> list[tuple[str, ...]]:
-    """The kernel's instruction lines cut at labels and branches (basic blocks, roughly)."""
-    out, cur = [], []
-    for line in isa.body:
-        if line.endswith(":") and cur:
-            out.append(tuple(cur))
-            cur = []
-        cur.append(line)
-        if re.match(r"s_(?:c)?branch", line):
-            out.append(tuple(cur))
-            cur = []
-    if cur:
-        out.append(tuple(cur))
-    return out
+SYS, DEV = "sc0 sc1", "sc1"  # gfx9 cache bits of system- and device-scope accesses
+
+
+def scope(line: str) -> str | None:
+    """The scope an instruction's cache bits give: SYS, DEV or None."""
+    return SYS if line.endswith(SYS) else DEV if line.endswith(" " + DEV) else None
+
+
+def release_before(body, k: int) -> str | None:
+    """The scope of the release (``buffer_wbl2``) the access at line k is behind: walking
+    back over the text (branches may merge the stores of several paths into one block), the
+    first write-back met before any other store or atomic."""
+    for ln in reversed(body[:k]):
+        if ln.startswith("buffer_wbl2"):
+            return scope(ln)
+        if re.match(r"^(global|buffer|flat)_(store|atomic)", ln):
+            return None
+    return None
+
+
+def giveup_claims(isa: KernelIsa) -> list[int]:
+    """Lines of the health-record claims of give-up paths: the device-scope atomic add on
+    ctl[CTL_GIVEUPS] (its immediate offset names the word)."""
+    from ..protocol import CTL_GIVEUPS
+
+    rx = re.compile(rf"^global_atomic_add_x2 .* offset:{8 * CTL_GIVEUPS} sc0$")
+    return [i for i, ln in enumerate(isa.body) if rx.match(ln)]
+
+
+def system_stores(isa: KernelIsa) -> tuple[list[int], list[int]]:
+    """Lines of 64-bit system-scope stores: (behind a system release, the others)."""
+    body = isa.body
+    stores = [k for k, ln in enumerate(body)
+              if ln.startswith("global_store_dwordx2") and scope(ln) == SYS]
+    behind = [k for k in stores if release_before(body, k) == SYS]
+    return behind, [k for k in stores if k not in behind]
