@@ -75,6 +75,42 @@ def test_entry_point_is_found_and_registers_mono_classes():
         assert cls.__name__ == f"Mono{arch}" and issubclass(cls, stock)
 
 
+def test_vllms_plugin_loader_registers_mono():
+    """vLLM's own loader (what every vLLM process runs) finds and runs the entry point."""
+    import vllm.plugins
+    from vllm import ModelRegistry
+
+    stock = ModelRegistry.models["KimiLinearForCausalLM"]
+    ModelRegistry.register_model(
+        "KimiLinearForCausalLM", "vllm.models.kimi_k3:KimiLinearForCausalLM"
+    )
+    loaded, vllm.plugins.plugins_loaded = vllm.plugins.plugins_loaded, False
+    try:
+        vllm.plugins.load_general_plugins()
+        entry = ModelRegistry.models["KimiLinearForCausalLM"]
+        assert (entry.module_name, entry.class_name) == (
+            "mono_vllm.models.kimi",
+            "MonoKimiLinearForCausalLM",
+        )
+    finally:
+        vllm.plugins.plugins_loaded = loaded
+        ModelRegistry.models["KimiLinearForCausalLM"] = stock
+
+
+def test_layer_slots_come_from_the_forward_context():
+    from mono_vllm.families.minimax import vllm_slots
+    from vllm.forward_context import override_forward_context
+
+    mapping = torch.tensor([[7, 9, -1, -1]])
+    ctx = ForwardContext(
+        no_compile_layers={}, attn_metadata={}, slot_mapping={LAYER: mapping[0]},
+        cudagraph_runtime_mode=CUDAGraphMode.NONE,
+    )  # fmt: skip
+    with override_forward_context(ctx):
+        slots = vllm_slots(LAYER, 3)()
+    assert slots.tolist() == [7, 9, -1] and slots.data_ptr() == mapping.data_ptr()
+
+
 def _stock_module(arch: str) -> str:
     return "vllm.models.kimi_k3" if arch.startswith("Kimi") else "vllm.models.minimax_m3"
 
