@@ -32,10 +32,20 @@ def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
             Point(
                 rows=row["S"],
                 kernel_us=float(row["k1_us"]),
-                baselines_us={BASELINE: float(row["op_by_op_us"])},
+                baselines_us={BASELINE: float(row["op_by_op_us"])} if "op_by_op_us" in row else {},
                 bytes_moved=int(row["bytes"]),
             )
             for row in rows
         ],
-        settings={"model": "Kimi-K3", "layer": "KDA (K1)", "tp": 8, "shape": "rows x 1 token"},
+        settings={
+            "model": "Kimi-K3",
+            "layer": "KDA (K1)",
+            "tp": 8,
+            "shape": "rows requests x 1 token",
+            **{
+                f"baseline failed at S={r['S']}": r["op_by_op_error"]
+                for r in rows
+                if "op_by_op_error" in r
+            },
+        },
     )

@@ -1,0 +1,100 @@
+"""`mono bench` from the arguments to the files, with the kernel packages' bench functions
+replaced by given rows in their documented format (the GPU tests run the real ones)."""
+
+import importlib
+import importlib.machinery
+import json
+import sys
+import types
+
+import pytest
+from mono_tools.bench import command
+from mono_tools.cli import main
+from mono_tools.machine import Machine
+
+H200 = Machine(gpus=1, vendor="cuda", gpu_name="NVIDIA H200", cpus=16, torch="x", triton="y")
+
+
+@pytest.fixture
+def on_a_gpu(monkeypatch):
+    monkeypatch.setattr(command, "detect", lambda: H200)
+
+
+def _fake_module(monkeypatch, name: str, **functions):
+    parent, _, child = name.rpartition(".")
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    module.__dict__.update(functions)
+    monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(importlib.import_module(parent), child, module, raising=False)
+
+
+def test_bench_kda_table_json_and_plot(monkeypatch, tmp_path, capsys, on_a_gpu):
+    seen = {}
+
+    def rows(shapes):
+        seen["shapes"] = shapes
+        return [
+            dict(
+                R=r,
+                L=1,
+                S=r,
+                k1_us=10.0 * r,
+                bytes=40_000_000,
+                copy_GBps=4000.0,
+                op_by_op_us=30.0 * r,
+            )
+            for r, _ in shapes
+        ]
+
+    _fake_module(monkeypatch, "mono_kernels_kimi.kda.bench", rows=rows)
+    assert main(["bench", "kda", "--rows", "1,2", "--out", str(tmp_path)]) == 0
+    assert seen["shapes"] == [(1, 1), (2, 1)]
+    data = json.loads((tmp_path / "bench-kda.json").read_text())
+    assert [p["kernel_us"] for p in data["points"]] == [10.0, 20.0]
+    assert data["points"][0]["kernel_pct_of_limit"] == 100.0  # 40 MB at 4 TB/s = 10 us
+    assert (tmp_path / "bench-kda.png").exists()
+    assert "3.00x" in capsys.readouterr().out
+
+
+def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(monkeypatch, tmp_path, on_a_gpu):
+    def bench(rows, formats):
+        return [
+            dict(
+                format=formats[0],
+                layout="fp8-b128",
+                rows=s,
+                kernel_us=8.0,
+                bytes=16_000_000,
+                copy_tbps=4.0,
+                opbyop_us=None if s == 2 else 24.0,
+                note="Boom" if s == 2 else None,
+            )
+            for s in rows
+        ]
+
+    _fake_module(monkeypatch, "mono_kernels_minimax.ffn.bench", bench=bench)
+    argv = ["bench", "ffn", "--rows", "1,2", "--format", "fp8", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    data = json.loads((tmp_path / "bench-ffn.json").read_text())
+    assert data["settings"]["format"] == "fp8-b128"
+    assert data["copy_gbps"] == 4000.0
+    assert data["points"][1]["baselines_us"] == {}
+    assert data["settings"]["baseline failures"] == {"rows 2": "Boom"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["bench", "kda", "--rows", "16"], "K1 serves at most 8 rows"),
+        (["bench", "kda", "--format", "fp8"], "K1 reads bf16 weights only"),
+        (["bench", "ffn", "--rows", "32"], "serves at most 16 rows"),
+        (["bench", "ffn", "--ranks", "2"], "--ranks applies to `mono bench allreduce` only"),
+        (["bench", "allreduce", "--format", "fp8"], "--format applies to"),
+        (["bench", "allreduce", "--ranks", "2"], "--ranks 2 needs 2 GPUs"),
+    ],
+)
+def test_bench_refusals_on_a_gpu_machine(capsys, tmp_path, on_a_gpu, argv, says):
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
