@@ -218,8 +218,7 @@ def _k1_matches_reference(ctx: RankContext) -> str:
         ref = inputs.clone()
         want = ref.reference()
         got = inputs.clone()
-        runner = KdaRunner(cfg, ctx.device, L)
-        runner.warm()
+        runner = KdaRunner(cfg, ctx.device, L, max_rows=requests * L)  # compiles this width
         runner(
             got.R,
             prefix=got.prefix,
