@@ -8,7 +8,6 @@ kernel on its own shard and returns what the parent compares: its outputs and th
 from __future__ import annotations
 
 import torch
-
 from mono_kernels_minimax.config import MiniMaxM3Config
 from mono_kernels_minimax.ffn.reference import ffn_reference
 from mono_kernels_minimax.ffn.runner import FfnRunner
@@ -108,7 +107,8 @@ def kernel_types(fmt: str) -> dict[str, str]:
         "slots": "*i64", "norm": "*i32", "router": "*fp32", "bias": "*fp32",
         "w13": w, "w13_scale": s, "w2": w, "w2_scale": s,
         "sw13": sw, "sw13_scale": ss, "sw2": sw, "sw2_scale": ss,
-        "scratch": "*u8", "slot": "i32", "final": "i32", "ctl": "*i64", "health": "i64", "tickets": "*i64",
+        "scratch": "*u8", "slot": "i32", "final": "i32", "ctl": "*i64", "health": "i64",
+        "tickets": "*i64",
         "peers": "*i64", "rank": "i32", "world": "i32",
     }
 
@@ -116,13 +116,12 @@ def kernel_types(fmt: str) -> dict[str, str]:
 def compile_checks(rank, world, group, fmt, rows, tiny):
     """Compile for sm_90 (PTX + ptxas resources) and gfx950 without a GPU; return facts."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from mono_kernels_minimax.ffn import triton_build
     from mono_kernels_minimax.ffn.spec import FfnBuild
     from mono_runtime.builds import DeviceLimits, residency_problem
     from mono_runtime.compile_check import compile_for, resources_of
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
 
     cfg = MiniMaxM3Config.tiny() if tiny else MiniMaxM3Config()
     b = FfnBuild(cfg, rows, 4 if not tiny else 2, WeightFormat(fmt))

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from mono_kernels_minimax.config import MiniMaxM3Config
 from mono_kernels_minimax.ffn.reference import route, swiglu_oai
 from mono_kernels_minimax.ffn.spec import (
-    Experts, FfnBuild, max_tickets, peer_bytes, peer_layout, scratch_bytes, scratch_layout,
+    Experts,
+    FfnBuild,
+    max_tickets,
+    peer_bytes,
+    peer_layout,
+    scratch_bytes,
+    scratch_layout,
 )
 from mono_kernels_minimax.ffn.weights import random_weights
 from mono_kernels_minimax.formats import (
-    WeightFormat, dequantize, pack_fp8, pack_mxfp4, unpack_mxfp4,
+    WeightFormat,
+    dequantize,
+    pack_fp8,
+    pack_mxfp4,
+    unpack_mxfp4,
 )
 
 # OCP MX v1.0, table of FP4 E2M1: code -> value (bit 3 sign, bits 2..1 exponent, bit 0 mantissa)

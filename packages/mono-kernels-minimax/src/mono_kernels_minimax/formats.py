@@ -115,7 +115,8 @@ def quantize(w: torch.Tensor, fmt: WeightFormat) -> tuple[torch.Tensor, torch.Te
     return pack_fp8(w)
 
 
-def dequantize(values: torch.Tensor, scales: torch.Tensor | None, fmt: WeightFormat) -> torch.Tensor:
+def dequantize(values: torch.Tensor, scales: torch.Tensor | None,
+               fmt: WeightFormat) -> torch.Tensor:
     """fp32 ``[..., N, K]`` of a weight stored in ``fmt``'s layout."""
     if fmt is WeightFormat.BF16:
         return values.float()

@@ -134,51 +134,55 @@ class OpByOp:
         return (routed + shared.float()).to(torch.bfloat16), res
 
 
+def _row(cfg, fmt, runner, base, w, s, layers, copy, g) -> dict:
+    device = runner.device
+    part = torch.randn(s, cfg.hidden_size, generator=g, device=device).to(torch.bfloat16)
+    residual = torch.randn(s, cfg.hidden_size, generator=g, device=device).to(torch.bfloat16)
+    slots = torch.arange(s, dtype=torch.int64, device=device)
+    o, r = torch.empty_like(part), torch.empty_like(residual)
+
+    def step():
+        runner.step_begin()
+        for _ in range(layers):
+            runner(part, residual, w, slots, out=o, residual_out=r)
+
+    t_kernel = _graph_time(step) / layers
+    runner.after_step()
+    ids, _ = runner.routing(s)
+    nbytes = bytes_read(cfg, w, ids.long(), s)
+    t_base, note = None, None
+    try:
+        t_base = _graph_time(lambda: base(part, residual))
+    except Exception as err:  # noqa: BLE001 (reported in the row, not fatal)
+        note = f"op-by-op path failed: {type(err).__name__}: {err}"[:300]
+    return dict(
+        format=fmt.value, layout=fmt.layout, rows=s, kernel_us=t_kernel * 1e6, bytes=nbytes,
+        copy_tbps=copy / 1e12, limit_pct=100.0 * nbytes / copy / t_kernel,
+        opbyop_us=None if t_base is None else t_base * 1e6,
+        speedup=None if t_base is None else t_base / t_kernel,
+        experts_read=int(ids[ids >= 0].unique().numel()) + 1, note=note,
+    )
+
+
 def bench(rows=(1, 2, 4, 8, 16), formats=("mxfp4", "fp8"), layers: int = 8,
           device: str = "cuda", seed: int = 0) -> list[dict]:
-    """One row per (format, S): kernel_us, bytes, copy_tbps, limit_pct, opbyop_us, speedup."""
+    """One row per (format, S): kernel_us, bytes, copy_tbps, limit_pct, opbyop_us, speedup,
+    experts_read (routed union + shared), note (why the op-by-op path has no figure)."""
     device = torch.device(device)
     cfg = rank_config()
     copy = copy_bandwidth(device)
     out = []
-    for fmt in formats:
-        fmt = WeightFormat(fmt)
+    for name in formats:
+        fmt = WeightFormat(name)
         w = random_weights(cfg, 1, fmt, seed=seed, device=device)
         runner = FfnRunner(cfg, fmt, None, 0, 1, device, widths=rows)
         runner.warm()
         base = OpByOp(cfg, w)
         g = torch.Generator(device=device).manual_seed(seed)
-        for s in rows:
-            part = torch.randn(s, cfg.hidden_size, generator=g, device=device).to(torch.bfloat16)
-            residual = torch.randn(s, cfg.hidden_size, generator=g, device=device).to(torch.bfloat16)
-            slots = torch.arange(s, dtype=torch.int64, device=device)
-            o = torch.empty_like(part)
-            r = torch.empty_like(residual)
-
-            def step():
-                runner.step_begin()
-                for _ in range(layers):
-                    runner(part, residual, w, slots, out=o, residual_out=r)
-
-            t_kernel = _graph_time(step) / layers
-            runner.after_step()
-            ids, _ = runner.routing(s)
-            nbytes = bytes_read(cfg, w, ids.long(), s)
-            try:
-                t_base = _graph_time(lambda: base(part, residual))
-            except Exception as err:  # noqa: BLE001 (reported in the row, not fatal)
-                t_base, base_err = None, f"{type(err).__name__}: {err}"[:200]
-            else:
-                base_err = None
-            out.append(dict(
-                format=fmt.value, layout=fmt.layout, rows=s, kernel_us=t_kernel * 1e6,
-                bytes=nbytes, copy_tbps=copy / 1e12,
-                limit_pct=100.0 * nbytes / copy / t_kernel,
-                opbyop_us=None if t_base is None else t_base * 1e6,
-                speedup=None if t_base is None else t_base / t_kernel,
-                experts_read=int(ids[ids >= 0].unique().numel()) + 1, note=base_err,
-            ))
-        runner.close()
+        try:
+            out.extend(_row(cfg, fmt, runner, base, w, s, layers, copy, g) for s in rows)
+        finally:
+            runner.close()
         del w, base
         torch.cuda.empty_cache()
     return out

@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-
 from mono_runtime import protocol as P
 from mono_runtime.errors import MonoUnsupported
 from mono_runtime.runner import MonoRunner
@@ -66,10 +65,10 @@ class FfnRunner:
         if self.cpu and not _cpu_interpreter():
             raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
         if programs is None:
-            programs = 2 if self.cpu else torch.cuda.get_device_properties(self.device).multi_processor_count
+            programs = (2 if self.cpu else
+                        torch.cuda.get_device_properties(self.device).multi_processor_count)
         self.programs = programs
         self._slot = 0
-        self._warm: set[int] = set()
 
     # -- protocol -------------------------------------------------------------------------
     def step_begin(self) -> None:
@@ -114,8 +113,7 @@ class FfnRunner:
         """Compile and load every width before memory profiling and graph capture, and
         refuse a width whose grid cannot be resident at once (GPU only)."""
         if self.cpu:
-            self._warm.update(self.widths)
-            return
+            return  # the interpreter compiles nothing
         from mono_runtime.builds import DeviceLimits, Resources, residency_problem
 
         limits = DeviceLimits.of(self.device)
@@ -127,7 +125,6 @@ class FfnRunner:
                                         f"FFN width {s}")
             if problem:
                 raise MonoUnsupported(problem)
-            self._warm.add(s)
 
     def _dummies(self, s: int):
         h = self.cfg.hidden_size
@@ -142,7 +139,8 @@ class FfnRunner:
             weights = self._type_weights()
         return triton_build.kernel_args(
             b, part=part, residual=residual, out=out, residual_out=residual_out, slots=slots,
-            weights=weights, scratch=region, slot=slot, final=final, ctl=la["ctl"], health=la["health"],
+            weights=weights, scratch=region, slot=slot, final=final, ctl=la["ctl"],
+            health=la["health"],
             tickets=la["tickets"], peers=pa["peers"], rank=pa["rank"], world=pa["world"])
 
     def _type_weights(self) -> FfnWeights:
@@ -210,6 +208,7 @@ class FfnRunner:
         if not isinstance(weights, FfnWeights):
             raise ValueError(f"weights: expected FfnWeights, got {type(weights).__name__}")
         if weights.fmt != self.fmt:
-            raise ValueError(f"weights: format {weights.fmt.value}, this runner reads {self.fmt.value}")
+            raise ValueError(
+                f"weights: format {weights.fmt.value}, this runner reads {self.fmt.value}")
         weights.validate(self.cfg, self.tp, self.device)
         return s

@@ -28,7 +28,8 @@ One launch, one TP rank, S = 1..16 rows (a decode step), does in this order of t
                          a give-up in the same step
 
 Tasks that others wait on (seam, router, route, final) mark `done[t]` = (tag, 1) with
-mono_runtime's `ticket_finish`; up tasks count themselves and the last marks `done[ALLUP]`; a waiter polls the done pairs of the tickets it needs (all
+mono_runtime's `ticket_finish`; up tasks count themselves and the last marks `done[ALLUP]`;
+a waiter polls the done pairs of the tickets it needs (all
 smaller than its own) and then acquires them. Tickets come from the runtime's per-slot
 counter (`tickets[slot]`); programs that drew before the route task's slot count was known
 learn it, and the launch's last taker resets the counter.

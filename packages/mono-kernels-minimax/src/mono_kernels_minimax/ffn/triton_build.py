@@ -147,7 +147,8 @@ def ffn_kernel(
     NC: tl.constexpr, NC2: tl.constexpr, IC: tl.constexpr, UK: tl.constexpr,
     ND: tl.constexpr, DC: tl.constexpr, DK: tl.constexpr, NF: tl.constexpr, NF2: tl.constexpr,
     FC: tl.constexpr, W2P: tl.constexpr,
-    O_DONE: tl.constexpr, O_COUNT: tl.constexpr, MAXTICKETS: tl.constexpr, O_XS: tl.constexpr, O_XN: tl.constexpr, O_LOGIT: tl.constexpr,
+    O_DONE: tl.constexpr, O_COUNT: tl.constexpr, MAXTICKETS: tl.constexpr, O_XS: tl.constexpr,
+    O_XN: tl.constexpr, O_LOGIT: tl.constexpr,
     O_TABLE: tl.constexpr, O_MID: tl.constexpr,
     T_WTAB: tl.constexpr, T_IDS: tl.constexpr, T_TOPW: tl.constexpr,
     P_AR1: tl.constexpr, P_AR2: tl.constexpr, P_HS: tl.constexpr,
@@ -221,7 +222,8 @@ def ffn_kernel(
                 xh = tl.load(xs + s * H + 2 * p + 1)
                 wn = tl.load(norm + p)
                 tl.store(xn32 + s * (H // 2) + p,
-                         pt.bf16x2_pack(xl * rstd * (pt.bf16x2_lo(wn) + 1.0), xh * rstd * (pt.bf16x2_hi(wn) + 1.0)))
+                         pt.bf16x2_pack(xl * rstd * (pt.bf16x2_lo(wn) + 1.0),
+                                        xh * rstd * (pt.bf16x2_hi(wn) + 1.0)))
             pt.ticket_finish(done, t, tag)
         elif t < ROUTE:
             # router: 16 experts x one K part, fp32
@@ -447,7 +449,8 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         NRTR2=_p2(p.router_groups * p.router_parts),
         NC=p.nc, NC2=_p2(p.nc), IC=p.ic, UK=p.uk, ND=p.down, DC=p.dc, DK=p.dk,
         NF=p.final, NF2=_p2(p.final), FC=p.fc, W2P=_p2(b.tp),
-        O_DONE=sl["done"][0], O_COUNT=sl["count"][0], MAXTICKETS=max_tickets(b), O_XS=sl["xs"][0], O_XN=sl["xn"][0], O_LOGIT=sl["logit"][0],
+        O_DONE=sl["done"][0], O_COUNT=sl["count"][0], MAXTICKETS=max_tickets(b),
+        O_XS=sl["xs"][0], O_XN=sl["xn"][0], O_LOGIT=sl["logit"][0],
         O_TABLE=sl["table"][0], O_MID=sl["mid"][0],
         T_WTAB=tb["wtab"], T_IDS=tb["topk_ids"], T_TOPW=tb["topk_w"],
         P_AR1=pl["ar1"][0], P_AR2=pl["ar2"][0], P_HS=pl["hs"][0],

@@ -38,7 +38,7 @@ class FfnWeights:
     shared_w2: torch.Tensor
     shared_w2_scale: torch.Tensor | None
 
-    def expected(self, cfg: MiniMaxM3Config, tp: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    def expected(self, cfg: MiniMaxM3Config, tp: int) -> dict[str, tuple]:
         """(shape, dtype) of every tensor for `cfg` at TP `tp` in this bundle's format."""
         h, e = cfg.hidden_size, cfg.num_experts
         i, si = cfg.per_rank_intermediate(tp), cfg.per_rank_shared_intermediate(tp)
