@@ -264,6 +264,7 @@ def fault_over_deadline(ctx: RankContext) -> str:
         expect_right(ctx, inputs, *one_step(runner, inputs), "clean step after reset")
     if fault is not None:
         ctx.info["timeline"] = str(fault)
+    took = max(ctx.gather(took))  # one figure for the step, the same line on every rank
     faults = ctx.gather(None if fault is None else str(fault))
     silent = [r for r, f in enumerate(faults) if f is None]
     if silent:
