@@ -10,7 +10,6 @@ both targets: MONO_FLYDSL_ALL_WIDTHS=1 (about 15 min on 2 cores).
 from __future__ import annotations
 
 import os
-import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,7 +21,6 @@ from mono_runtime import protocol as proto
 
 REAL = MiniMaxM3Config()
 MX, BF = WeightFormat.MXFP4, WeightFormat.BF16
-SYS, DEV = "sc0 sc1", "sc1"
 
 # (arch, build): both formats, both ends of the widths, TP4 and TP8, both targets
 CI_BUILDS = [
@@ -115,50 +113,35 @@ def test_kernel_arguments_are_the_argument_list(case):
     assert [a.size for a in isa.args] == sizes
 
 
-def _scope(line: str) -> str | None:
-    """The memory scope an instruction's cache bits give: system, device (agent), none."""
-    return SYS if line.endswith(SYS) else DEV if line.endswith(" " + DEV) else None
-
-
-def _release_before(body, k):
-    """The scope of the release the store at line k is behind (walking back over the text
-    to the first write-back, before any other store or atomic)."""
-    for ln in reversed(body[:k]):
-        if ln.startswith("buffer_wbl2"):
-            return _scope(ln)
-        if re.match(r"^(global|buffer|flat)_(store|atomic)", ln):
-            return None
-    return None
-
-
 @pytest.mark.timeout(600)
 def test_peer_pushes_are_system_scope_pairs_behind_a_release(case):
-    b, isa = case
+    from mono_runtime.flydsl.testing import (
+        DEV,
+        giveup_claims,
+        release_before,
+        scope,
+        system_stores,
+        wait_loops,
+    )
+
+    _, isa = case
     body = isa.body
-    counters = [i for i, ln in enumerate(body)
-                if ln.startswith("global_atomic_add_x2") and ln.endswith(SYS)]
-    stores = [k for k, ln in enumerate(body) if ln.startswith("global_store_dwordx2")]
-    behind = {k: _release_before(body, k) for k in stores}
-    sys_pairs = [k for k in stores if _scope(body[k]) == SYS and behind[k] == SYS]
-    dev_pairs = [k for k in stores if _scope(body[k]) == DEV and behind[k] == DEV]
-    # pushes of ar1 and ar2 (and the handshake), the done pairs of the ticket items
-    assert len(sys_pairs) >= 3 and dev_pairs
-    # a health record's fields follow its give-up counter; its KIND word, behind a release,
-    # closes it: every other system-scope 64-bit store is a pair behind a release
-    fields = set()
-    for c in counters:
-        after = [k for k in stores if k > c and _scope(body[k]) == SYS]
-        kind = next(k for k in after if behind[k] == SYS)
-        fields.update(k for k in after if k < kind)
-    assert len(fields) == 7 * len(counters)
-    loose = [body[k] for k in stores if _scope(body[k]) == SYS and k not in fields
-             and behind[k] != SYS]
-    assert not loose, loose
+    pairs, loose = system_stores(isa)
+    # pushes of ar1 and ar2, the handshake, the KIND words of health records
+    assert len(pairs) >= 3
+    # the done pairs of ticket items: device scope, behind a device release
+    assert any(ln.startswith("global_store_dwordx2") and scope(ln) == DEV
+               and release_before(body, k) == DEV for k, ln in enumerate(body))
+    # every other system-scope 64-bit store is a health record's field or GIVEUPS word:
+    # 8 a give-up path, one path a wait site (each sleeping poll)
+    claims = giveup_claims(isa)
+    polls = [lp for lp in wait_loops(isa) if "s_sleep 1" in lp.body]
+    assert len(claims) == len(polls) and len(loose) == 8 * len(claims)
 
 
 @pytest.mark.timeout(600)
 def test_every_wait_sleeps_reads_the_clock_and_watches_the_alarms(case):
-    from mono_runtime.flydsl.testing import wait_loops
+    from mono_runtime.flydsl.testing import DEV, SYS, scope, wait_loops
 
     b, isa = case
     loops = wait_loops(isa)
@@ -171,12 +154,12 @@ def test_every_wait_sleeps_reads_the_clock_and_watches_the_alarms(case):
         assert any(ln.startswith("s_memrealtime") for ln in loop.body), loop.label
         loads = loop.loads()
         # nothing but scoped atomic loads in a wait: no weight load queued behind a poll
-        assert loads and all(_scope(ln) for ln in loads), loads
-        assert sum(_scope(ln) == SYS for ln in loads) >= alarm_loads, loads
+        assert loads and all(scope(ln) for ln in loads), loads
+        assert sum(scope(ln) == SYS for ln in loads) >= alarm_loads, loads
     for loop in polls:
-        scope = DEV if any(_scope(ln) == DEV for ln in loop.loads()) else SYS
-        scopes.add(scope)
-        assert f"buffer_inv {scope}" in loop.after, (loop.label, loop.after)
+        pairs_scope = DEV if any(scope(ln) == DEV for ln in loop.loads()) else SYS
+        scopes.add(pairs_scope)
+        assert f"buffer_inv {pairs_scope}" in loop.after, (loop.label, loop.after)
     assert scopes == {SYS, DEV}
 
 
