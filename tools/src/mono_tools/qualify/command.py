@@ -85,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--ranks {world}: the host backend runs at most {HOST_MAX_RANKS}")
     json_path = outputs.json_target(args.json) if args.json else None
     plan = _plan(args.only)
+    if args.testing_force_fault and "tagged all-reduce" not in [c.name for c in plan]:
+        raise UsageError("--testing-force-fault acts in the 'tagged all-reduce' check: run it")
 
     where = machine.gpu_name if backend != "host" else "host processes, Triton interpreter"
     print(f"mono qualify: {world} rank(s), backend {backend} ({where})", flush=True)
