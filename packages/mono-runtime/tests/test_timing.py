@@ -4,7 +4,6 @@ copy rate and a graph-replayed call's time are sane."""
 from __future__ import annotations
 
 import pytest
-
 from mono_runtime.timing import copy_bandwidth, graph_time
 
 

@@ -16,8 +16,7 @@ def _positive(name: str, value: int, least: int = 1) -> None:
         raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
 
 
-def graph_time(fn: Callable[[], object], reps: int = 20, warmup: int = 3,
-               calls: int = 1) -> float:
+def graph_time(fn: Callable[[], object], reps: int = 20, warmup: int = 3, calls: int = 1) -> float:
     """Seconds per call of `fn`: `calls` back-to-back calls captured in one graph, the
     median over `reps` individually timed replays, divided by `calls`.
 
@@ -71,5 +70,4 @@ def copy_bandwidth(device=None, nbytes: int = 1 << 30, iters: int = 10) -> float
         src = torch.ones(nbytes, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
         seconds = graph_time(lambda: dst.copy_(src), reps=iters, warmup=2)
-        del src, dst
     return 2 * nbytes / seconds
