@@ -2,8 +2,13 @@
 and one step of a 132-program ticket loop (next to an empty launch of the same grid).
 
 Run on the GPU machine: `python3 -m mono_runtime.bench_protocol` (prints a table), or call
-`run()` from tools/gpu_run.py. Times come from CUDA graphs of many launches, so launch
-overhead is amortised the way a captured decode step amortises it.
+`run()` from tools/gpu_run.py; `--variants` adds a table of ping-pong variants (warps,
+fence, clock and alarm cadence, a bare spin floor) to see what one message costs and why.
+Ticket-loop times come from CUDA graphs of many launches, so launch overhead is amortised
+the way a captured decode step amortises it. Ping-pong times are the difference of two
+launches (R and 2R rounds), each warmed up first with identical arguments: Triton
+specializes an int on divisibility by 16, so a warm-up with other arguments can leave a
+JIT compile inside the timed window.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import protocol as P
 from . import protocol_triton as T
 from .runner import MonoRunner
 
@@ -36,6 +42,92 @@ def _ping_pong(ctl, health, peers, rounds, region, CPU: tl.constexpr):
             T.poll(base + 2 * i + one, one == 0, tag, ctl, health, peers, 0, 1, region,
                    2 * i, CPU)
             T.publish(base + 2 * i + 1 + one, one + i + 1, tag, one == 0, "gpu")
+
+
+_SPIN_BUDGET = tl.constexpr(1 << 24)  # polls per launch for the variants (seconds at most)
+_DEADLINE = tl.constexpr(P.CTL_DEADLINE)
+_MAX_RANKS = tl.constexpr(P.MAX_RANKS)
+
+
+@triton.jit
+def _spin(ptr, tag, budget):
+    """The floor of a wait: volatile loads of one pair until it carries `tag`; no clock, no
+    alarms, bounded by a poll budget shared by the whole launch. Returns the budget left
+    (0: gave up, and every later spin of the launch gives up at once)."""
+    seen = tl.load(ptr, volatile=True)
+    while (T.pair_tag(seen) != tag) & (budget > 0):
+        budget -= 1
+        seen = tl.load(ptr, volatile=True)
+    return budget
+
+
+@triton.jit
+def _ping_pong_floor(ctl, peers, fails, rounds, SEM: tl.constexpr):
+    """`_ping_pong` with bare spins and an exchange of semantics SEM ("release" as the
+    protocol, "relaxed" to see what the fence costs; relaxed is not a correct publish).
+    A launch that ran out of polls adds 1 to `fails`."""
+    me = tl.program_id(0)
+    tag = T.step_tag(ctl, 0)
+    base = T.peer_data(peers, 0)
+    budget = tl.full((), _SPIN_BUDGET, tl.int64)
+    for i in range(0, rounds):
+        if me == 0:
+            tl.atomic_xchg(base + 2 * i, T.make_pair(tag, i + 1), sem=SEM, scope="gpu")
+            budget = _spin(base + 2 * i + 1, tag, budget)
+        else:
+            budget = _spin(base + 2 * i, tag, budget)
+            tl.atomic_xchg(base + 2 * i + 1, T.make_pair(tag, i + 1), sem=SEM, scope="gpu")
+    if budget <= 0:
+        tl.atomic_add(fails, 1)
+
+
+@triton.jit
+def _wait_every(ptr, tag, ctl, peers, world, budget, CLOCK_EVERY: tl.constexpr,
+                ALARM_EVERY: tl.constexpr):
+    """`T.poll`'s wait on one pair with the clock read every CLOCK_EVERY polls and the
+    alarm words (a 64-lane load and a CTA max) every ALARM_EVERY polls, to time what each
+    costs. Bounded by the deadline and by the launch's poll budget; returns the budget left
+    (0 on any give-up)."""
+    head = tl.load(peers).to(tl.pointer_type(tl.int32))
+    ranks = tl.arange(0, _MAX_RANKS)
+    deadline = tl.load(ctl + _DEADLINE)
+    t0 = T.clock(0, False)
+    waited = t0 - t0
+    raised = 0
+    it = 0
+    seen = tl.load(ptr, volatile=True)
+    while (T.pair_tag(seen) != tag) & (raised == 0) & (waited <= deadline) & (budget > 0):
+        it += 1
+        budget -= 1
+        seen = tl.load(ptr, volatile=True)
+        if it % ALARM_EVERY == 0:
+            raised = tl.max(tl.load(head + ranks, mask=ranks < world, other=0, volatile=True),
+                            0)
+        if it % CLOCK_EVERY == 0:
+            waited = T.clock(it, False) - t0
+    return tl.where((T.pair_tag(seen) == tag) & (raised == 0), budget, 0)
+
+
+@triton.jit
+def _ping_pong_every(ctl, peers, fails, rounds, world, CLOCK_EVERY: tl.constexpr,
+                     ALARM_EVERY: tl.constexpr):
+    """`_ping_pong` with `_wait_every` waits and the protocol's release publish."""
+    me = tl.program_id(0)
+    tag = T.step_tag(ctl, 0)
+    base = T.peer_data(peers, 0)
+    one = tl.arange(0, 1)
+    budget = tl.full((), _SPIN_BUDGET, tl.int64)
+    for i in range(0, rounds):
+        if me == 0:
+            T.publish(base + 2 * i + one, one + i + 1, tag, one == 0, "gpu")
+            budget = _wait_every(base + 2 * i + 1, tag, ctl, peers, world, budget,
+                                 CLOCK_EVERY, ALARM_EVERY)
+        else:
+            budget = _wait_every(base + 2 * i, tag, ctl, peers, world, budget, CLOCK_EVERY,
+                                 ALARM_EVERY)
+            T.publish(base + 2 * i + 1 + one, one + i + 1, tag, one == 0, "gpu")
+    if budget <= 0:
+        tl.atomic_add(fails, 1)
 
 
 @triton.jit
@@ -77,28 +169,81 @@ def _graph_ns(runner: MonoRunner, launch, per_graph: int, replays: int) -> float
     return start.elapsed_time(end) * 1e6 / (replays * per_graph)
 
 
-def run(programs: int | None = None, rounds: int = 2000) -> list[tuple[str, float]]:
-    """[(what, ns)]; raises MonoFault if any wait gave up (then the numbers mean nothing)."""
+def _trip_ns(runner: MonoRunner, launch, rounds: int, repeats: int = 3) -> float:
+    """ns per round trip of `launch(n)` (a 2-program ping-pong of n rounds): the best of
+    `repeats` timed launches of 2R rounds minus that of R rounds, over R, so neither the
+    launch nor a compile is counted. Each round count is launched once untimed first, with
+    the arguments the timed launches use."""
+    best = {}
+    for n in (rounds, 2 * rounds):
+        runner.step_begin()
+        launch(n)  # compile this specialization outside the timing
+        runner.after_step()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            runner.step_begin()  # a fresh tag: the pair positions of the last launch are stale
+            start.record()
+            launch(n)
+            end.record()
+            end.synchronize()
+            runner.after_step()
+            times.append(start.elapsed_time(end) * 1e6)
+        best[n] = min(times)
+    return (best[2 * rounds] - best[rounds]) / rounds
+
+
+def _variants(runner: MonoRunner, rounds: int, region: int) -> list[tuple[str, float]]:
+    """[(variant, one-way ns)] of the ping-pong; raises if any variant's wait gave up."""
+    a, peers = runner.launch_args(), runner.peer.addresses
+    fails = torch.zeros(1, dtype=torch.int32, device=runner.device)
+
+    def protocol(warps):
+        return lambda n: _ping_pong[(2,)](a["ctl"], a["health"], peers, n, region, CPU=False,
+                                          num_warps=warps)
+
+    def floor(sem, warps):
+        return lambda n: _ping_pong_floor[(2,)](a["ctl"], peers, fails, n, SEM=sem,
+                                                num_warps=warps)
+
+    def every(clock, alarm, warps):
+        return lambda n: _ping_pong_every[(2,)](a["ctl"], peers, fails, n, 1, CLOCK_EVERY=clock,
+                                                ALARM_EVERY=alarm, num_warps=warps)
+
+    cases = [
+        ("T.poll + T.publish, 4 warps (as measured by default)", protocol(4)),
+        ("T.poll + T.publish, 1 warp", protocol(1)),
+        ("floor: bare spin + release xchg, 1 warp", floor("release", 1)),
+        ("floor: bare spin + release xchg, 4 warps", floor("release", 4)),
+        ("floor: bare spin + relaxed xchg (no fence; not a protocol), 1 warp",
+         floor("relaxed", 1)),
+        ("poll, clock + alarms every poll, 4 warps", every(1, 1, 4)),
+        ("poll, clock every 64 polls, alarms every poll, 4 warps", every(64, 1, 4)),
+        ("poll, clock every poll, alarms every 64 polls, 4 warps", every(1, 64, 4)),
+        ("poll, clock + alarms every 64 polls, 4 warps", every(64, 64, 4)),
+        ("poll, clock + alarms every 64 polls, 1 warp", every(64, 64, 1)),
+    ]
+    rows = [(what, _trip_ns(runner, launch, rounds) / 2) for what, launch in cases]
+    if int(fails.item()):
+        raise RuntimeError(f"bench_protocol: {int(fails.item())} variant launches ran out of "
+                           "polls or saw an alarm; the variant table means nothing")
+    return rows
+
+
+def run(programs: int | None = None, rounds: int = 2000,
+        variants: bool = False) -> list[tuple[str, float]]:
+    """[(what, ns)]; raises MonoFault if any wait gave up (then the numbers mean nothing).
+    With `variants`, the ping-pong variants' one-way times follow."""
     device = torch.device("cuda")
     programs = programs or torch.cuda.get_device_properties(device).multi_processor_count
-    runner = MonoRunner(device, None, 0, 1, 1 << 20, 16 * rounds + (1 << 16),
+    runner = MonoRunner(device, None, 0, 1, 1 << 20, 32 * rounds + (1 << 16),
                         deadline_ns=1_000_000_000)
     a, peers = runner.launch_args(), runner.peer.addresses
     done = torch.zeros(8 * programs, dtype=torch.int64, device=device)
     region = 0x5EED
     rows = []
-    runner.step_begin()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    _ping_pong[(2,)](a["ctl"], a["health"], peers, 4, region, CPU=False)  # compile
-    runner.after_step()
-    runner.reset()
-    runner.step_begin()
-    start.record()
-    _ping_pong[(2,)](a["ctl"], a["health"], peers, rounds, region, CPU=False)
-    end.record()
-    end.synchronize()
-    runner.after_step()
-    trip = start.elapsed_time(end) * 1e6 / rounds
+    trip = _trip_ns(runner, lambda n: _ping_pong[(2,)](a["ctl"], a["health"], peers, n, region,
+                                                       CPU=False), rounds)
     rows.append(("publish+poll round trip between 2 programs (gpu scope)", trip))
     rows.append(("publish+poll one way (half a round trip)", trip / 2))
     rows.append((f"empty launch, {programs} programs",
@@ -109,6 +254,8 @@ def run(programs: int | None = None, rounds: int = 2000) -> list[tuple[str, floa
             runner, lambda n=n_items, g=lag: _tickets[(programs,)](
                 a["ctl"], a["health"], peers, runner.tickets, done, n, g, region, CPU=False),
             20, 50)))
+    if variants:
+        rows += [(f"one way: {what}", ns) for what, ns in _variants(runner, rounds, region)]
     runner.close()
     return rows
 
@@ -124,8 +271,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--variants", action="store_true",
+                        help="also time ping-pong variants (one-way ns each)")
     args = parser.parse_args()
-    print(table(run(args.programs, args.rounds)))
+    print(table(run(args.programs, args.rounds, args.variants)))
 
 
 if __name__ == "__main__":
