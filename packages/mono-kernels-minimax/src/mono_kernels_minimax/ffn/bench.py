@@ -1,34 +1,47 @@
-"""Benchmark of the FFN monokernel on one GPU, under CUDA graph replay.
+"""Benchmark of the FFN monokernel on one GPU, under CUDA graph replay, reading from HBM.
 
 Shapes: a TP4 rank's (I = 768 per expert), launched at TP 1 (one GPU: the in-kernel
 all-reduces reduce over this rank alone; their cross-GPU latency is the multigpu tier's).
-Figures, all from the same run:
+A timed graph runs `layers` launches, each on a DIFFERENT layer's weights (own router, so
+its own experts): the weights one graph reads are several times the L2 (column `l2_x`), as
+in a decode step, so no launch finds its weights in the cache. Figures, all from one run:
 
 - kernel_us: per launch, a graph of `layers` launches after one step_begin, divided;
-- bytes: what a launch must read: the union of the chosen experts' weights and scales, the
-  shared expert, router, bias and norm weights, the step's activations;
+- bytes: what a launch must read, averaged over the layers: the union of the experts its
+  routing chose (the kernel's own choice, read back from an eager step), the shared
+  expert, router, bias and norm weights, the step's activations;
 - limit_pct: bytes / copy bandwidth (a device-to-device copy measured here, read + write)
   over kernel_us: the share of the memory limit the kernel reaches;
-- opbyop_us, speedup: the op-by-op path of the same layer (graph-replayed): a
-  torch.compile'd add + Gemma norm, the fp32 router GEMM (cuBLAS), a torch.compile'd
-  sigmoid/top-k/renormalize, one grouped GEMM per projection over the routed experts
-  (torch._grouped_mm on bf16 copies of the expert weights: no library offers an MXFP4 or
-  block-FP8 grouped GEMM here) and cuBLAS GEMMs for the shared expert.
+- opbyop_us, speedup: the op-by-op path of the same layers (graph-replayed, rotating over
+  the same layers): a torch.compile'd add + Gemma norm, the fp32 router GEMM (cuBLAS), a
+  torch.compile'd sigmoid/top-k/renormalize, one grouped GEMM per projection over the
+  routed experts (torch._grouped_mm on bf16 copies of the expert weights: no library
+  offers an MXFP4 or block-FP8 grouped GEMM here, so this path reads ~4x the expert bytes
+  of MXFP4 and 2x those of FP8, which favours the kernel) and cuBLAS GEMMs for the shared
+  expert.
 
-Call `bench(...)` for a list of row dicts (`mono bench ffn` wraps it).
+`bench(...)` returns a list of row dicts (`mono bench ffn` wraps it); from a shell:
+`python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4,fp8 --layers 12`.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
 from dataclasses import replace
 
 import torch
+from mono_runtime.timing import copy_bandwidth, graph_time
 
 from ..config import MiniMaxM3Config
-from ..formats import WeightFormat
+from ..formats import WeightFormat, dequantize
 from .reference import swiglu_oai
 from .runner import FfnRunner
-from .weights import FfnWeights, random_weights
+from .weights import FfnWeights
+
+MAX_LAYERS = 64  # far below the 256 launches a step may tag apart
+E2M1_RMS = 2.93  # root mean square of the 16 e2m1 values: sets the e8m0 scale of a std
 
 
 def rank_config(tp: int = 4) -> MiniMaxM3Config:
@@ -37,19 +50,44 @@ def rank_config(tp: int = 4) -> MiniMaxM3Config:
     return replace(cfg, moe_intermediate_size=cfg.moe_intermediate_size // tp)
 
 
-def copy_bandwidth(device, nbytes: int = 1 << 30, iters: int = 20) -> float:
-    """Bytes moved (read + written) per second by a device-to-device copy."""
-    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    b.copy_(a)
-    torch.cuda.synchronize(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        b.copy_(a)
-    end.record()
-    end.synchronize()
-    return 2 * nbytes * iters / (start.elapsed_time(end) * 1e-3)
+def random_layer(cfg: MiniMaxM3Config, fmt: WeightFormat, seed: int, device) -> FfnWeights:
+    """One layer's random weights at TP 1, drawn on `device` directly in the stored format
+    (random MXFP4 codes and e8m0 scales, random e4m3 values and block scales) instead of
+    quantising fp32 weights: many full layers in seconds. Magnitudes keep activations O(1);
+    the values themselves do not matter to the timing."""
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    spec = FfnWeights(fmt, *([None] * 11)).expected(cfg, 1)
+    h = cfg.hidden_size
+
+    def randn(shape, std, dtype=torch.float32):
+        return (torch.randn(shape, generator=g, device=device, dtype=dtype) * std).to(dtype)
+
+    made = {
+        "norm": randn(spec["norm"][0], 0.1, torch.bfloat16),
+        "router": randn(spec["router"][0], h**-0.5),
+        "bias": randn(spec["bias"][0], 0.05),
+    }
+    k_of = {"w13": h, "w2": cfg.per_rank_intermediate(1), "shared_w13": h,
+            "shared_w2": cfg.per_rank_shared_intermediate(1)}
+    for name, k in k_of.items():
+        (shape, dtype), (sshape, sdtype) = spec[name], spec[f"{name}_scale"]
+        std = k**-0.5
+        if dtype == torch.bfloat16:
+            made[name], made[f"{name}_scale"] = randn(shape, std, torch.bfloat16), None
+        elif dtype == torch.uint8:  # two e2m1 codes a byte, every byte a valid pair
+            made[name] = torch.randint(0, 256, shape, generator=g, device=device,
+                                       dtype=torch.uint8)
+            e = 127 + round(math.log2(std / E2M1_RMS))
+            made[f"{name}_scale"] = torch.randint(e - 1, e + 2, sshape, generator=g,
+                                                  device=device, dtype=torch.uint8)
+        else:  # e4m3 values of std 1, fp32 block scales near the weight's std
+            made[name] = randn(shape, 1.0, torch.bfloat16).to(dtype)
+            made[f"{name}_scale"] = std * (0.75 + 0.5 * torch.rand(
+                sshape, generator=g, device=device, dtype=sdtype))
+    w = FfnWeights(fmt, **made)
+    w.validate(cfg, 1, device)
+    return w
 
 
 def bytes_read(cfg: MiniMaxM3Config, w: FfnWeights, ids: torch.Tensor, rows: int) -> int:
@@ -66,38 +104,35 @@ def bytes_read(cfg: MiniMaxM3Config, w: FfnWeights, ids: torch.Tensor, rows: int
     return n + 3 * rows * cfg.hidden_size * 2  # part, residual in; plus the output
 
 
-def _graph_time(fn, reps: int = 50) -> float:
-    """Seconds per call of `fn` captured in a CUDA graph and replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e-3 / reps
+def _bf16(w: FfnWeights, name: str, chunk: int = 16) -> torch.Tensor:
+    """bf16 copy of a weight, dequantised `chunk` experts at a time (bounded scratch)."""
+    vals, scales = getattr(w, name), getattr(w, f"{name}_scale")
+    fmt = w.fmt.shared_format if name.startswith("shared") else w.fmt
+    if vals.dim() == 2:
+        return dequantize(vals, scales, fmt).to(torch.bfloat16)
+    out = None
+    for i in range(0, vals.shape[0], chunk):
+        part = dequantize(vals[i : i + chunk], None if scales is None else scales[i : i + chunk],
+                          fmt).to(torch.bfloat16)
+        if out is None:
+            out = torch.empty(vals.shape[0], *part.shape[1:], dtype=part.dtype,
+                              device=part.device)
+        out[i : i + chunk] = part
+    return out
 
 
 class OpByOp:
-    """The layer's FFN tail from library ops (see the module docstring), graph-capturable."""
+    """The FFN tail of each of `layers` from library ops (see the module docstring),
+    graph-capturable; `self(part, residual, layer)` runs one layer."""
 
-    def __init__(self, cfg: MiniMaxM3Config, w: FfnWeights):
+    def __init__(self, cfg: MiniMaxM3Config, layers: list[FfnWeights]):
         self.cfg = cfg
-        self.w13 = w.dense("w13").to(torch.bfloat16)  # [E, 2I, H]
-        self.w2 = w.dense("w2").to(torch.bfloat16)  # [E, H, I]
-        self.sw13 = w.dense("shared_w13").to(torch.bfloat16)
-        self.sw2 = w.dense("shared_w2").to(torch.bfloat16)
-        self.w = w
+        self.layers = [
+            dict(w13=_bf16(w, "w13"), w2=_bf16(w, "w2"),  # [E, 2I, H], [E, H, I]
+                 sw13=_bf16(w, "shared_w13"), sw2=_bf16(w, "shared_w2"),
+                 norm=w.norm, router=w.router, bias=w.bias)
+            for w in layers
+        ]
         self.seam = torch.compile(self._seam)
         self.route = torch.compile(self._route)
         self.act = torch.compile(lambda x: swiglu_oai(cfg, x.float()).to(torch.bfloat16))
@@ -113,85 +148,150 @@ class OpByOp:
         wt = scores.gather(1, ids)
         return ids, wt / wt.sum(-1, keepdim=True) * self.cfg.routed_scaling_factor
 
-    def __call__(self, part, residual):
-        cfg, w = self.cfg, self.w
-        x, res = self.seam(part, residual, w.norm)
-        logits = torch.nn.functional.linear(x.float(), w.router)
-        ids, wt = self.route(logits, w.bias)
+    def __call__(self, part, residual, layer: int = 0):
+        cfg, w = self.cfg, self.layers[layer]
+        x, res = self.seam(part, residual, w["norm"])
+        logits = torch.nn.functional.linear(x.float(), w["router"])
+        ids, wt = self.route(logits, w["bias"])
         flat = ids.reshape(-1)
         order = torch.sort(flat, stable=True).indices
         counts = torch.zeros(cfg.num_experts, dtype=torch.int32, device=x.device)
         counts.scatter_add_(0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int32))
         offs = counts.cumsum(0, dtype=torch.int32)
         xa = x.repeat_interleave(cfg.top_k, 0)[order]
-        gu = torch._grouped_mm(xa, self.w13.transpose(-1, -2), offs=offs)
-        y = torch._grouped_mm(self.act(gu), self.w2.transpose(-1, -2), offs=offs)
+        gu = torch._grouped_mm(xa, w["w13"].transpose(-1, -2), offs=offs)
+        y = torch._grouped_mm(self.act(gu), w["w2"].transpose(-1, -2), offs=offs)
         back = torch.empty_like(y)
         back[order] = y
         routed = (back.view(-1, cfg.top_k, cfg.hidden_size).float() * wt[..., None]).sum(1)
-        shared = torch.nn.functional.linear(self.act(torch.nn.functional.linear(x, self.sw13)),
-                                            self.sw2)
+        shared = torch.nn.functional.linear(
+            self.act(torch.nn.functional.linear(x, w["sw13"])), w["sw2"])
         return (routed + shared.float()).to(torch.bfloat16), res
 
 
-def _row(cfg, fmt, runner, base, w, s, layers, copy, g) -> dict:
+def _row(cfg, fmt, runner, base, layers, s, copy, l2, g) -> dict:
     device = runner.device
     part = torch.randn(s, cfg.hidden_size, generator=g, device=device).to(torch.bfloat16)
     residual = torch.randn(s, cfg.hidden_size, generator=g, device=device).to(torch.bfloat16)
     slots = torch.arange(s, dtype=torch.int64, device=device)
     o, r = torch.empty_like(part), torch.empty_like(residual)
 
-    def step():
+    def step(keep=None):
         runner.step_begin()
-        for _ in range(layers):
+        for w in layers:
             runner(part, residual, w, slots, out=o, residual_out=r)
+            if keep is not None:
+                keep.append(runner.routing(s)[0].long().clone())
 
-    t_kernel = _graph_time(step) / layers
+    ids: list[torch.Tensor] = []
+    step(ids)  # eager: each layer's routing, as the kernel chose it
     runner.after_step()
-    ids, _ = runner.routing(s)
-    nbytes = bytes_read(cfg, w, ids.long(), s)
+    t_kernel = graph_time(step) / len(layers)
+    runner.after_step()  # raises MonoFault if any wait of the replays gave up
+    nbytes = [bytes_read(cfg, w, i, s) for w, i in zip(layers, ids, strict=True)]
+    experts = [int(i[i >= 0].unique().numel()) + 1 for i in ids]
     t_base, note = None, None
-    try:
-        t_base = _graph_time(lambda: base(part, residual))
-    except Exception as err:  # noqa: BLE001 (reported in the row, not fatal)
-        note = f"op-by-op path failed: {type(err).__name__}: {err}"[:300]
+    if base is not None:
+        try:
+            t_base = graph_time(lambda: [base(part, residual, n) for n in range(len(layers))])
+            t_base /= len(layers)
+        except Exception as err:  # noqa: BLE001 (reported in the row, not fatal)
+            note = f"op-by-op path failed: {type(err).__name__}: {err}"[:300]
     return dict(
-        format=fmt.value, layout=fmt.layout, rows=s, kernel_us=t_kernel * 1e6, bytes=nbytes,
-        copy_tbps=copy / 1e12, limit_pct=100.0 * nbytes / copy / t_kernel,
+        format=fmt.value, layout=fmt.layout, rows=s, layers=len(layers),
+        kernel_us=t_kernel * 1e6, bytes=sum(nbytes) // len(layers), copy_tbps=copy / 1e12,
+        limit_pct=100.0 * sum(nbytes) / copy / (t_kernel * len(layers)),
+        l2_x=sum(nbytes) / l2 if l2 else None,
         opbyop_us=None if t_base is None else t_base * 1e6,
         speedup=None if t_base is None else t_base / t_kernel,
-        experts_read=int(ids[ids >= 0].unique().numel()) + 1, note=note,
+        experts_read=sum(experts) / len(experts), note=note,
     )
 
 
-def bench(rows=(1, 2, 4, 8, 16), formats=("mxfp4", "fp8"), layers: int = 8,
-          device: str = "cuda", seed: int = 0) -> list[dict]:
-    """One row per (format, S): kernel_us, bytes, copy_tbps, limit_pct, opbyop_us, speedup,
-    experts_read (routed union + shared), note (why the op-by-op path has no figure)."""
+def _check(rows, formats, layers) -> tuple[tuple[int, ...], list[WeightFormat]]:
+    """Bad arguments fail here, before anything is allocated or compiled."""
+    rows = tuple(rows)
+    if not rows or any(not isinstance(s, int) or not 1 <= s <= MiniMaxM3Config.max_rows
+                       for s in rows):
+        raise ValueError(f"rows {rows}: each must be 1..{MiniMaxM3Config.max_rows}")
+    if len(set(rows)) != len(rows):
+        raise ValueError(f"rows {rows}: a row count appears twice")
+    known = [f.value for f in WeightFormat]
+    bad = [f for f in formats if f not in known]
+    if bad or not formats:
+        raise ValueError(f"formats {list(formats)}: each must be one of {known}")
+    if not isinstance(layers, int) or not 1 <= layers <= MAX_LAYERS:
+        raise ValueError(f"layers {layers!r}: must be 1..{MAX_LAYERS}")
+    return rows, [WeightFormat(f) for f in formats]
+
+
+def bench(rows=(1, 2, 4, 8, 16), formats=("mxfp4", "fp8"), layers: int = 12,
+          device: str = "cuda", seed: int = 0, baseline: bool = True) -> list[dict]:
+    """One row per (format, S): kernel_us, bytes, copy_tbps, limit_pct, l2_x (bytes one
+    graph reads over the L2 size; under ~4 the cache flatters the kernel), opbyop_us,
+    speedup, experts_read (routed union + shared, mean over layers), note (why the
+    op-by-op path has no figure)."""
+    rows, fmts = _check(rows, formats, layers)
     device = torch.device(device)
     cfg = rank_config()
     copy = copy_bandwidth(device)
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
     out = []
-    for name in formats:
-        fmt = WeightFormat(name)
-        w = random_weights(cfg, 1, fmt, seed=seed, device=device)
-        runner = FfnRunner(cfg, fmt, None, 0, 1, device, widths=rows)
-        runner.warm()
-        base = OpByOp(cfg, w)
-        g = torch.Generator(device=device).manual_seed(seed)
+    for fmt in fmts:
+        ws = [random_layer(cfg, fmt, seed + n, device) for n in range(layers)]
+        runner, base = FfnRunner(cfg, fmt, None, 0, 1, device, widths=rows), None
         try:
-            out.extend(_row(cfg, fmt, runner, base, w, s, layers, copy, g) for s in rows)
+            runner.warm()
+            base = OpByOp(cfg, ws) if baseline else None
+            g = torch.Generator(device=device).manual_seed(seed)
+            out.extend(_row(cfg, fmt, runner, base, ws, s, copy, l2, g) for s in rows)
         finally:
             runner.close()
-        del w, base
+        del ws, base
         torch.cuda.empty_cache()
     return out
 
 
-def main() -> None:
-    for row in bench():
-        print(row)
+COLUMNS = (("format", "{}"), ("rows", "{}"), ("kernel_us", "{:.1f}"), ("bytes", "{:.3g}"),
+           ("limit_pct", "{:.1f}"), ("l2_x", "{:.1f}"), ("opbyop_us", "{:.1f}"),
+           ("speedup", "{:.2f}"), ("experts_read", "{:.1f}"))
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as fixed-width text, one line each; notes after the table."""
+    cells = [[name for name, _ in COLUMNS]] + [
+        ["-" if r[n] is None else f.format(r[n]) for n, f in COLUMNS] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
+    if rows:
+        lines.append(f"copy bandwidth {rows[0]['copy_tbps']:.2f} TB/s; "
+                     f"{rows[0]['layers']} layers a graph")
+    lines += [f"{r['format']} S={r['rows']}: {r['note']}" for r in rows if r["note"]]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,2,4,8,16", help="comma-separated S (1..16)")
+    parser.add_argument("--formats", default="mxfp4,fp8", help="comma-separated formats")
+    parser.add_argument("--layers", type=int, default=12,
+                        help="distinct layers' weights a timed graph rotates over")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the op-by-op path")
+    parser.add_argument("--json", action="store_true", help="one JSON row a line")
+    args = parser.parse_args(argv)
+    try:
+        rows = [int(v) for v in args.rows.split(",")]
+    except ValueError:
+        parser.error(f"--rows {args.rows!r}: not a comma-separated list of integers")
+    formats = args.formats.split(",")
+    try:
+        _check(rows, formats, args.layers)
+    except ValueError as err:
+        parser.error(str(err))
+    got = bench(rows, formats, args.layers, baseline=not args.no_baseline)
+    print("\n".join(json.dumps(r) for r in got) if args.json else table(got))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
