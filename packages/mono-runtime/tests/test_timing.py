@@ -4,6 +4,7 @@ copy rate and a graph-replayed call's time are sane."""
 from __future__ import annotations
 
 import pytest
+import torch
 from mono_runtime.timing import copy_bandwidth, graph_time
 
 
@@ -39,11 +40,17 @@ def test_copy_bandwidth_refuses_bad_arguments(kwargs, says):
         copy_bandwidth(**kwargs)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer without a GPU")
+def test_without_a_gpu_the_error_says_so():
+    with pytest.raises(RuntimeError, match="copy_bandwidth needs a GPU"):
+        copy_bandwidth()
+    with pytest.raises(RuntimeError, match="graph_time needs a GPU"):
+        graph_time(lambda: None)
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
 def test_on_a_gpu():
-    import torch
-
     rate = copy_bandwidth(nbytes=1 << 28, iters=5)
     assert 1e11 < rate < 1e14, rate  # 100 GB/s .. 100 TB/s
     x = torch.zeros(1 << 20, device="cuda")

@@ -16,6 +16,13 @@ def _positive(name: str, value: int, least: int = 1) -> None:
         raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
 
 
+def _need_gpu(what: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs a GPU (CUDA or HIP): torch sees none")
+
+
 def graph_time(fn: Callable[[], object], reps: int = 20, warmup: int = 3, calls: int = 1) -> float:
     """Seconds per call of `fn`: `calls` back-to-back calls captured in one graph, the
     median over `reps` individually timed replays, divided by `calls`.
@@ -28,6 +35,7 @@ def graph_time(fn: Callable[[], object], reps: int = 20, warmup: int = 3, calls:
     _positive("reps", reps)
     _positive("warmup", warmup)
     _positive("calls", calls)
+    _need_gpu("graph_time")
     import torch
 
     stream = torch.cuda.Stream()
@@ -66,6 +74,7 @@ def copy_bandwidth(device=None, nbytes: int = 1 << 30, iters: int = 10) -> float
     device = torch.device("cuda") if device is None else torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"device: {device} is not a GPU (CUDA/HIP) device")
+    _need_gpu("copy_bandwidth")
     with torch.cuda.device(device):
         src = torch.ones(nbytes, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
