@@ -139,3 +139,4 @@ def test_k1_bench_rows_smoke():
 
     (row,) = rows(shapes=((1, 2),), iters=20, baseline=False)
     assert row["k1_us"] > 0 and 0 < row["pct_of_floor"] < 150, row  # reads can beat the copy rate
+    assert row["l2_x"] > 4, "the timed graph's weights must not fit in L2"

@@ -1,58 +1,63 @@
-"""K1 benchmark on one GPU at full per-rank shapes: `rows()` returns one dict per step
-shape, for `mono bench kda` (helper "tools" wraps it) or `python -m mono_kernels_kimi.kda.bench`.
+"""K1 benchmark on one GPU at full per-rank shapes, reading from HBM: `rows()` returns one
+dict per step shape, for `mono bench kda` (helper "tools" wraps it) or
+`python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,1x8 --layers 8` (prints a table).
 
-Each row: K1's time under CUDA graph replay; the bytes K1 must move (weights, AttnRes
-sources, caches read and every per-token state written, outputs) over the device copy
-bandwidth measured in the same run (the memory floor); the op-by-op path's time under
-graph replay and the ratio. The op-by-op path is the fastest stock-like path buildable
-without vLLM: cuBLAS GEMMs (in_proj, f_b) and torch.compile'd elementwise stages (AttnRes,
-conv update, recurrence, gated norm) from `reference` -- not eager torch.
+A timed graph runs `layers` launches, each on a DIFFERENT layer's weights, caches and
+AttnRes sources (one layer's in_proj alone is 90 MB, about the L2 size): the weights one
+graph reads are several times the L2 (column `l2_x`), as in a decode step, so no launch
+finds its weights left in the cache by the previous replay. Each row: K1's time a launch
+under CUDA graph replay; the bytes K1 must move (weights, AttnRes sources, caches read
+and every per-token state written, outputs) over the device copy bandwidth measured in
+the same run (the memory floor); the op-by-op path's time over the same layers and the
+ratio. The op-by-op path is the fastest stock-like path buildable without vLLM: cuBLAS
+GEMMs (in_proj, f_b) and torch.compile'd elementwise stages (AttnRes, conv update,
+recurrence, gated norm) from `reference` -- not eager torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import torch
+from mono_runtime.timing import copy_bandwidth, graph_time
 
 from ..config import KimiK3Config
 from . import reference
-from .inputs import make_inputs
+from .inputs import LayerInputs, make_inputs, make_weights
 from .runner import KdaRunner
+from .spec import MAX_ROWS
 
 SHAPES = ((1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (1, 4), (1, 8))
+MAX_LAYERS = 64
 
 
-def _graph_time_us(fn, iters: int, warmup: int = 3) -> float:
-    """Mean time of one `fn()` replayed from a CUDA graph of `fn` (captured once)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(warmup):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
+def layer_weights(cfg: KimiK3Config, layers: int, device, seed: int = 0) -> list[dict]:
+    """`layers` distinct weight sets: the small weights from `make_weights` (copied per
+    layer, so each layer reads its own), in_proj drawn on the device (fast at full size)."""
+    device = torch.device(device)
+    small = make_weights(cfg, device, torch.Generator().manual_seed(seed))
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for _ in range(layers):
+        w = {k: v.clone() for k, v in small.items()}
+        w["in_proj"] = (
+            torch.randn(
+                cfg.in_proj_rows, cfg.hidden_size, generator=g, device=device, dtype=torch.bfloat16
+            )
+            * cfg.hidden_size**-0.5
+        )
+        w["in_proj"][cfg.in_proj_rows_unpadded :] = 0
+        out.append(w)
+    return out
 
 
-def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
-    """Device-to-device copy rate in bytes/s, counting bytes read + written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = _graph_time_us(lambda: dst.copy_(src), iters)
-    return 2 * nbytes / (us * 1e-6)
+def per_layer(inp: LayerInputs, weights: list[dict]) -> list[LayerInputs]:
+    """One copy of `inp`'s activations and caches for each weight set: every layer reads
+    and writes its own state, as each KDA layer of the model does."""
+    bare = replace(inp, weights={})
+    return [replace(bare.clone(), weights=w) for w in weights]
 
 
 def k1_bytes(cfg: KimiK3Config, R: int, L: int, num_blocks: int) -> int:
@@ -66,8 +71,9 @@ def k1_bytes(cfg: KimiK3Config, R: int, L: int, num_blocks: int) -> int:
 
 
 def _op_by_op(cfg: KimiK3Config, inp):
-    """The stock chain for `inp`'s shape as one torch.compile'd function: inductor keeps
-    the GEMMs on cuBLAS (extern mm) and fuses the elementwise stages around them."""
+    """The stock chain for `inp`'s shape as one torch.compile'd function, run on any
+    layer's inputs of that shape (one compile): inductor keeps the GEMMs on cuBLAS (extern
+    mm) and fuses the elementwise stages around them."""
     num_blocks, write_idx, L = inp.num_blocks, inp.write_idx, inp.L
 
     def chain(prefix, delta, blocks, weights, conv_state, state, state_indices, num_accepted, out):
@@ -90,17 +96,21 @@ def _op_by_op(cfg: KimiK3Config, inp):
         )
 
     compiled = torch.compile(chain, dynamic=False)
-    return lambda: compiled(
-        inp.prefix,
-        inp.delta,
-        inp.blocks,
-        inp.weights,
-        inp.conv_state,
-        inp.state,
-        inp.state_indices,
-        inp.num_accepted,
-        inp.out,
-    )
+
+    def run(x: LayerInputs):
+        compiled(
+            x.prefix,
+            x.delta,
+            x.blocks,
+            x.weights,
+            x.conv_state,
+            x.state,
+            x.state_indices,
+            x.num_accepted,
+            x.out,
+        )
+
+    return run
 
 
 def _launch(runner: KdaRunner, inp) -> None:
@@ -120,63 +130,161 @@ def _launch(runner: KdaRunner, inp) -> None:
     )
 
 
-def rows(shapes=SHAPES, iters: int = 200, layer_idx: int = 13, baseline: bool = True) -> list[dict]:
-    """One dict per (R, L): k1_us, bytes, floor_us, pct_of_floor (floor / k1), and, with
-    `baseline`, op_by_op_us and speedup (op_by_op / k1)."""
+def _per_launch_us(launch, layers: list[LayerInputs], iters: int) -> float:
+    """Microseconds a launch: a graph of one `launch` per layer, over the layer count."""
+    return graph_time(lambda: [launch(x) for x in layers], reps=iters) * 1e6 / len(layers)
+
+
+def check_shapes(shapes, layers: int) -> list[tuple[int, int]]:
+    """Bad arguments fail here, before anything is allocated or compiled."""
+    shapes = [tuple(s) for s in shapes]
+    if not shapes:
+        raise ValueError("shapes: none given")
+    for s in shapes:
+        if len(s) != 2 or not all(isinstance(v, int) and v >= 1 for v in s):
+            raise ValueError(f"shape {s}: expected (requests, L), both integers >= 1")
+        if s[0] * s[1] > MAX_ROWS:
+            raise ValueError(f"shape {s[0]}x{s[1]}: K1 serves at most {MAX_ROWS} rows a step")
+    if not isinstance(layers, int) or not 1 <= layers <= MAX_LAYERS:
+        raise ValueError(f"layers {layers!r}: must be 1..{MAX_LAYERS}")
+    return shapes
+
+
+def rows(
+    shapes=SHAPES,
+    iters: int = 50,
+    layer_idx: int = 13,
+    baseline: bool = True,
+    layers: int = 8,
+    no_prefetch: bool = True,
+) -> list[dict]:
+    """One dict per (R, L): k1_us, bytes, floor_us, pct_of_floor (floor / k1), l2_x (bytes
+    one graph reads over the L2 size; under ~4 the cache flatters K1), with `no_prefetch`
+    k1_no_prefetch_us (K1 without its in_proj L2 prefetch), and with `baseline`
+    op_by_op_us and speedup (op_by_op / k1). Times are medians over `iters` replays."""
+    shapes = check_shapes(shapes, layers)
     cfg = KimiK3Config()
-    bw = copy_bandwidth()
-    weights = make_inputs(cfg, 1, 1, device="cuda").weights
+    bw = copy_bandwidth("cuda")
+    l2 = getattr(torch.cuda.get_device_properties("cuda"), "L2_cache_size", 0)
+    weights = layer_weights(cfg, layers, "cuda")
     out = []
     for R, L in shapes:
         inp = make_inputs(
-            cfg, R, L, layer_idx=layer_idx, device="cuda", weights=weights, spare_slots=64
+            cfg, R, L, layer_idx=layer_idx, device="cuda", weights=weights[0], spare_slots=64
         )
+        each = per_layer(inp, weights)
+        del inp
         runner = KdaRunner(cfg, "cuda", L)  # compiles the one build at the first call
-
-        def k1(inp=inp, runner=runner):
-            _launch(runner, inp)
-
-        k1_us = _graph_time_us(k1, iters)
+        k1_us = _per_launch_us(lambda x, runner=runner: _launch(runner, x), each, iters)
         runner.check()
-        plain = KdaRunner(cfg, "cuda", L, prefetch_items=0)
-        k1_plain_us = _graph_time_us(lambda inp=inp, plain=plain: _launch(plain, inp), iters)
-        plain.check()
-        nbytes = k1_bytes(cfg, R, L, inp.num_blocks)
+        nbytes = k1_bytes(cfg, R, L, each[0].num_blocks)
         floor_us = nbytes / bw * 1e6
         row = dict(
             R=R,
             L=L,
             S=R * L,
+            layers=layers,
             k1_us=round(k1_us, 2),
             bytes=nbytes,
             copy_GBps=round(bw / 1e9, 1),
             floor_us=round(floor_us, 2),
             pct_of_floor=round(100 * floor_us / k1_us, 1),
-            k1_no_prefetch_us=round(k1_plain_us, 2),
+            l2_x=round(layers * nbytes / l2, 1) if l2 else None,
+            k1_no_prefetch_us=None,
         )
+        if no_prefetch:
+            plain = KdaRunner(cfg, "cuda", L, prefetch_items=0)
+            us = _per_launch_us(lambda x, plain=plain: _launch(plain, x), each, iters)
+            plain.check()
+            row["k1_no_prefetch_us"] = round(us, 2)
         if baseline:
             try:
-                base_us = _graph_time_us(_op_by_op(cfg, inp.clone()), iters)
+                base_us = _per_launch_us(_op_by_op(cfg, each[0]), each, iters)
                 row.update(op_by_op_us=round(base_us, 2), speedup=round(base_us / k1_us, 2))
             except Exception as err:  # a compiler failure must not hide the K1 figures
                 row["op_by_op_error"] = f"{type(err).__name__}: {str(err)[:300]}"
         out.append(row)
+        del each
+        torch.cuda.empty_cache()
     return out
+
+
+COLUMNS = (
+    ("R", "{}"),
+    ("L", "{}"),
+    ("k1_us", "{:.1f}"),
+    ("k1_no_prefetch_us", "{:.1f}"),
+    ("bytes", "{:.3g}"),
+    ("floor_us", "{:.1f}"),
+    ("pct_of_floor", "{:.1f}"),
+    ("l2_x", "{:.1f}"),
+    ("op_by_op_us", "{:.1f}"),
+    ("speedup", "{:.2f}"),
+)
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as fixed-width text, one line each; baseline failures after the table."""
+    cells = [[name for name, _ in COLUMNS]] + [
+        ["-" if r.get(n) is None else f.format(r[n]) for n, f in COLUMNS] for r in rows
+    ]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
+    if rows:
+        lines.append(
+            f"copy bandwidth {rows[0]['copy_GBps']} GB/s; {rows[0]['layers']} layers a graph"
+        )
+    lines += [
+        f"{r['R']}x{r['L']}: op-by-op failed: {r['op_by_op_error']}"
+        for r in rows
+        if "op_by_op_error" in r
+    ]
+    return "\n".join(lines)
+
+
+def _parse_shapes(text: str) -> list[tuple[int, ...]]:
+    try:
+        return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--shapes {text!r}: expected RxL pairs such as 1x1,8x1,1x8") from None
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=200)
-    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--iters", type=int, default=50, help="timed replays (median)")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=8,
+        help="distinct layers' weights and caches a timed graph rotates over",
+    )
+    parser.add_argument("--no-baseline", action="store_true", help="skip the op-by-op path")
+    parser.add_argument(
+        "--skip-no-prefetch",
+        action="store_true",
+        help="skip K1 without its in_proj L2 prefetch (one compile less a shape)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON row a line")
     parser.add_argument(
         "--shapes",
         default=",".join(f"{r}x{n}" for r, n in SHAPES),
-        help="comma-separated RxL step shapes",
+        help="comma-separated RxL step shapes (R requests of L rows, R*L <= 8)",
     )
     args = parser.parse_args(argv)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    for row in rows(shapes, iters=args.iters, baseline=not args.no_baseline):
-        print(json.dumps(row))
+    try:
+        shapes = check_shapes(_parse_shapes(args.shapes), args.layers)
+        if args.iters < 1:
+            raise ValueError(f"--iters {args.iters}: must be >= 1")
+    except ValueError as err:
+        parser.error(str(err))
+    got = rows(
+        shapes,
+        iters=args.iters,
+        baseline=not args.no_baseline,
+        layers=args.layers,
+        no_prefetch=not args.skip_no_prefetch,
+    )
+    print("\n".join(json.dumps(r) for r in got) if args.json else table(got))
     return 0
 
 
