@@ -32,16 +32,18 @@ def _fake_module(monkeypatch, name: str, **functions):
 def test_bench_kda_table_json_and_plot(monkeypatch, tmp_path, capsys, on_a_gpu):
     seen = {}
 
-    def rows(shapes):
-        seen["shapes"] = shapes
+    def rows(shapes, no_prefetch=True):
+        seen["shapes"], seen["no_prefetch"] = shapes, no_prefetch
         return [
             dict(
                 R=r,
                 L=1,
                 S=r,
+                layers=8,
                 k1_us=10.0 * r,
                 bytes=40_000_000,
                 copy_GBps=4000.0,
+                l2_x=6.04 * r,
                 op_by_op_us=30.0 * r,
             )
             for r, _ in shapes
@@ -49,8 +51,10 @@ def test_bench_kda_table_json_and_plot(monkeypatch, tmp_path, capsys, on_a_gpu):
 
     _fake_module(monkeypatch, "mono_kernels_kimi.kda.bench", rows=rows)
     assert main(["bench", "kda", "--rows", "1,2", "--out", str(tmp_path)]) == 0
-    assert seen["shapes"] == [(1, 1), (2, 1)]
+    assert seen == {"shapes": [(1, 1), (2, 1)], "no_prefetch": False}  # one compile a shape
     data = json.loads((tmp_path / "bench-kda.json").read_text())
+    assert data["settings"]["layers a timed graph"] == 8
+    assert data["settings"]["graph reads / L2 (least)"] == 6.0
     assert [p["kernel_us"] for p in data["points"]] == [10.0, 20.0]
     assert data["points"][0]["kernel_pct_of_limit"] == 100.0  # 40 MB at 4 TB/s = 10 us
     assert (tmp_path / "bench-kda.png").exists()
@@ -81,6 +85,7 @@ def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(monkeypatch, tm
     assert data["copy_gbps"] == 4000.0
     assert data["points"][1]["baselines_us"] == {}
     assert data["settings"]["baseline failures"] == {"rows 2": "Boom"}
+    assert "layers a timed graph" not in data["settings"]  # rows without the rotation columns
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,6 @@ def _rank(rank: int, world: int, group, reporter: Reporter, payload: dict) -> No
     import torch.distributed as dist
     from mono_runtime.allreduce import AllreduceBuild, allreduce
     from mono_runtime.runner import MonoRunner
-
     from mono_runtime.timing import copy_bandwidth, graph_time
 
     def graph_us(fn):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
-from mono_tools.bench.results import BenchResult, Point
+from mono_tools.bench.results import BenchResult, Point, rotation
 from mono_tools.errors import CommandFailed, UsageError
 from mono_tools.machine import Machine
 
@@ -48,6 +48,7 @@ def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
             "layer": "FFN tail",
             "shapes": "one TP4 rank's, launched at TP 1",
             "format": rows[0]["layout"],
+            **rotation(rows),
             **({"baseline failures": notes} if notes else {}),
         },
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from mono_tools.bench.results import BenchResult, Point
+from mono_tools.bench.results import BenchResult, Point, rotation
 from mono_tools.errors import UsageError
 from mono_tools.machine import Machine
 
@@ -22,7 +22,8 @@ def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
         raise UsageError(f"--rows {too_many}: K1 serves at most {MAX_ROWS} rows a step")
     from mono_kernels_kimi.kda import bench
 
-    rows = bench.rows(shapes=[(r, 1) for r in args.rows])  # r requests, one token each
+    # r requests, one token each; the no-prefetch variant is not reported here: no compile
+    rows = bench.rows(shapes=[(r, 1) for r in args.rows], no_prefetch=False)
     return BenchResult(
         kernel="kda",
         kernel_label="mono K1 (triton)",
@@ -42,6 +43,7 @@ def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
             "layer": "KDA (K1)",
             "tp": 8,
             "shape": "rows requests x 1 token",
+            **rotation(rows),
             **{
                 f"baseline failed at S={r['S']}": r["op_by_op_error"]
                 for r in rows

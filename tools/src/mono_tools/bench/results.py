@@ -65,3 +65,16 @@ class BenchResult:
                 n: point.pct_of_limit(us, self.copy_gbps) for n, us in point.baselines_us.items()
             }
         return {"command": "bench", **data}
+
+
+def rotation(rows: list[dict]) -> dict:
+    """Settings from a kernel package's bench rows: how many layers' weights a timed graph
+    rotates over, and the least of its reads over the L2 size (under ~4 the cache flatters
+    the kernel); empty for rows without them."""
+    if not rows or rows[0].get("layers") is None:
+        return {}
+    l2 = [r["l2_x"] for r in rows if r.get("l2_x") is not None]
+    return {
+        "layers a timed graph": rows[0]["layers"],
+        **({"graph reads / L2 (least)": round(min(l2), 1)} if l2 else {}),
+    }
