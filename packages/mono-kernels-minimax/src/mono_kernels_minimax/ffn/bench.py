@@ -86,7 +86,7 @@ def random_layer(cfg: MiniMaxM3Config, fmt: WeightFormat, seed: int, device) -> 
             made[f"{name}_scale"] = std * (0.75 + 0.5 * torch.rand(
                 sshape, generator=g, device=device, dtype=sdtype))
     w = FfnWeights(fmt, **made)
-    w.validate(cfg, 1, device)
+    w.validate(cfg, 1)
     return w
 
 
@@ -233,8 +233,10 @@ def bench(rows=(1, 2, 4, 8, 16), formats=("mxfp4", "fp8"), layers: int = 12,
     op-by-op path has no figure)."""
     rows, fmts = _check(rows, formats, layers)
     device = torch.device(device)
+    copy = copy_bandwidth(device)  # first: without a GPU, its error says so
+    if device.type == "cuda" and device.index is None:  # tensors say cuda:N; so must the runner
+        device = torch.device("cuda", torch.cuda.current_device())
     cfg = rank_config()
-    copy = copy_bandwidth(device)
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
     out = []
     for fmt in fmts:
@@ -247,6 +249,8 @@ def bench(rows=(1, 2, 4, 8, 16), formats=("mxfp4", "fp8"), layers: int = 12,
             out.extend(_row(cfg, fmt, runner, base, ws, s, copy, l2, g) for s in rows)
         finally:
             runner.close()
+            if base is not None:
+                base.layers.clear()  # torch.compile's caches may keep `base` itself alive
         del ws, base
         torch.cuda.empty_cache()
     return out
