@@ -6,6 +6,9 @@ Built collectively (every rank of the TP group, same arguments): it owns a MonoR
 and each launch of the step takes the next tag slot, which also names its ticket counter;
 every rank issuing the same launches derives the same tags. Call `after_step()` once per
 executed step (it raises MonoFault on every rank after any give-up).
+
+Build: `choose_build` picks FlyDSL on a ROCm GPU and Triton elsewhere (CUDA GPUs, the CPU
+interpreter); both read the same spec, so the runner's API and arguments are the same.
 """
 
 from __future__ import annotations
@@ -21,13 +24,20 @@ from mono_runtime.runner import MonoRunner
 
 from ..config import MiniMaxM3Config
 from ..formats import WeightFormat
-from . import triton_build
+from . import flydsl_build, triton_build
 from .spec import Experts, FfnBuild, peer_bytes, scratch_bytes, scratch_layout, table_offsets
 from .weights import FfnWeights
 
 
 def _cpu_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def choose_build(device: torch.device | str, hip_version: str | None) -> str:
+    """"flydsl" on a GPU of a ROCm torch (`torch.version.hip` set), "triton" elsewhere: the
+    FlyDSL build is the one tuned for and compiled to AMD targets; Triton serves CUDA GPUs
+    and runs under the interpreter on a CPU."""
+    return "flydsl" if torch.device(device).type == "cuda" and hip_version else "triton"
 
 
 class FfnRunner:
@@ -51,6 +61,13 @@ class FfnRunner:
         if not self.widths:
             raise ValueError("widths: at least one width")
         self.builds = {s: FfnBuild(cfg, s, tp, self.fmt, Experts(experts)) for s in self.widths}
+        self.build_name = choose_build(self.device, torch.version.hip)
+        if self.build_name == "flydsl":
+            for b in self.builds.values():
+                try:
+                    flydsl_build.check_build(b)
+                except flydsl_build.FlyDslUnsupported as e:
+                    raise MonoUnsupported(f"ROCm FFN runner: {e}") from e
         self.offsets, off = {}, 0
         for s, b in self.builds.items():
             self.offsets[s] = off
@@ -110,17 +127,25 @@ class FfnRunner:
 
     # -- launches -------------------------------------------------------------------------
     def warm(self) -> None:
-        """Compile and load every width before memory profiling and graph capture, and
-        refuse a width whose grid cannot be resident at once (GPU only)."""
+        """Compile every width before memory profiling and graph capture, and refuse a
+        width whose grid cannot be resident at once (GPU only). The FlyDSL build compiles
+        in child processes here for the residency check; its first launch of a width loads
+        that width (flydsl_build.launch)."""
         if self.cpu:
             return  # the interpreter compiles nothing
-        from mono_runtime.builds import DeviceLimits, Resources, residency_problem
+        from mono_runtime.builds import DeviceLimits, Resources, residency_problem, target_of
 
+        if self.build_name == "flydsl":
+            cus = torch.cuda.get_device_properties(self.device).multi_processor_count
+            arch = target_of(self.device).split(":")[1]
+            flydsl_build.check_resident(list(self.builds.values()), arch,
+                                        programs=self.programs, cus=cus)
+            return
         limits = DeviceLimits.of(self.device)
         for s, b in self.builds.items():
             kernel = triton_build.ffn_kernel.warmup(
-                *self._args(b, s, *self._dummies(s)), grid=(self.programs,),
-                **triton_build.constexprs(b, False))
+                *triton_build.kernel_args(b, **self._args(b, s, *self._dummies(s))),
+                grid=(self.programs,), **triton_build.constexprs(b, False))
             problem = residency_problem(Resources.of_compiled(kernel), self.programs, limits,
                                         f"FFN width {s}")
             if problem:
@@ -132,13 +157,14 @@ class FfnRunner:
         return z, z, z, z, torch.zeros(s, dtype=torch.int64, device=self.device)
 
     def _args(self, b, s, part, residual, out, residual_out, slots, weights=None, slot=0,
-              final=False):
+              final=False) -> dict:
+        """The launch's arguments by name: the `kernel_args` keywords of either build."""
         la, pa = self.mono.launch_args(), self.mono.peer_args()
         region = self.mono.scratch[self.offsets[s] : self.offsets[s] + scratch_bytes(b)]
         if weights is None:
             weights = self._type_weights()
-        return triton_build.kernel_args(
-            b, part=part, residual=residual, out=out, residual_out=residual_out, slots=slots,
+        return dict(
+            part=part, residual=residual, out=out, residual_out=residual_out, slots=slots,
             weights=weights, scratch=region, slot=slot, final=final, ctl=la["ctl"],
             health=la["health"],
             tickets=la["tickets"], peers=pa["peers"], rank=pa["rank"], world=pa["world"])
@@ -172,10 +198,12 @@ class FfnRunner:
         if residual_out is None:
             residual_out = torch.empty_like(residual)
         b = self.builds[s]
-        triton_build.ffn_kernel[(self.programs,)](
-            *self._args(b, s, part, residual, out, residual_out, slots, weights, self._slot,
-                        final),
-            **triton_build.constexprs(b, self.cpu))
+        args = self._args(b, s, part, residual, out, residual_out, slots, weights, self._slot,
+                          final)
+        if self.build_name == "flydsl":
+            flydsl_build.launch(b, self.programs, **args)
+        else:
+            triton_build.launch(b, self.programs, self.cpu, **args)
         self._slot += 1
         return out, residual_out
 
