@@ -4,6 +4,7 @@ never fixes Triton's mode for other tests)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -80,21 +81,116 @@ def other_kernels_child(rank, world, group):
     mailbox = {"ctl": "*i64", "health": "i64", "peers": "*i64", "region": "i32"}
     compile_for(_guard_kernel, {"x": "*bf16", "n": "i32", "peers": "*i64", "rank": "i32",
                                 "world": "i32"}, {"BLOCK": 1024})
-    compile_for(B._ping_pong, {**mailbox, "rounds": "i32"}, {"CPU": False})
-    compile_for(B._tickets, {**mailbox, "tickets": "*i64", "done": "*i64", "n_items": "i32",
-                             "lag": "i32"}, {"CPU": False})
-    return True
+    ping = compile_for(B._ping_pong, {**mailbox, "rounds": "i32"}, {"CPU": False})
+    tickets = compile_for(B._tickets, {**mailbox, "tickets": "*i64", "done": "*i64",
+                                       "n_items": "i32", "lag": "i32"}, {"CPU": False})
+    return {"ping_pong": ping.asm["ptx"], "tickets": tickets.asm["ptx"]}
+
+
+_REG = re.compile(r"%[a-z]+\d+")
+_NO_DEST = ("st.", "bar.", "bra", "red.", "fence", "membar", "ret", "prefetch", "cp.")
+
+
+def branch_sources(ptx: str) -> list[tuple[str, bool, bool]]:
+    """For each conditional branch of `ptx`: (branch, direct, reduced). direct: its predicate
+    depends on a per-thread poll value (a volatile load or %globaltimer) other than through
+    shared memory; reduced: it depends on one through shared memory (any ld.shared stands
+    for every st.shared value: a CTA reduction or broadcast). A direct branch around a
+    barrier lets warps leave a wait one iteration apart (PTX registers are virtual, so the
+    defining instructions of a register are few and the walk is precise enough)."""
+    defs: dict[str, list[tuple[str, str]]] = {}
+    shared_values: list[str] = []
+    branches: list[tuple[str, str]] = []
+    for raw in ptx.splitlines():
+        line = raw.split("//")[0].strip().rstrip(";").strip()
+        m = re.match(r"(?:@!?(%\w+)\s+)?([a-z][\w.:]*)\s*(.*)", line)
+        if not m or line.endswith(":"):
+            continue
+        guard, op, rest = m.groups()
+        operands = [o for o in re.split(r",(?![^{]*})", rest) if o.strip()]
+        if op.startswith("bra"):
+            if guard:
+                branches.append((line, guard))
+        elif op.startswith("st.shared"):
+            shared_values += [r for o in operands[1:] for r in _REG.findall(o)]
+        elif not op.startswith(_NO_DEST) and operands:
+            for reg in _REG.findall(operands[0]):
+                defs.setdefault(reg, []).append((op, line))
+    out = []
+    for line, pred in branches:
+        found: set[bool] = set()
+        seen: set[tuple[str, bool]] = set()
+        todo = [(pred, False)]
+        while todo:
+            reg, crossed = todo.pop()
+            if (reg, crossed) in seen:
+                continue
+            seen.add((reg, crossed))
+            for op, text in defs.get(reg, []):
+                if op.startswith("ld.shared"):
+                    todo += [(r, True) for r in shared_values]
+                elif ".volatile" in op or "%globaltimer" in text:
+                    found.add(crossed)
+                else:
+                    todo += [(r, crossed) for r in _REG.findall(text)]
+        out.append((line, False in found, True in found))
+    return out
+
+
+def assert_waits_leave_together(ptx: str) -> None:
+    """Every branch that depends on what a wait read does so through a CTA reduction, and
+    there is such a branch (the wait loop's exit)."""
+    found = branch_sources(ptx)
+    assert not [b for b, direct, _ in found if direct], found
+    assert any(reduced for _, _, reduced in found), found
+
+
+# The wait loop as `poll` compiled before its exit was made CTA-uniform (sm_90, 1-lane
+# block): the exit reads the thread's own volatile load and clock, the alarm max its
+# barrier-reduced value.
+_PER_THREAD_EXIT = """
+$L__BB0_11:
+	ld.volatile.global.b64 { %rd24 }, [ %rd25 + 0 ];
+	@%p4 ld.volatile.global.b32 { %r104 }, [ %rd26 + 0 ];
+	bar.sync 	0;
+	redux.sync.max.s32 	%r27, %r104, %r28;
+	st.shared::cta.b32 [ %r19 + 0 ], %r27;
+	bar.sync 	0;
+	ld.shared.b32 	%r29, [%r3];
+	shfl.sync.bfly.b32 	%r30, %r29, 1, 31, -1;
+	max.s32 	%r31, %r29, %r30;
+	mov.u64 %rd27, %globaltimer;
+	sub.s64 	%rd28, %rd27, %rd22;
+	shr.u64 	%rd153, %rd24, 32;
+	setp.ne.b64 	%p51, %rd153, %rd68;
+	setp.eq.b32 	%p52, %r31, 0;
+	setp.le.s64 	%p10, %rd28, %rd20;
+	and.pred 	%p11, %p10, %p52;
+	and.pred 	%p12, %p51, %p11;
+	@%p12 bra 	$L__BB0_11;
+"""
+
+
+def test_branch_sources_flags_a_per_thread_wait_exit():
+    [(_, direct, reduced)] = branch_sources(_PER_THREAD_EXIT)
+    assert direct and reduced
+    uniform = _PER_THREAD_EXIT.replace("and.pred \t%p12, %p51, %p11", "mov.pred \t%p12, %p52")
+    assert branch_sources(uniform)[0][1:] == (False, True)
+    with pytest.raises(AssertionError):
+        assert_waits_leave_together(_PER_THREAD_EXIT)
 
 
 @pytest.mark.timeout(240)
-def test_guard_and_bench_kernels_compile_for_sm90():
-    assert spawn(other_kernels_child, 1, 220, env={"TRITON_INTERPRET": "0"}) == [True]
+def test_guard_and_bench_kernels_compile_for_sm90_with_uniform_wait_exits():
+    """Ping-pong and ticket waits poll a 1-lane block: every thread loads the pair itself,
+    so only a CTA reduction may decide when the wait ends."""
+    out = spawn(other_kernels_child, 1, 220, env={"TRITON_INTERPRET": "0"})[0]
+    for ptx in out.values():
+        assert_waits_leave_together(ptx)
 
 
 @pytest.mark.timeout(240)
 def test_allreduce_compiles_for_sm90_with_system_scope_mailboxes():
-    import re
-
     out = spawn(compile_child, 1, 220, env={"TRITON_INTERPRET": "0"})[0]
     for ptx, res in out.values():
         atoms = set(re.findall(r"atom\.global\.[\w.]+", ptx))
@@ -106,3 +202,5 @@ def test_allreduce_compiles_for_sm90_with_system_scope_mailboxes():
         # ptxas saves one 64-bit register around the ticket atomic (once per item); any
         # real spilling of the row blocks would show as far more
         assert res.spill_bytes <= 16, res
+        # fault stall, 256-lane row waits and the small partial-sum wait of the norm
+        assert_waits_leave_together(ptx)

@@ -33,6 +33,13 @@ _KIND_ERA = tl.constexpr(P.KIND_ERA)
 _ALARM_FOLLOWED = tl.constexpr(P.ALARM_FOLLOWED)
 _ALARM_GAVE_UP = tl.constexpr(P.ALARM_GAVE_UP)
 
+# A wait's state, ordered so that one CTA max combines them: the alarm outranks the
+# deadline, which outranks waiting, which outranks a match.
+_W_MATCHED = tl.constexpr(0)
+_W_WAITING = tl.constexpr(1)
+_W_LATE = tl.constexpr(2)
+_W_ALARM = tl.constexpr(3)
+
 
 @triton.jit
 def clock(it, CPU: tl.constexpr):
@@ -116,6 +123,24 @@ def _give_up(kind, ctl, health, peers, rank, world, region, pair, wanted, seen, 
 
 
 @triton.jit
+def _wait_state(alarms, ranks, own):
+    """The state of a wait, the same in every thread: `own` (this thread's view of its pairs
+    and its clock) as the thread holding alarm word 0 sees it, or _W_ALARM if any alarm
+    word is set, through one CTA-wide max. A loop that contains barriers (the max itself)
+    must be left by every warp in the same iteration; a per-thread load or clock read
+    alone would let warps leave one iteration apart and pair the wrong barriers."""
+    return tl.max(tl.where(alarms != 0, _W_ALARM, tl.where(ranks == 0, own, _W_MATCHED)), 0)
+
+
+@triton.jit
+def _pairs_state(pairs, mask, tag, waited, deadline):
+    """_W_MATCHED when every pair carries `tag`, else _W_LATE past the deadline, else
+    _W_WAITING (per thread for blocks smaller than the CTA: `_wait_state` agrees it)."""
+    missing = tl.max(((pair_tag(pairs) != tag) & mask).to(tl.int32), 0)
+    return tl.where(missing == 0, _W_MATCHED, tl.where(waited > deadline, _W_LATE, _W_WAITING))
+
+
+@triton.jit
 def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: tl.constexpr):
     """Wait until every pair at `ptrs` (1-D block of int64 pointers into this rank's own
     memory) carries `tag`, the deadline passes, or any alarm word is set.
@@ -124,6 +149,7 @@ def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: t
     peer and the first give-up is recorded (region id, pair index `pair0` + lane, wanted,
     seen, program, time); the caller must poison what it computes from the payload and
     treat every later wait of the step as failed (they fail at once: the alarm is set).
+    The exit and `ok` are the same in every thread of the program (`_wait_state`).
     """
     head = _alarm_words(peers, rank)
     ranks = tl.arange(0, _MAX_RANKS)
@@ -132,21 +158,23 @@ def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: t
     deadline = tl.load(ctl + _DEADLINE)
     t0 = clock(0, CPU)
     it = 0
-    waited = t0 - t0
     pairs = tl.load(ptrs, mask=mask, other=0, volatile=True)
     alarms = tl.load(head + ranks, mask=rmask, other=0, volatile=True)
-    missing = tl.sum(((pair_tag(pairs) != tag) & mask).to(tl.int32), 0)
-    raised = tl.max(alarms, 0)
-    while (missing > 0) & (raised == 0) & (waited <= deadline) & (tag != 0):
+    state = _wait_state(alarms, ranks, _pairs_state(pairs, mask, tag, t0 - t0, deadline))
+    while (state == _W_WAITING) & (tag != 0):
         it += 1
         pairs = tl.load(ptrs, mask=mask, other=0, volatile=True)
         alarms = tl.load(head + ranks, mask=rmask, other=0, volatile=True)
-        missing = tl.sum(((pair_tag(pairs) != tag) & mask).to(tl.int32), 0)
-        raised = tl.max(alarms, 0)
-        waited = clock(it, CPU) - t0
-    ok = (missing == 0) & (raised == 0) & (tag != 0)
+        state = _wait_state(alarms, ranks,
+                            _pairs_state(pairs, mask, tag, clock(it, CPU) - t0, deadline))
+    ok = (state == _W_MATCHED) & (tag != 0)
+    # the match was seen by the threads that decide; a thread holding a copy of a lane may
+    # have read it before the pair landed: it reads again (after the barrier, so it sees it)
+    stale = mask & (pair_tag(pairs) != tag) & ok
+    pairs = tl.where(stale, tl.load(ptrs, mask=stale, other=0, volatile=True), pairs)
     if not ok:
-        kind = tl.where(tag == 0, _KIND_ERA, tl.where(raised != 0, _KIND_ALARM, _KIND_DEADLINE))
+        kind = tl.where(tag == 0, _KIND_ERA,
+                        tl.where(state == _W_ALARM, _KIND_ALARM, _KIND_DEADLINE))
         bad = (pair_tag(pairs) != tag) & mask
         lane = tl.min(tl.where(bad, lanes, ptrs.shape[0]), 0) % ptrs.shape[0]
         seen = tl.sum(tl.where(lanes == lane, pair_tag(pairs), 0), 0)
@@ -221,19 +249,20 @@ def reduce_f32(src0, src_stride, mask, tag, ctl, health, peers, rank, world, reg
 @triton.jit
 def fault_stall(ctl, peers, rank, world, CPU: tl.constexpr):
     """Fault injection: on the rank named by ctl (rank + 1), spin for the injected delay or
-    until an alarm is set. Call once per program before the first peer store."""
+    until an alarm is set (left by every warp together, as `poll`). Call once per program
+    before the first peer store."""
     if tl.load(ctl + _FAULT_RANK) == rank + 1:
         delay = tl.load(ctl + _FAULT_DELAY)
         head = _alarm_words(peers, rank)
         ranks = tl.arange(0, _MAX_RANKS)
         t0 = clock(0, CPU)
         it = 0
-        waited = t0 - t0
-        raised = 0
-        while (waited < delay) & (raised == 0):
+        state = tl.where(delay > 0, _W_WAITING, _W_LATE)
+        while state == _W_WAITING:
             it += 1
-            raised = tl.max(tl.load(head + ranks, mask=ranks < world, other=0, volatile=True), 0)
+            alarms = tl.load(head + ranks, mask=ranks < world, other=0, volatile=True)
             waited = clock(it, CPU) - t0
+            state = _wait_state(alarms, ranks, tl.where(waited < delay, _W_WAITING, _W_LATE))
 
 
 @triton.jit
