@@ -220,9 +220,6 @@ def test_runner_keywords_give_triton_the_spec_argument_list(cpu_launch):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
-    "flydsl_build.kernel_args calls data_ptr() on every address, but MonoRunner.launch_args "
-    "gives health as an int address (it may be pinned host memory)"))
 def test_runner_keywords_give_flydsl_the_spec_argument_list(cpu_launch):
     r, w, part, (_, k) = cpu_launch
     assert flydsl_build.kernel_args(**k) == _expected_args(r, w, part, k)

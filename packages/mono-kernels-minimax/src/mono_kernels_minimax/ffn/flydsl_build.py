@@ -123,10 +123,13 @@ def kernel_args(*, part, residual, out, residual_out, slots, weights, scratch, s
                 ctl, health, tickets, peers, rank, world) -> list:
     """The launch's arguments in ARG_NAMES order: tensors as device addresses (bf16
     activations and the norm weight are read as bf16 pairs), a missing scale as the scratch
-    address (never read), then the int32 scalars."""
+    address (never read), then the int32 scalars. An int is already an address (the
+    runner's health words may be pinned host memory, handed over as one)."""
     w = weights
 
     def addr(t):
+        if isinstance(t, int):
+            return t
         return (scratch if t is None else t).data_ptr()
 
     return [
