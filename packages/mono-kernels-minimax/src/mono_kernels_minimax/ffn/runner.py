@@ -57,6 +57,9 @@ class FfnRunner:
     ) -> None:
         self.cfg, self.fmt, self.tp, self.rank = cfg, WeightFormat(fmt), tp, rank
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # Tensors report an indexed device; "cuda" alone would never compare equal.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.widths = tuple(sorted(set(widths)))
         if not self.widths:
             raise ValueError("widths: at least one width")
