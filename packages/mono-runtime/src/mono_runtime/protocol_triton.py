@@ -135,7 +135,8 @@ def _wait_state(alarms, ranks, own):
 @triton.jit
 def _pairs_state(pairs, mask, tag, waited, deadline):
     """_W_MATCHED when every pair carries `tag`, else _W_LATE past the deadline, else
-    _W_WAITING (per thread for blocks smaller than the CTA: `_wait_state` agrees it)."""
+    _W_WAITING: one thread's view where the block is smaller than the CTA (every thread
+    loads its own copy), which `_wait_state` turns into one view for all."""
     missing = tl.max(((pair_tag(pairs) != tag) & mask).to(tl.int32), 0)
     return tl.where(missing == 0, _W_MATCHED, tl.where(waited > deadline, _W_LATE, _W_WAITING))
 
