@@ -80,7 +80,7 @@ class ToyKimi:
     def forward(self, token, caches, executor=None):
         """Logits (fp32) of one decode step; `executor`'s plan picks each layer's path."""
         cfg = self.cfg
-        prefix = self.embed[token].reshape(1, -1).clone()
+        prefix = self.embed.index_select(0, token.reshape(1))  # no host sync: capturable
         blocks = torch.zeros(1, cfg.num_attn_res_blocks, cfg.hidden_size,
                              dtype=torch.bfloat16, device=self.device)  # fmt: skip
         delta = None
@@ -276,7 +276,7 @@ class ToyMiniMax:
 
     def forward(self, token, caches, executor=None):
         cfg, self._caches = self.cfg, caches
-        residual = self.embed[token].reshape(1, -1).clone()
+        residual = self.embed.index_select(0, token.reshape(1))  # no host sync: capturable
         hidden = (residual.float() @ self.dense.float().t()).to(torch.bfloat16)  # dense layer 0
         for i in range(1, self.layers):
             kernel = executor.layer(i) if executor is not None else None
