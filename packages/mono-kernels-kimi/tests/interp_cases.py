@@ -63,20 +63,7 @@ def run_case(name, R, L, spec, layer, pad, pad_slot, layout):
     from mono_kernels_kimi.kda.runner import KdaRunner
 
     runner = KdaRunner(cfg, "cpu", L, spec=spec, **TILING)
-    runner(
-        R,
-        prefix=inp.prefix,
-        delta=inp.delta,
-        blocks=inp.blocks,
-        num_blocks=inp.num_blocks,
-        write_idx=inp.write_idx,
-        weights=inp.weights,
-        conv_state=inp.conv_state,
-        state=inp.state,
-        state_indices=inp.state_indices,
-        num_accepted=inp.num_accepted,
-        out=inp.out,
-    )
+    runner(R, **inp.k1_kwargs())
     idx = inp.state_indices.view(R, -1).long()
     valid = [r for r in range(R) if r not in pad]
     owned = {int(idx[r, t]) for r in valid for t in range(idx.shape[1])}
@@ -120,20 +107,7 @@ def give_up_case():
     runner = KdaRunner(cfg, "cpu", 2, **{**TILING, "max_polls": 50})
 
     def launch(inp):
-        runner(
-            1,
-            prefix=inp.prefix,
-            delta=inp.delta,
-            blocks=inp.blocks,
-            num_blocks=inp.num_blocks,
-            write_idx=inp.write_idx,
-            weights=inp.weights,
-            conv_state=inp.conv_state,
-            state=inp.state,
-            state_indices=inp.state_indices,
-            num_accepted=inp.num_accepted,
-            out=inp.out,
-        )
+        runner(1, **inp.k1_kwargs())
 
     inp = make_inputs(cfg, 1, 2, layer_idx=3, seed=5)
     build = runner.build(1, True, False)

@@ -28,17 +28,8 @@ def good(R=2, L=3, spec=True, layer=4):
         block_v=8,
     )
     args = dict(
-        prefix=inp.prefix,
-        delta=inp.delta,
-        blocks=inp.blocks,
-        num_blocks=inp.num_blocks,
-        write_idx=inp.write_idx,
+        inp.k1_kwargs(),
         weights=dict(inp.weights),
-        conv_state=inp.conv_state,
-        state=inp.state,
-        state_indices=inp.state_indices,
-        num_accepted=inp.num_accepted,
-        out=inp.out,
         scratch=torch.zeros(build.scratch_bytes, dtype=torch.uint8),
     )
     return build, args

@@ -28,20 +28,7 @@ def rel(a, b):
 
 
 def _call(runner, inp):
-    runner(
-        inp.R,
-        prefix=inp.prefix,
-        delta=inp.delta,
-        blocks=inp.blocks,
-        num_blocks=inp.num_blocks,
-        write_idx=inp.write_idx,
-        weights=inp.weights,
-        conv_state=inp.conv_state,
-        state=inp.state,
-        state_indices=inp.state_indices,
-        num_accepted=inp.num_accepted,
-        out=inp.out,
-    )
+    runner(inp.R, **inp.k1_kwargs())
 
 
 def _compare(got, ref, want, pad):

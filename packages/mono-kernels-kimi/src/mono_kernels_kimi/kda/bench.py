@@ -113,23 +113,6 @@ def _op_by_op(cfg: KimiK3Config, inp):
     return run
 
 
-def _launch(runner: KdaRunner, inp) -> None:
-    runner(
-        inp.R,
-        prefix=inp.prefix,
-        delta=inp.delta,
-        blocks=inp.blocks,
-        num_blocks=inp.num_blocks,
-        write_idx=inp.write_idx,
-        weights=inp.weights,
-        conv_state=inp.conv_state,
-        state=inp.state,
-        state_indices=inp.state_indices,
-        num_accepted=inp.num_accepted,
-        out=inp.out,
-    )
-
-
 def _per_launch_us(launch, layers: list[LayerInputs], iters: int) -> float:
     """Microseconds a launch: a graph of one `launch` per layer, over the layer count."""
     return graph_time(lambda: [launch(x) for x in layers], reps=iters) * 1e6 / len(layers)
@@ -175,7 +158,7 @@ def rows(
         each = per_layer(inp, weights)
         del inp
         runner = KdaRunner(cfg, "cuda", L)  # compiles the one build at the first call
-        k1_us = _per_launch_us(lambda x, runner=runner: _launch(runner, x), each, iters)
+        k1_us = _per_launch_us(lambda x, runner=runner: runner(x.R, **x.k1_kwargs()), each, iters)
         runner.check()
         nbytes = k1_bytes(cfg, R, L, each[0].num_blocks)
         floor_us = nbytes / bw * 1e6
@@ -194,7 +177,7 @@ def rows(
         )
         if no_prefetch:
             plain = KdaRunner(cfg, "cuda", L, prefetch_items=0)
-            us = _per_launch_us(lambda x, plain=plain: _launch(plain, x), each, iters)
+            us = _per_launch_us(lambda x, plain=plain: plain(x.R, **x.k1_kwargs()), each, iters)
             plain.check()
             row["k1_no_prefetch_us"] = round(us, 2)
         if baseline:

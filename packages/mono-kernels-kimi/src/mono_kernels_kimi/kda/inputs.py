@@ -66,6 +66,23 @@ class LayerInputs:
             vals[f.name] = v
         return LayerInputs(**vals)
 
+    def k1_kwargs(self) -> dict:
+        """The keywords of a `KdaRunner` call on this bundle (`runner(x.R, **x.k1_kwargs())`),
+        so benchmarks and tests name K1's arguments in one place."""
+        return dict(
+            prefix=self.prefix,
+            delta=self.delta,
+            blocks=self.blocks,
+            num_blocks=self.num_blocks,
+            write_idx=self.write_idx,
+            weights=self.weights,
+            conv_state=self.conv_state,
+            state=self.state,
+            state_indices=self.state_indices,
+            num_accepted=self.num_accepted,
+            out=self.out,
+        )
+
     def reference(self, exact: bool = True) -> torch.Tensor:
         from .reference import kda_layer
 

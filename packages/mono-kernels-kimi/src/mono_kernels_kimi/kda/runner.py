@@ -106,62 +106,38 @@ class KdaRunner:
             )
         return self._builds[key]
 
-    def __call__(
-        self,
-        requests: int,
-        *,
-        prefix,
-        delta,
-        blocks,
-        num_blocks: int,
-        write_idx: int,
-        weights: dict,
-        conv_state,
-        state,
-        state_indices,
-        num_accepted,
-        out,
-    ) -> torch.Tensor:
-        """One KDA layer; updates prefix, blocks, conv_state and state in place and writes
-        `out` [rows, local_proj] (o_proj's input). `conv_state` is vLLM's conv cache as
-        [slots, dim, state_len] (its SD layout transposed)."""
-        build = self.build(requests, delta is not None, write_idx >= 0)
+    def __call__(self, requests: int, **step) -> torch.Tensor:
+        """One KDA layer on `step`, the keywords `check_args` takes (prefix, delta, blocks,
+        num_blocks, write_idx, weights, conv_state, state, state_indices, num_accepted,
+        out), so K1's argument list is written once; updates prefix, blocks, conv_state
+        and state in place and writes `out` [rows, local_proj] (o_proj's input).
+        `conv_state` is vLLM's conv cache as [slots, dim, state_len] (its SD layout
+        transposed)."""
+        build = self.build(requests, step.get("delta") is not None, step.get("write_idx", -1) >= 0)
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        check_args(
-            build,
-            prefix=prefix,
-            delta=delta,
-            blocks=blocks,
-            num_blocks=num_blocks,
-            write_idx=write_idx,
-            weights=weights,
-            conv_state=conv_state,
-            state=state,
-            state_indices=state_indices,
-            num_accepted=num_accepted,
-            out=out,
-            scratch=self.scratch,
-            values=self.check_values and not capturing,
-        )
-        cfg = self.cfg
+        check_args(build, **step, scratch=self.scratch, values=self.check_values and not capturing)
+        cfg, w, delta = self.cfg, step["weights"], step["delta"]
+        prefix, blocks, conv_state = step["prefix"], step["blocks"], step["conv_state"]
+        state, state_indices = step["state"], step["state_indices"]
+        num_accepted = step["num_accepted"]
         args = dict(
             prefix=prefix,
             delta=prefix if delta is None else delta,
             blocks=blocks,
-            ares_norm=weights["ares_norm"],
-            ares_qk=weights["ares_qk"],
-            in_norm=weights["in_norm"],
-            in_proj=weights["in_proj"],
-            f_b=weights["f_b"],
-            conv_w=weights["conv"],
-            a_log=weights["a_log"],
-            dt_bias=weights["dt_bias"],
-            o_norm=weights["o_norm"],
+            ares_norm=w["ares_norm"],
+            ares_qk=w["ares_qk"],
+            in_norm=w["in_norm"],
+            in_proj=w["in_proj"],
+            f_b=w["f_b"],
+            conv_w=w["conv"],
+            a_log=w["a_log"],
+            dt_bias=w["dt_bias"],
+            o_norm=w["o_norm"],
             conv_state=conv_state,
             state=state,
             state_indices=state_indices,
             num_accepted=state_indices if num_accepted is None else num_accepted,
-            out=out,
+            out=step["out"],
             scratch=self.scratch,
             blocks_row_stride=blocks.stride(0),
             blocks_block_stride=blocks.stride(1),
@@ -170,8 +146,8 @@ class KdaRunner:
             conv_pos_stride=conv_state.stride(2),
             state_slot_stride=state.stride(0),
             indices_row_stride=state_indices.stride(0),
-            num_blocks=num_blocks,
-            write_idx=max(write_idx, 0),
+            num_blocks=step["num_blocks"],
+            write_idx=max(step["write_idx"], 0),
             num_slots=state.shape[0],
             eps=cfg.rms_norm_eps,
             out_eps=cfg.rms_norm_eps,
@@ -180,7 +156,7 @@ class KdaRunner:
         )
         assert tuple(args) == ARGS
         triton_build.launch(build, args)
-        return out
+        return step["out"]
 
     def layer_flags(self) -> tuple[tuple[bool, bool], ...]:
         """The (delta, write_block) pairs the model's KDA layers need: a delta after the

@@ -55,6 +55,14 @@ def _dot(a, b, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _source(ptrs, is_block, prefix_row, cm):
+    """One AttnRes source of a row's hidden slice in fp32: the block at `ptrs`, or the
+    prefix (already loaded) for the last source; stages 1 and 2 read sources alike."""
+    v = tl.load(ptrs, mask=cm & is_block, other=0.0).to(F32)
+    return tl.where(is_block, v, prefix_row)
+
+
+@triton.jit
 def _prefetch_rows(in_proj, rows, nm, ctrl, C1: tl.constexpr, HID: tl.constexpr, BK: tl.constexpr):
     """While x is not ready yet, stream this item's in_proj rows into L2 (HBM is idle
     during the AttnRes stages). The loads feed a sum that is stored only if it is NaN
@@ -322,13 +330,9 @@ def k1_kernel(
                         p.to(BF16),
                         mask=cm,
                     )
+                row = blocks + s * blocks_row_stride + cols
                 for j in range(0, num_blocks + 1):
-                    v = tl.load(
-                        blocks + s * blocks_row_stride + j * blocks_block_stride + cols,
-                        mask=cm & (j < num_blocks),
-                        other=0.0,
-                    ).to(F32)
-                    v = tl.where(j < num_blocks, v, p)
+                    v = _source(row + j * blocks_block_stride, j < num_blocks, p, cm)
                     pp = part + ((s * MAX_SRC + j) * C1P + t) * 2
                     tl.store(pp, tl.sum(v * v, axis=0))
                     tl.store(pp + 1, tl.sum(v * wnq, axis=0))
@@ -348,17 +352,13 @@ def k1_kernel(
                 mx = tl.full((), float("-inf"), F32)
                 den = tl.zeros((), F32)
                 mixed = tl.zeros((BH,), F32)
+                row = blocks + s * blocks_row_stride + cols
                 for j in range(0, num_blocks + 1):
                     pq = part + (s * MAX_SRC + j) * C1P * 2 + ci * 2
                     ss = tl.sum(tl.load(pq, mask=cim, other=0.0, cache_modifier=".cg"), axis=0)
                     qd = tl.sum(tl.load(pq + 1, mask=cim, other=0.0, cache_modifier=".cg"), axis=0)
                     logit = qd * tl.rsqrt(ss * (1.0 / HID) + eps)
-                    v = tl.load(
-                        blocks + s * blocks_row_stride + j * blocks_block_stride + cols,
-                        mask=cm & (j < num_blocks),
-                        other=0.0,
-                    ).to(F32)
-                    v = tl.where(j < num_blocks, v, p)
+                    v = _source(row + j * blocks_block_stride, j < num_blocks, p, cm)
                     new_mx = tl.maximum(mx, logit)
                     old_scale = tl.exp(mx - new_mx)
                     e = tl.exp(logit - new_mx)
