@@ -80,6 +80,7 @@ class ToyKimi:
     def forward(self, token, caches, executor=None):
         """Logits (fp32) of one decode step; `executor`'s plan picks each layer's path."""
         cfg = self.cfg
+        token = torch.as_tensor(token, device=self.device)  # eager paths pass an int
         prefix = self.embed.index_select(0, token.reshape(1))  # no host sync: capturable
         blocks = torch.zeros(1, cfg.num_attn_res_blocks, cfg.hidden_size,
                              dtype=torch.bfloat16, device=self.device)  # fmt: skip
@@ -276,6 +277,7 @@ class ToyMiniMax:
 
     def forward(self, token, caches, executor=None):
         cfg, self._caches = self.cfg, caches
+        token = torch.as_tensor(token, device=self.device)  # eager paths pass an int
         residual = self.embed.index_select(0, token.reshape(1))  # no host sync: capturable
         hidden = (residual.float() @ self.dense.float().t()).to(torch.bfloat16)  # dense layer 0
         for i in range(1, self.layers):
