@@ -44,6 +44,7 @@ polled only through mono_runtime's device helpers.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 
 from ..config import MiniMaxM3Config
@@ -151,16 +152,44 @@ class TaskPlan:
         ic = 16 if big else min(64, i)
         dc = 32 if big else 64
         fc = min(h, 256)
-        dk = next(d for d in (128, 64, 32) if i % d == 0)
+        # fp8 tiles take one 128x128 block scale per K step; others stream long K steps
+        # (bytes in flight per program cover HBM latency)
+        kmax = FP8_BLOCK if b.weights is WeightFormat.FP8 or not big else 256
+        uk = kmax
+        dk = next(d for d in (256, 128, 64, 32) if d <= kmax and i % d == 0)
+        if big:
+            ic, uk, dc, dk = _tile_overrides(b, ic=ic, uk=uk, dc=dc, dk=dk)
         return cls(
             push=h // push_cols, push_cols=push_cols, seam_cols=min(h, 1024),
             router_groups=b.cfg.num_experts // 16, router_parts=rp, router_k=h // rp,
-            nc=i // ic, ic=ic, uk=128, down=h // dc, dc=dc, dk=dk, final=h // fc, fc=fc,
+            nc=i // ic, ic=ic, uk=uk, down=h // dc, dc=dc, dk=dk, final=h // fc, fc=fc,
         )
 
     def static_tasks(self, rows: int) -> int:
         """Tickets before the up stage: push, seam, router, route."""
         return self.push + rows + self.router_groups * self.router_parts + 1
+
+
+TILES_ENV = "MONO_FFN_TILES"
+
+
+def _tile_overrides(b: FfnBuild, **tiles: int) -> tuple[int, int, int, int]:
+    """(ic, uk, dc, dk) of a real-shape build, each replaced by MONO_FFN_TILES when it names
+    it (e.g. "uk=1024,dk=128,ic=32"): lets a benchmark compare tiles without an edit."""
+    spec = os.environ.get(TILES_ENV, "").strip()
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        name, _, value = item.partition("=")
+        if name not in tiles or not value.isdigit():
+            raise ValueError(f"{TILES_ENV}={spec!r}: expected name=int items of {sorted(tiles)}")
+        tiles[name] = int(value)
+    h, i = b.cfg.hidden_size, b.inter
+    fp8 = b.weights is WeightFormat.FP8
+    for name, least, full in (("ic", 16, i), ("uk", 32, h), ("dc", 16, h), ("dk", 32, i)):
+        n = tiles[name]
+        if n < least or n & (n - 1) or full % n or (fp8 and n > FP8_BLOCK):
+            raise ValueError(f"{TILES_ENV}: {name}={n} must be a power of two >= {least} "
+                             f"dividing {full}" + (f", at most {FP8_BLOCK} for fp8" if fp8 else ""))
+    return tiles["ic"], tiles["uk"], tiles["dc"], tiles["dk"]
 
 
 # -- layouts ---------------------------------------------------------------------------

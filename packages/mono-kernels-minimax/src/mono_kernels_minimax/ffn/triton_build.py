@@ -23,27 +23,33 @@ from .spec import Experts, FfnBuild, max_tickets, peer_layout, scratch_layout, t
 
 
 @triton.jit
-def _e2m1(code):
-    """fp32 value of 4-bit e2m1 codes (int32): exponent field 0 is 0 or 0.5 (subnormal)."""
+def _e2m1(code, CPU: tl.constexpr):
+    """bf16 of 4-bit e2m1 codes (int32), assembled as bits: a normal code's exponent and
+    mantissa fields are its magnitude shifted into place (+ the bias); 1 is 0.5, 0 is 0."""
     mag = code & 7
-    e = mag >> 1
-    m = mag & 1
-    normal = (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True)
-    v = tl.where(e == 0, m.to(tl.float32) * 0.5, normal)
-    return tl.where((code & 8) != 0, -v, v)
+    bits = tl.where(mag >= 2, (mag << 6) + 0x3F00, mag * 0x3F00) | ((code & 8) << 12)
+    return _bf16_of_bits(bits, CPU)
 
 
 @triton.jit
-def _e8m0(s):
-    """2**(s - 127) of uint8 e8m0 codes (s = 0 is the subnormal 2**-127)."""
+def _e8m0(s, CPU: tl.constexpr):
+    """bf16 2**(s - 127) of uint8 e8m0 codes (s = 0 is the subnormal 2**-127)."""
     s = s.to(tl.int32)
-    bits = tl.where(s == 0, 0x400000, s << 23)
-    return bits.to(tl.float32, bitcast=True)
+    return _bf16_of_bits(tl.where(s == 0, 0x40, s << 7), CPU)
+
+
+@triton.jit
+def _bf16_of_bits(bits, CPU: tl.constexpr):
+    """bf16 of 16-bit patterns held in int32 (the interpreter mis-reads an int16 -> bf16
+    bitcast: there through the exact fp32 of the same top half)."""
+    if CPU:
+        return (bits << 16).to(tl.float32, bitcast=True).to(tl.bfloat16)
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
 def _weight_tile(w, ws, row0, k0, NROWS: tl.constexpr, KROW: tl.constexpr,
-                 BK: tl.constexpr, FMT: tl.constexpr):
+                 BK: tl.constexpr, FMT: tl.constexpr, CPU: tl.constexpr):
     """(bf16 [NROWS, BK] tile at (row0, k0) of a row-major weight of KROW logical columns,
     the scale its dot product takes). MXFP4 values times their e8m0 scales and fp8 values
     are exact in bf16; the fp8 128x128 block scale is returned for the caller to apply."""
@@ -51,10 +57,14 @@ def _weight_tile(w, ws, row0, k0, NROWS: tl.constexpr, KROW: tl.constexpr,
     if FMT == 1:
         kb = k0 // 2 + tl.arange(0, BK // 2)
         byte = tl.load(w + r[:, None] * (KROW // 2) + kb[None, :]).to(tl.int32)
-        vals = tl.reshape(_e2m1(tl.join(byte & 15, byte >> 4)), (NROWS, BK // 32, 32))
+        vals = tl.reshape(_e2m1(tl.join(byte & 15, byte >> 4), CPU), (NROWS, BK // 32, 32))
         ks = k0 // 32 + tl.arange(0, BK // 32)
-        sc = _e8m0(tl.load(ws + r[:, None] * (KROW // 32) + ks[None, :]))
-        tile = tl.reshape(vals * sc[:, :, None], (NROWS, BK)).to(tl.bfloat16)
+        sc = _e8m0(tl.load(ws + r[:, None] * (KROW // 32) + ks[None, :]), CPU)
+        if CPU:  # the interpreter mis-multiplies bf16: exact fp32 products there
+            tile = (vals.to(tl.float32) * sc[:, :, None].to(tl.float32)).to(tl.bfloat16)
+        else:  # bf16 products are exact (times a power of two) and half the registers
+            tile = vals * sc[:, :, None]
+        tile = tl.reshape(tile, (NROWS, BK))
         scale = 1.0
     elif FMT == 2:
         k = k0 + tl.arange(0, BK)
@@ -86,8 +96,8 @@ def _up_dots(xn, w, ws, c, S: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
     for k0 in range(0, H, UK):
         k = k0 + tl.arange(0, UK)
         x = tl.load(xn + rows[:, None] * H + k[None, :], mask=rows[:, None] < S, other=0.0)
-        tg, sg = _weight_tile(w, ws, c * IC, k0, IC, H, UK, FMT)
-        tu, su = _weight_tile(w, ws, I + c * IC, k0, IC, H, UK, FMT)
+        tg, sg = _weight_tile(w, ws, c * IC, k0, IC, H, UK, FMT, CPU)
+        tu, su = _weight_tile(w, ws, I + c * IC, k0, IC, H, UK, FMT, CPU)
         if CPU:  # the interpreter mis-reads bf16 dot operands: fp32 there
             x32 = x.to(tl.float32)
             g += tl.dot(x32, tl.trans(tg).to(tl.float32), input_precision="ieee") * sg
@@ -107,7 +117,7 @@ def _down_dot(mid, w, ws, d0, S: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
     for k0 in range(0, I, DK):
         k = k0 + tl.arange(0, DK)
         m = tl.load(mid + rows[:, None] * I + k[None, :], mask=rows[:, None] < S, other=0.0)
-        t, sc = _weight_tile(w, ws, d0, k0, DC, I, DK, FMT)
+        t, sc = _weight_tile(w, ws, d0, k0, DC, I, DK, FMT, CPU)
         if CPU:
             y += tl.dot(m.to(tl.float32), tl.trans(t).to(tl.float32), input_precision="ieee") * sc
         else:
