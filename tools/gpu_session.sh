@@ -24,18 +24,18 @@ tests() {  # name, timeout, pytest args...
 }
 : >"$LOG/status.txt"
 # Phase 1, in parallel.
-tests ffn 300 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench" &
-tests k1 300 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "tiny or bad_slot or 1-1-True-13-full" &
-tests rest 300 $P/mono-peer/tests $P/mono-runtime/tests integration/tests/test_toy_decode.py \
+tests ffn 270 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench" &
+tests k1 270 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "tiny or bad_slot or 1-1-True-13-full" &
+tests rest 270 $P/mono-peer/tests $P/mono-runtime/tests integration/tests/test_toy_decode.py \
     tools/tests/test_gpu_smoke.py &
-step qualify 300 mono qualify --ranks 1 --json "$LOG/qualify.json" &
-step warm-ffn 300 python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4 --layers 2 &
-step warm-kda 300 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 2 --skip-no-prefetch &
+step qualify 270 mono qualify --ranks 1 --json "$LOG/qualify.json" &
+step warm-ffn 270 python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4 --layers 2 &
+step warm-kda 270 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 2 --skip-no-prefetch &
 wait
 # Phase 2, one at a time.
-step bench-ffn 150 mono bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
-step bench-kda 100 mono bench kda --rows 1,8 --out "$LOG/bench"
-step bench-allreduce 60 mono bench allreduce --rows 1,4,16 --out "$LOG/bench"
+step bench-ffn 130 mono bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
+step bench-kda 90 mono bench kda --rows 1,8 --out "$LOG/bench"
+step bench-allreduce 50 mono bench allreduce --rows 1,4,16 --out "$LOG/bench"
 cp "$LOG"/bench/bench-*.png "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
 cat "$LOG/status.txt"
