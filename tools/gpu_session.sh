@@ -12,7 +12,7 @@ LOG=$(mktemp -d)
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=packages/mono-peer/src:packages/mono-runtime/src:packages/mono-kernels-minimax/src:packages/mono-kernels-kimi/src:integration/src:tools/src
 P=packages
-mono() { python3 -m mono_tools.cli "$@"; }
+MONO="python3 -m mono_tools.cli"  # a word list, so `timeout` can run it
 step() {  # name, timeout, command...: its output in $LOG/name.txt, its status in status.txt
     local name=$1 limit=$2; shift 2
     timeout "$limit" "$@" >"$LOG/$name.txt" 2>&1
@@ -28,14 +28,14 @@ tests ffn 270 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench" &
 tests k1 270 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "tiny or bad_slot or 1-1-True-13-full" &
 tests rest 270 $P/mono-peer/tests $P/mono-runtime/tests integration/tests/test_toy_decode.py \
     tools/tests/test_gpu_smoke.py &
-step qualify 270 mono qualify --ranks 1 --json "$LOG/qualify.json" &
+step qualify 270 $MONO qualify --ranks 1 --json "$LOG/qualify.json" &
 step warm-ffn 270 python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4 --layers 2 &
 step warm-kda 270 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 2 --skip-no-prefetch &
 wait
 # Phase 2, one at a time.
-step bench-ffn 130 mono bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
-step bench-kda 90 mono bench kda --rows 1,8 --out "$LOG/bench"
-step bench-allreduce 50 mono bench allreduce --rows 1,4,16 --out "$LOG/bench"
+step bench-ffn 130 $MONO bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
+step bench-kda 90 $MONO bench kda --rows 1,8 --out "$LOG/bench"
+step bench-allreduce 50 $MONO bench allreduce --rows 1,4,16 --out "$LOG/bench"
 cp "$LOG"/bench/bench-*.png "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
 cat "$LOG/status.txt"
