@@ -219,20 +219,7 @@ def _k1_matches_reference(ctx: RankContext) -> str:
         want = ref.reference()
         got = inputs.clone()
         runner = KdaRunner(cfg, ctx.device, L, max_rows=requests * L)  # compiles this width
-        runner(
-            got.R,
-            prefix=got.prefix,
-            delta=got.delta,
-            blocks=got.blocks,
-            num_blocks=got.num_blocks,
-            write_idx=got.write_idx,
-            weights=got.weights,
-            conv_state=got.conv_state,
-            state=got.state,
-            state_indices=got.state_indices,
-            num_accepted=got.num_accepted,
-            out=got.out,
-        )
+        runner(got.R, **got.k1_kwargs())
         torch.cuda.synchronize(ctx.device)
         runner.check()
         err_out, err_state = _rel(got.out, want), _rel(got.state, ref.state)
