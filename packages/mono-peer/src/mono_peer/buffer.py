@@ -112,28 +112,32 @@ class PeerBuffer:
             raise ValueError(f"PeerBuffer: nbytes differs between ranks ({low} to {-neg_high})")
 
     def _build(self, group: Any) -> None:
-        """Allocate, exchange, open, agree; on failure release on every rank and raise."""
+        """Reserve, allocate, exchange, open, agree; on failure release on every rank and
+        raise. Reservations are exchanged before anything exists, so the survivors of a rank
+        killed mid-way remove what it left (a host segment)."""
         error: str | None = None
         handle: bytes | str | None = None
+        reserved: str | None = None
         try:
             self._backend = make_backend(self._name, self.nbytes, self.device, self.rank)
             self.device = self._backend.device
-            _inject("alloc", self.rank)
-            self._local, handle = self._backend.allocate()
+            reserved = self._backend.reserve()
         except Exception as exc:  # reported on every rank through the agreement below
-            error = f"could not allocate {self.nbytes} bytes ({self._name}): {exc}"
+            error = f"could not set up the {self._name} backend: {exc}"
+        names: list[str | None] = []
         try:
+            names = _exchange(reserved, self.npes, group)
+            if error is None:
+                error, handle = self._allocate()
             handles = _exchange(handle, self.npes, group)
             missing = [r for r, h in enumerate(handles) if h is None]
             if error is None and not missing:
                 error = self._open_peers(handles)
-            if error is None and not missing:
-                table = [self._peers.get(r, self._local) for r in range(self.npes)]
-                self._addresses = torch.tensor(table, dtype=torch.int64, device=self.device)
-                self._bytes = self._backend.view(self._local)
             ok = tp_agree(error is None and not missing, group)
-        except BaseException:
+        except BaseException:  # a collective broke (a rank died): nobody will free for it
             self._release(None)
+            if self._backend is not None:
+                self._backend.remove(names)
             raise
         if ok:
             self._backend.exchanged()
@@ -147,6 +151,15 @@ class PeerBuffer:
             f"PeerBuffer: another rank failed ({who}); this rank ({where}) released its buffer"
         )
 
+    def _allocate(self) -> tuple[str | None, bytes | str | None]:
+        """(None, handle) with the local buffer allocated, or (why not, None)."""
+        try:
+            _inject("alloc", self.rank)
+            self._local, handle = self._backend.allocate()
+        except Exception as exc:
+            return f"could not allocate {self.nbytes} bytes ({self._name}): {exc}", None
+        return None, handle
+
     def _open_peers(self, handles: list[bytes | str | None]) -> str | None:
         for peer, handle in enumerate(handles):
             if peer == self.rank:
@@ -157,7 +170,10 @@ class PeerBuffer:
                 return f"could not map rank {peer}'s buffer ({self._backend.name}): {exc}"
         try:
             _inject("map", self.rank)
-        except OSError as exc:
+            table = [self._peers.get(r, self._local) for r in range(self.npes)]
+            self._addresses = torch.tensor(table, dtype=torch.int64, device=self.device)
+            self._bytes = self._backend.view(self._local)
+        except Exception as exc:
             return f"could not map its peers: {exc}"
         return None
 

@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import socket
 import sys
 import time
 import traceback
@@ -87,6 +88,15 @@ def _child(rank, world, port, timeout_s, ref, args, env, results) -> None:
         results.put((rank, False, traceback.format_exc()))
 
 
+def _loopback_listener() -> tuple[int, int]:
+    """(port, fd) of a socket listening on 127.0.0.1 for the rendezvous store: TCPStore alone
+    would listen on every interface, open to the network."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    return listener.getsockname()[1], listener.detach()
+
+
 def spawn(
     fn: Callable[..., Any],
     world: int,
@@ -94,6 +104,7 @@ def spawn(
     *args: Any,
     env: dict[str, str] | None = None,
     start_method: str = "forkserver",
+    may_die: tuple[int, ...] = (),
 ) -> list[Any]:
     """Run ``fn(rank, world, group, *args)`` on ``world`` spawned processes; return their results.
 
@@ -101,6 +112,8 @@ def spawn(
     is applied in each child, over the parent's environment, before ``fn``'s module is
     imported (e.g. TRITON_INTERPRET=1). ``start_method="spawn"`` gives every rank a
     brand-new interpreter instead of a forkserver child (slower, nothing preloaded).
+    ``may_die`` names ranks that kill themselves on purpose (tests of a lost rank): their
+    death is no failure, and their result is None.
     Raises AssertionError naming every rank's traceback or status if any rank raises, dies,
     or the timeout passes; every child is then killed.
     """
@@ -112,8 +125,15 @@ def spawn(
     if start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)  # takes effect when the server first starts
     child_env = {"GLOO_SOCKET_IFNAME": "lo", **os.environ, **(env or {})}
+    port, fd = _loopback_listener()
     store = dist.TCPStore(
-        "127.0.0.1", 0, world, True, timedelta(seconds=timeout_s), wait_for_workers=False
+        "127.0.0.1",
+        port,
+        world,
+        True,
+        timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+        master_listen_fd=fd,  # the store owns it from here
     )
     results = ctx.Queue()
     ref = _function_ref(fn)
@@ -131,7 +151,7 @@ def spawn(
     try:
         for p in procs:
             p.start()
-        timed_out = _collect(procs, results, outcome, deadline)
+        timed_out = _collect(procs, results, outcome, deadline, may_die)
     finally:
         for p in procs:
             if p.is_alive():
@@ -146,9 +166,9 @@ def spawn(
     return [pickle.loads(outcome[r][1]) for r in range(world)]
 
 
-def _collect(procs, results, outcome, deadline) -> bool:
+def _collect(procs, results, outcome, deadline, may_die=()) -> bool:
     """Drain results until every rank reported, one failed (plus a grace), or time ran out
-    (then return True)."""
+    (then return True). A rank of ``may_die`` that died reports None."""
     world = len(procs)
     first_failure: float | None = None
     while len(outcome) < world:
@@ -165,8 +185,10 @@ def _collect(procs, results, outcome, deadline) -> bool:
                 for r, p in enumerate(procs)
                 if r not in outcome and not p.is_alive() and p.exitcode is not None
             ]
+            for r in set(dead) & set(may_die):
+                outcome[r] = (True, pickle.dumps(None))
             # a dead rank may still have a result in flight: give the pipe one more look
-            if dead and first_failure is None:
+            if set(dead) - set(may_die) and first_failure is None:
                 first_failure = now
             continue
         outcome[rank] = (ok, value)

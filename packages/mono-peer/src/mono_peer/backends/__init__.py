@@ -19,6 +19,14 @@ class Backend(Protocol):
     name: str
     device: torch.device  # normalized (a GPU index filled in)
 
+    def reserve(self) -> str | None:
+        """What peers must remove should this rank die mid-construction (a name), or None."""
+        ...
+
+    def remove(self, names: list[str | None]) -> None:
+        """Remove what dead peers reserved and left behind (after a failed construction)."""
+        ...
+
     def allocate(self) -> tuple[int, bytes | str]:
         """Allocate and zero the local buffer; return (address, handle that peers can open)."""
         ...
@@ -42,6 +50,16 @@ class Backend(Protocol):
     def view(self, address: int) -> torch.Tensor:
         """A non-owning uint8 tensor over the local buffer."""
         ...
+
+
+class DeviceBackend:
+    """What the GPU backends share: their memory dies with its process, nothing to reserve."""
+
+    def reserve(self) -> None:
+        return None
+
+    def remove(self, names: list[str | None]) -> None:
+        """Nothing to remove: a dead process's device memory is freed by the driver."""
 
 
 def default_backend(device: torch.device) -> str:

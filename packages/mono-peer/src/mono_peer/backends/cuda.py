@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import device_bytes
+from . import DeviceBackend, device_bytes
 
 IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
 LAZY_ENABLE_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
@@ -27,7 +27,7 @@ def _runtime() -> Any:
     return runtime
 
 
-class CudaBackend:
+class CudaBackend(DeviceBackend):
     name = "cuda"
 
     def __init__(self, nbytes: int, device: torch.device) -> None:

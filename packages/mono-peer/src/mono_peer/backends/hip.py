@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from . import device_bytes
+from . import DeviceBackend, device_bytes
 
 HIP_SUCCESS = 0
 HIP_DEVICE_MALLOC_UNCACHED = 0x3  # hipDeviceMallocUncached
@@ -72,7 +72,7 @@ def _hip() -> ctypes.CDLL:
     return lib
 
 
-class HipBackend:
+class HipBackend(DeviceBackend):
     name = "hip"
 
     def __init__(self, nbytes: int, device: torch.device) -> None:
