@@ -17,11 +17,22 @@ from .health import timeline
 from .planner import agree
 
 DEFAULT_DEADLINE_NS = 5_000_000_000
+MAX_DEADLINE_NS = 60_000_000_000
+"""A wait's upper bound: longer than any real step, short enough that a lost rank is noticed."""
 CPU_NS_PER_POLL = 1_000_000
 """Under the interpreter the clock counts polls; a deadline in ns becomes ns // this."""
 
 
-def _problem(rank: Any, world: Any, scratch_bytes: Any, peer_bytes: Any) -> str | None:
+def _deadline_problem(deadline_ns: Any) -> str | None:
+    if isinstance(deadline_ns, bool) or not isinstance(deadline_ns, int):
+        return f"deadline_ns must be an int, got {deadline_ns!r}"
+    if not 0 < deadline_ns <= MAX_DEADLINE_NS:
+        return f"deadline_ns must be in 1..{MAX_DEADLINE_NS} (60 s), got {deadline_ns}"
+    return None
+
+
+def _problem(device: Any, rank: Any, world: Any, scratch_bytes: Any, peer_bytes: Any,
+             deadline_ns: Any) -> str | None:
     for name, v, low in (("world", world, 1), ("scratch_bytes", scratch_bytes, 8),
                          ("peer_bytes", peer_bytes, 8)):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
@@ -30,13 +41,31 @@ def _problem(rank: Any, world: Any, scratch_bytes: Any, peer_bytes: Any) -> str 
         return f"world {world} exceeds the {P.MAX_RANKS} alarm words of the peer head"
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
         return f"rank must be an int in [0, {world}), got {rank!r}"
-    return None
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        return f"device {device!r}: {exc}"
+    return _deadline_problem(deadline_ns)
+
+
+def _agree_values(values: dict[str, int], group: Any) -> None:
+    """Refuse on every rank unless every rank passed the same values (a deadline that
+    differs makes one rank give up while its peers still wait)."""
+    from mono_peer.agree import agree_min
+
+    both = agree_min([x for v in values.values() for x in (v, -v)], group)
+    differ = [f"{name} differs between ranks ({both[2 * i]} to {-both[2 * i + 1]})"
+              for i, name in enumerate(values) if both[2 * i] != -both[2 * i + 1]]
+    agree(differ, group, "this runner")
 
 
 class MonoRunner:
     """Collective: every rank of `group` (a gloo group, or None for one rank) builds it
-    at the same point, with the same sizes. `deadline_ns` bounds every in-kernel wait
-    (on a CPU device it counts polls: deadline_ns // CPU_NS_PER_POLL)."""
+    at the same point, with the same sizes and deadline. `deadline_ns` (at most 60 s) bounds
+    every in-kernel wait (on a CPU device it counts polls: deadline_ns // CPU_NS_PER_POLL).
+
+    All or nothing: the arguments, then each rank's allocation, then the peer buffer are
+    agreed in turn, so a failure on any rank raises on every rank and keeps nothing."""
 
     def __init__(
         self,
@@ -51,42 +80,87 @@ class MonoRunner:
     ) -> None:
         from mono_peer import PeerBuffer
 
-        problem = _problem(rank, world, scratch_bytes, peer_bytes)
+        self._closed = True  # until the peer buffer is mapped on every rank
+        problem = _problem(device, rank, world, scratch_bytes, peer_bytes, deadline_ns)
         agree([problem] if problem else [], group, "this runner")
+        _agree_values({"world": world, "scratch_bytes": scratch_bytes,
+                       "peer_bytes": peer_bytes, "deadline_ns": deadline_ns}, group)
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.group, self.rank, self.world = group, rank, world
         self.cpu = self.device.type == "cpu"
         self.unit = "polls" if self.cpu else "ns"
-        self.ctl = torch.zeros(P.CTL_WORDS, dtype=torch.int64, device=self.device)
-        self.tickets = torch.zeros(P.SLOTS, dtype=torch.int64, device=self.device)
-        self.scratch = torch.zeros(scratch_bytes, dtype=torch.uint8, device=self.device)
-        # Host-visible: pinned host memory is device-addressable at its host address under
-        # unified addressing, so kernels write it and after_step reads it without a copy.
-        self.health = torch.zeros(P.HEALTH_WORDS, dtype=torch.int64,
-                                  pin_memory=not self.cpu)
-        self.peer = PeerBuffer(P.PEER_HEAD + peer_bytes, group, rank, world, self.device,
-                               backend)
-        self.alarms = self.peer.bytes[: 4 * world].view(torch.int32)
-        self.alarm = self.peer.local + 4 * rank  # this rank's alarm word, here
+        problem = self._allocate(scratch_bytes)
+        try:
+            agree([problem] if problem else [], group, "this runner")
+            self.peer = PeerBuffer(P.PEER_HEAD + peer_bytes, group, rank, world, self.device,
+                                   backend)
+        except BaseException:
+            self._drop_local()
+            raise
+        self._closed = False
         self.set_deadline(deadline_ns)
         self._steps = 0  # since the last rezero
         self._fault: MonoFault | None = None
 
+    def _allocate(self, scratch_bytes: int) -> str | None:
+        """This rank's device state, or why it could not be allocated (agreed by the caller)."""
+        try:
+            self.ctl = torch.zeros(P.CTL_WORDS, dtype=torch.int64, device=self.device)
+            self.tickets = torch.zeros(P.SLOTS, dtype=torch.int64, device=self.device)
+            self.scratch = torch.zeros(scratch_bytes, dtype=torch.uint8, device=self.device)
+            # Host-visible: pinned host memory is device-addressable at its host address
+            # under unified addressing, so kernels write it and after_step reads it without
+            # a copy.
+            self.health = torch.zeros(P.HEALTH_WORDS, dtype=torch.int64,
+                                      pin_memory=not self.cpu)
+        except (RuntimeError, MemoryError) as exc:  # torch's out-of-memory is a RuntimeError
+            self._drop_local()
+            return (f"rank {self.rank} could not allocate {scratch_bytes} scratch bytes on "
+                    f"{self.device}: {str(exc).splitlines()[0]}")
+        return None
+
+    def _drop_local(self) -> None:
+        """Release this rank's device state (a failed construction keeps nothing)."""
+        self.ctl = self.tickets = self.scratch = self.health = None
+
+    def _live(self) -> None:
+        if self._closed:
+            raise RuntimeError("MonoRunner is closed (its peer buffer is unmapped)")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def alarms(self) -> torch.Tensor:
+        """int32 [world]: the alarm words at this rank's head (a view of the peer buffer)."""
+        self._live()
+        return self.peer.bytes[: 4 * self.world].view(torch.int32)
+
+    @property
+    def alarm(self) -> int:
+        """The address of this rank's own alarm word, here."""
+        self._live()
+        return self.peer.local + 4 * self.rank
+
     # -- per step -------------------------------------------------------------------------
     def step_begin(self) -> None:
         """Once per forward, before its first launch; a CUDA graph captures it."""
+        self._live()
         self.ctl[P.CTL_EPOCH : P.CTL_EPOCH + 1].add_(1)
 
     def launch_args(self) -> dict[str, Any]:
         """What every protocol kernel takes: control words, health address (an int: it may
         be pinned host memory), scratch, ticket counters, and the interpreter switch."""
+        self._live()
         return {"ctl": self.ctl, "health": self.health.data_ptr(), "scratch": self.scratch,
                 "tickets": self.tickets, "CPU": self.cpu}
 
     def peer_args(self) -> dict[str, Any]:
         """Every rank's peer-buffer base address (the alarm head; data past PEER_HEAD)."""
+        self._live()
         return {"peers": self.peer.addresses, "rank": self.rank, "world": self.world}
 
     def after_step(self) -> None:
@@ -96,6 +170,7 @@ class MonoRunner:
         once this rank's kernels recorded a give-up (ranks whose peer gave up record one
         at their next poll, so every rank raises); every REZERO_EVERY steps it quiesces
         collectively and erases the buffers (PROTOCOL.md section 3)."""
+        self._live()
         if self._fault is not None:
             raise self._fault
         if not self.cpu and torch.cuda.is_current_stream_capturing():
@@ -125,6 +200,7 @@ class MonoRunner:
     def reset(self) -> None:
         """Collective, no launch in flight: clear scratch, tickets, peer buffer (alarms
         included) and health, restart the tag era. Makes a faulted runner usable again."""
+        self._live()
         self._rezero()
         self._fault = None
 
@@ -152,14 +228,18 @@ class MonoRunner:
         return max(1, ns // CPU_NS_PER_POLL) if self.cpu else ns
 
     def set_deadline(self, deadline_ns: int) -> None:
-        if isinstance(deadline_ns, bool) or not isinstance(deadline_ns, int) or deadline_ns <= 0:
-            raise ValueError(f"deadline_ns must be a positive int, got {deadline_ns!r}")
+        """Local: call it with the same value on every rank."""
+        self._live()
+        problem = _deadline_problem(deadline_ns)
+        if problem:
+            raise ValueError(problem)
         self.deadline_ns = deadline_ns
         self.ctl[P.CTL_DEADLINE] = self._units(deadline_ns)
 
     def inject(self, rank: int | None, delay_ns: int = 0) -> None:
         """Fault injection: `rank` stalls `delay_ns` (or until an alarm) before its first
         peer store in every launch; None turns it off. Same call on every rank."""
+        self._live()
         if rank is not None and not 0 <= rank < self.world:
             raise ValueError(f"inject: rank {rank} not in [0, {self.world})")
         self.ctl[P.CTL_FAULT_RANK] = 0 if rank is None else rank + 1
@@ -168,11 +248,13 @@ class MonoRunner:
     def skip_steps(self, n: int) -> None:
         """Advance the epoch by n steps as if n empty steps had run (tests of the tag era
         and its rezero start near the era's end with it)."""
+        self._live()
         self.ctl[P.CTL_EPOCH : P.CTL_EPOCH + 1].add_(n)
         self._steps += n
 
     def tag(self, slot: int) -> int:
         """The tag a launch of `slot` would use now (host mirror of `step_tag`; syncs)."""
+        self._live()
         epoch, base = self.ctl[: 2].tolist()
         return P.tag_of(epoch, base, slot)
 
@@ -181,13 +263,16 @@ class MonoRunner:
         """Fill floating `x` with NaN on the device when any alarm word at this rank's
         head is set; graph-capturable (a one-program launch). Call it after the layer
         loop so a step in which some rank gave up yields no finite logits."""
+        self._live()
         from .guard import guard_nan
 
         guard_nan(x, self.peer.addresses, self.rank, self.world)
 
     def close(self) -> None:
-        """Idempotent; frees the peer buffer."""
-        self.peer.close()
+        """Idempotent; frees the peer buffer. Every method raises afterwards."""
+        if not self._closed:
+            self._closed = True
+            self.peer.close()
 
     def __enter__(self) -> MonoRunner:
         return self
