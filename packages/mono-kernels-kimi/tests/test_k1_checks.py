@@ -144,3 +144,50 @@ def test_scratch_regions_disjoint_and_items_cover_the_work(R, L):
     assert proj * b.block_n >= cfg.in_proj_rows > (proj - 1) * b.block_n
     assert kda == R * 12 * (128 // b.block_v) and norm == R * 12
     assert b.scratch_bytes >= regions[-1][0] + regions[-1][1]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"programs": 0}, "programs must be >= 1"),
+        ({"programs": -3}, "programs must be >= 1"),
+        ({"programs": 1.5}, "programs must be an int"),
+        ({"block_v": True}, "block_v must be an int"),
+        ({"prefetch_items": -1}, "prefetch_items must be >= 0"),
+        ({"grid": 4}, "unknown tiling keyword 'grid'"),
+        ({"L": 1.0}, "L must be an int"),
+        ({"max_rows": 2.0}, "max_rows must be an int"),
+    ],
+)
+def test_runner_refuses_bad_widths_and_tiling_before_allocating(kwargs, match):
+    from mono_kernels_kimi.kda.runner import KdaRunner
+
+    L = kwargs.pop("L", 1)
+    with pytest.raises(ValueError, match=match):
+        KdaRunner(CFG, "cpu", L, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"num_blocks": 1.5}, "`num_blocks` must be an int"),
+        ({"num_blocks": torch.tensor(1)}, "`num_blocks` must be an int"),
+        ({"write_idx": 2.0}, "`write_idx` must be an int"),
+        ({"requests": 1.5}, "requests must be an int"),
+    ],
+)
+def test_runner_refuses_a_launch_scalar_that_is_not_an_int_and_writes_nothing(change, match):
+    from mono_kernels_kimi.kda.runner import KdaRunner
+
+    inp = make_inputs(CFG, 1, 1, spec=False, layer_idx=4)
+    runner = KdaRunner(CFG, "cpu", 1, spec=False, max_rows=1)
+    kwargs = inp.k1_kwargs()
+    requests = change.pop("requests", 1)
+    before = {k: v.clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(ValueError, match=match):
+        runner(requests, **{**kwargs, **change})
+    assert not runner.scratch.any()
+    for name, tensor in before.items():
+        torch.testing.assert_close(
+            kwargs[name], tensor, rtol=0, atol=0, equal_nan=True, msg=f"{name} was written"
+        )

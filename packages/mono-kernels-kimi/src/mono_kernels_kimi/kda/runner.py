@@ -45,6 +45,28 @@ def default_tiling(cfg: KimiK3Config, device: torch.device) -> dict:
     )
 
 
+TILING_MIN = {
+    "programs": 1,
+    "prefetch_items": 0,
+    "block_h": 1,
+    "block_n": 1,
+    "block_k": 1,
+    "block_v": 1,
+    "num_warps": 1,
+    "max_polls": 1,
+}
+"""Every tiling keyword and its least value (powers of two and tile limits: K1Build)."""
+
+
+def _check_int(what: str, value, low: int) -> None:
+    """Raise ValueError unless `value` is a plain int >= `low` (not a bool, float or tensor:
+    a launch scalar that is not an int fails inside the kernel and wedges the next launch)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an int, got {type(value).__name__} {value!r}")
+    if value < low:
+        raise ValueError(f"{what} must be >= {low}, got {value}")
+
+
 class KdaRunner:
     """K1 launches for steps of `requests` x `L` rows (requests in `widths`)."""
 
@@ -60,6 +82,13 @@ class KdaRunner:
         check_values: bool = True,
         **tiling,
     ) -> None:
+        _check_int("L", L, 1)
+        _check_int("max_rows", max_rows, 1)
+        for name, value in tiling.items():
+            if name not in TILING_MIN:
+                known = ", ".join(TILING_MIN)
+                raise ValueError(f"unknown tiling keyword {name!r} (known: {known})")
+            _check_int(name, value, TILING_MIN[name])
         if not 1 <= L <= max_rows <= MAX_ROWS:
             raise ValueError(
                 f"L = {L} and max_rows = {max_rows} must satisfy 1 <= L <= max_rows <= {MAX_ROWS}"
@@ -113,7 +142,10 @@ class KdaRunner:
         and state in place and writes `out` [rows, local_proj] (o_proj's input).
         `conv_state` is vLLM's conv cache as [slots, dim, state_len] (its SD layout
         transposed)."""
-        build = self.build(requests, step.get("delta") is not None, step.get("write_idx", -1) >= 0)
+        _check_int("requests", requests, 1)
+        _check_int("K1 argument `num_blocks`", step.get("num_blocks"), 0)
+        _check_int("K1 argument `write_idx`", step.get("write_idx"), -1)
+        build = self.build(requests, step.get("delta") is not None, step["write_idx"] >= 0)
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         check_args(build, **step, scratch=self.scratch, values=self.check_values and not capturing)
         cfg, w, delta = self.cfg, step["weights"], step["delta"]
