@@ -13,13 +13,21 @@ from mono_tools.ranks import RankProcesses
 
 
 def target(rank, world, group, reporter, mode):
+    """Rank 0 answers; the last rank then answers or misbehaves as `mode` says. The barrier
+    (not a sleep) makes rank 0's answer go out first, however loaded the machine is."""
+    import torch.distributed as dist
+
+    if rank != world - 1:
+        reporter.send("done", step="work", value=rank * 10)
+    dist.barrier(group)
     if rank == world - 1:
-        time.sleep(600 if mode == "hang" else 1.0)  # rank 0 answers first
+        if mode == "hang":
+            time.sleep(600)
         if mode == "crash":
             raise RuntimeError("boom on purpose")
         if mode == "exit":
             os._exit(7)
-    reporter.send("done", step="work", value=rank * 10)
+        reporter.send("done", step="work", value=rank * 10)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ def _error(capsys, argv: list[str]) -> str:
         (["qualify", "--ranks", "0"], "--ranks must be at least 1"),
         (["qualify", "--backend", "tpu"], "invalid choice: 'tpu'"),
         (["qualify", "--only", "peer,nonsense"], "unknown check(s)"),
+        (["qualify", "--only", ""], "(none given)"),
+        (["qualify", "--only", " , "], "(none given)"),
         (["qualify", "--backend", "host", "--ranks", "9"], "runs at most 8"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: command"),
@@ -44,6 +46,12 @@ def test_unwritable_json_path(capsys, tmp_path):
     assert "does not exist" in line
     line = _error(capsys, ["qualify", "--json", str(tmp_path)])
     assert "is a folder" in line
+
+
+@pytest.mark.parametrize("path", ["/dev/full", "/proc/version"])
+def test_a_json_file_that_takes_no_write_is_refused_before_any_check(capsys, path):
+    line = _error(capsys, ["qualify", "--backend", "host", "--json", path])
+    assert f"--json {path}: cannot write there" in line  # and no rank started, no PASS
 
 
 @pytest.mark.skipif(not NO_GPU, reason="checks the machine without a GPU")

@@ -38,6 +38,50 @@ def _qualify(
     return out, data, seconds
 
 
+UNCHECKED = ("absent", "not run", "not checked")  # words of a build this machine did not check
+
+
+def _assert_honest(data: dict) -> None:
+    """A PASS row names only what was checked here; every build a rank reported absent has a
+    SKIP row of its own, with the reason."""
+    rows = {c["name"]: c for c in data["checks"]}
+    for check in data["checks"]:
+        if check["status"] == "pass":
+            assert not any(w in check["detail"] for w in UNCHECKED), check
+        for per_rank in check["per_rank"]:
+            for label, why in per_rank.get("info", {}).get("absent", {}).items():
+                row = rows.get(f"{check['name']}: {label}")
+                assert row and row["status"] == "skip" and row["detail"] == why, (label, rows)
+
+
+def _check(name, status, detail, absent=None):
+    info = {"absent": absent} if absent else {}
+    return {"name": name, "status": status, "detail": detail, "per_rank": [{"info": info}]}
+
+
+def test_the_honesty_check_catches_a_pass_row_that_reports_an_absent_build():
+    why = {"FFN flydsl gfx950": "absent: no ld.lld"}
+    dishonest = [
+        [_check("kernel builds", "pass", "K1 ok; FFN flydsl gfx950 absent (no ld.lld)")],
+        [_check("kernel builds", "pass", "K1 ok", why)],  # absent, but no SKIP row
+        [
+            _check("kernel builds", "pass", "K1 ok", why),
+            _check("kernel builds: FFN flydsl gfx950", "pass", "absent: no ld.lld"),
+        ],
+    ]
+    for checks in dishonest:
+        with pytest.raises(AssertionError):
+            _assert_honest({"checks": checks})
+    _assert_honest(
+        {
+            "checks": [
+                _check("kernel builds", "pass", "K1 ok", why),
+                _check("kernel builds: FFN flydsl gfx950", "skip", "absent: no ld.lld"),
+            ]
+        }
+    )
+
+
 @pytest.mark.timeout(560)
 def test_qualify_passes_on_the_host_backend(tmp_path):
     budget, why = _budget()
@@ -48,6 +92,7 @@ def test_qualify_passes_on_the_host_backend(tmp_path):
     statuses = {c["name"]: c["status"] for c in data["checks"]}
     assert set(statuses.values()) <= {"pass", "skip"}, statuses
     assert statuses["peer memory"] == "pass"
+    _assert_honest(data)
     for check in data["checks"][1:]:  # every rank answered every check that ran
         if check["status"] == "pass":
             assert [r["rank"] for r in check["per_rank"]] == [0, 1], check["name"]

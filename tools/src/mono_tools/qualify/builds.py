@@ -179,12 +179,10 @@ def kernel_builds(ctx: RankContext) -> str:
     if "builds" not in ctx.background:
         start_compiles(ctx)
     running, present, absent = ctx.background.pop("builds")
+    ctx.info["absent"] = {job.label: f"absent: {reason}" for job, reason in absent}
     if not present:
         raise Skipped("no kernel build present: " + "; ".join(r for _, r in absent))
     done = [job.result() for job in running]
-    ctx.info["absent"] = {job.label: reason for job, reason in absent}
-    if ctx.rank == 0:
-        done += [f"{job.label} absent ({reason})" for job, reason in absent]
     if not done:
         raise Skipped("no build left for this rank")
     return "; ".join(done)
@@ -192,16 +190,21 @@ def kernel_builds(ctx: RankContext) -> str:
 
 def _run_on_gpu(ctx: RankContext) -> str:
     """Every Triton build present, on this rank's GPU, against its reference."""
-    done = []
-    if _has("mono_kernels_kimi.kda.runner", "KdaRunner") is None:
+    done, absent = [], ctx.info.setdefault("absent", {})
+    k1 = _has("mono_kernels_kimi.kda.runner", "KdaRunner")
+    if k1 is None:
         done.append(_k1_matches_reference(ctx))
-    if _has("mono_kernels_minimax.ffn.runner", "FfnRunner") is None:
-        if ctx.world in FFN_TP:
-            done.append(_ffn_matches_reference(ctx))
-        else:
-            done.append(f"FFN not run (it shards over {FFN_TP} ranks, not {ctx.world})")
+    else:
+        absent["K1 triton"] = f"absent: {k1}"
+    ffn = _has("mono_kernels_minimax.ffn.runner", "FfnRunner")
+    if ffn is not None:
+        absent["FFN triton"] = f"absent: {ffn}"
+    elif ctx.world in FFN_TP:
+        done.append(_ffn_matches_reference(ctx))
+    else:
+        absent["FFN triton"] = f"not run: it shards over {FFN_TP} ranks, not {ctx.world}"
     if not done:
-        raise Skipped("no kernel build present")
+        raise Skipped("no kernel build checked: " + "; ".join(absent.values()))
     return "; ".join(done)
 
 

@@ -65,7 +65,7 @@ def add_parser(commands) -> None:
 
 
 def _plan(only: str | None) -> list[Check]:
-    if not only:
+    if only is None:
         return list(CHECKS)
     names = [n.strip() for n in only.split(",") if n.strip()]
     unknown = [n for n in names if n not in BY_NAME]
@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
     world = resolve_ranks(args.ranks, backend, machine, HOST_RANKS)
     if backend == "host" and world > HOST_MAX_RANKS:
         raise UsageError(f"--ranks {world}: the host backend runs at most {HOST_MAX_RANKS}")
-    json_path = outputs.json_target(args.json) if args.json else None
     plan = _plan(args.only)
+    json_file = outputs.JsonFile(args.json) if args.json else None
     if args.testing_force_fault and "tagged all-reduce" not in [c.name for c in plan]:
         raise UsageError("--testing-force-fault acts in the 'tagged all-reduce' check: run it")
 
@@ -109,11 +109,8 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     _print_timelines(results)
-    verdict = "PASS" if not failed else f"FAIL ({len(failed)} of {len(results)} checks)"
-    print(f"\nqualify: {verdict} in {total:.0f} s")
-    if json_path:
-        outputs.write_json(
-            json_path,
+    if json_file:  # before the verdict: a run whose results were lost reports no PASS
+        json_file.write(
             {
                 "command": "qualify",
                 "passed": not failed,
@@ -124,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
                 "checks": [r.as_dict() for r in results],
             },
         )
-        print(f"results written to {json_path}")
+        print(f"\nresults written to {json_file.path}")
+    verdict = "PASS" if not failed else f"FAIL ({len(failed)} of {len(results)} checks)"
+    print(f"\nqualify: {verdict} in {total:.0f} s")
     return 1 if failed else 0
 
 
@@ -171,9 +170,18 @@ def _run_plan(plan: list[Check], world: int, backend: str, force_fault: bool) ->
                 results.append(Result(check.name, "not run", detail="the ranks stopped"))
             else:
                 result = follow.check(check)
-                results.append(result)
+                results += [result, *_absent_rows(result)]
                 broken = result.status == "fail" and follow.lost
     return results
+
+
+def _absent_rows(result: Result) -> list[Result]:
+    """A SKIP row, with its reason, for each build a check found absent or could not run on
+    this machine: a build that was not checked here never hides inside a PASS row."""
+    absent: dict[str, str] = {}
+    for row in result.per_rank:
+        absent.update(row.get("info", {}).get("absent", {}))
+    return [Result(f"{result.name}: {label}", "skip", detail=why) for label, why in absent.items()]
 
 
 class _Follower:
