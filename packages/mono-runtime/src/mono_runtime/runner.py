@@ -86,8 +86,6 @@ class MonoRunner:
         _agree_values({"world": world, "scratch_bytes": scratch_bytes,
                        "peer_bytes": peer_bytes, "deadline_ns": deadline_ns}, group)
         self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
         self.group, self.rank, self.world = group, rank, world
         self.cpu = self.device.type == "cpu"
         self.unit = "polls" if self.cpu else "ns"
@@ -105,8 +103,10 @@ class MonoRunner:
         self._fault: MonoFault | None = None
 
     def _allocate(self, scratch_bytes: int) -> str | None:
-        """This rank's device state, or why it could not be allocated (agreed by the caller)."""
+        """Allocate this rank's device state; return why it could not be, or None."""
         try:
+            if self.device.type == "cuda" and self.device.index is None:
+                self.device = torch.device("cuda", torch.cuda.current_device())
             self.ctl = torch.zeros(P.CTL_WORDS, dtype=torch.int64, device=self.device)
             self.tickets = torch.zeros(P.SLOTS, dtype=torch.int64, device=self.device)
             self.scratch = torch.zeros(scratch_bytes, dtype=torch.uint8, device=self.device)
@@ -115,7 +115,7 @@ class MonoRunner:
             # a copy.
             self.health = torch.zeros(P.HEALTH_WORDS, dtype=torch.int64,
                                       pin_memory=not self.cpu)
-        except (RuntimeError, MemoryError) as exc:  # torch's out-of-memory is a RuntimeError
+        except Exception as exc:  # out of memory, no GPU here: agreed by the caller
             self._drop_local()
             return (f"rank {self.rank} could not allocate {scratch_bytes} scratch bytes on "
                     f"{self.device}: {str(exc).splitlines()[0]}")
