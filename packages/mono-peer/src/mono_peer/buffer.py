@@ -123,7 +123,7 @@ class PeerBuffer:
             self.device = self._backend.device
             reserved = self._backend.reserve()
         except Exception as exc:  # reported on every rank through the agreement below
-            error = f"could not set up the {self._name} backend: {exc}"
+            error = self._cannot_allocate(exc)
         names: list[str | None] = []
         try:
             names = _exchange(reserved, self.npes, group)
@@ -151,13 +151,17 @@ class PeerBuffer:
             f"PeerBuffer: another rank failed ({who}); this rank ({where}) released its buffer"
         )
 
+    def _cannot_allocate(self, exc: Exception) -> str:
+        """The error of a rank whose backend set-up or allocation failed."""
+        return f"could not allocate {self.nbytes} bytes ({self._name}): {exc}"
+
     def _allocate(self) -> tuple[str | None, bytes | str | None]:
         """(None, handle) with the local buffer allocated, or (why not, None)."""
         try:
             _inject("alloc", self.rank)
             self._local, handle = self._backend.allocate()
         except Exception as exc:
-            return f"could not allocate {self.nbytes} bytes ({self._name}): {exc}", None
+            return self._cannot_allocate(exc), None
         return None, handle
 
     def _open_peers(self, handles: list[bytes | str | None]) -> str | None:
