@@ -42,6 +42,7 @@ def check_steps(rank, world, group, fmt, widths, seed, device="cpu", tiny=True,
                for r in range(world)]
     runner = FfnRunner(cfg, fmt, group, rank, world, device, widths=widths,
                        experts=Experts(experts))
+    weights[rank] = runner.pack(weights[rank])
     runner.warm()
     records = []
     try:
@@ -74,6 +75,7 @@ def fault_then_reset(rank, world, group, fmt, late_rank):
     weights = [random_weights(cfg, world, fmt, seed=3, rank_seed=r) for r in range(world)]
     runner = FfnRunner(cfg, fmt, group, rank, world, "cpu", widths=[2],
                        deadline_ns=200_000_000)  # 200 polls under the interpreter
+    weights[rank] = runner.pack(weights[rank])
     parts, residual, slots = step_inputs(cfg, world, 2, 11, "cpu")
     outcome = {}
     try:
@@ -167,6 +169,8 @@ def bad_inputs(rank, world, group):
                       residual=torch.zeros(3, cfg.hidden_size, dtype=torch.bfloat16),
                       slots=torch.zeros(3, dtype=torch.int64))),  # a width beyond the build
         ("residual_out", dict(residual_out=torch.zeros_like(residual).t().contiguous().t())),
+        ("out", dict(out=(same := torch.empty_like(part)), residual_out=same)),
+        ("out", dict(out=part)),
     ]
     errors = []
     for arg, change in cases:

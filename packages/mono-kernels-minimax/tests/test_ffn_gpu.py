@@ -55,6 +55,7 @@ def test_full_rank_shapes_one_rank(fmt):
     w = random_weights(cfg, 1, WeightFormat(fmt), seed=2, device="cuda")
     widths = [1, 4, 16] if fmt == "mxfp4" else [1, 16]
     runner = FfnRunner(cfg, WeightFormat(fmt), None, 0, 1, "cuda", widths=widths)
+    w = runner.pack(w)
     runner.warm()
     for s in widths:
         parts, residual, slots = ranks.step_inputs(cfg, 1, s, 40 + s, "cuda")
@@ -93,6 +94,7 @@ def test_graph_replay_with_padding():
     cfg = MiniMaxM3Config.tiny()
     w = random_weights(cfg, 1, WeightFormat.MXFP4, seed=5, device="cuda")
     runner = FfnRunner(cfg, WeightFormat.MXFP4, None, 0, 1, "cuda", widths=[4])
+    w = runner.pack(w)
     runner.warm()
     parts, residual, slots = ranks.step_inputs(cfg, 1, 4, 77, "cuda", pad=False)
     part, out, res = parts[0].clone(), torch.empty_like(parts[0]), torch.empty_like(residual)

@@ -78,7 +78,9 @@ def test_fp8_block_layout():
 def test_build_key_and_layouts():
     cfg = MiniMaxM3Config()
     b = FfnBuild(cfg, 16, 4)
-    assert b.layout == "mxfp4-k32" and b.inter == 768 and b.max_slots == 65
+    assert b.layout == "mxfp4-s256/s256" and b.inter == 768 and b.max_slots == 65
+    assert FfnBuild(cfg, 16, 4, packed=False).layout == "mxfp4-k32"
+    assert b.key() != FfnBuild(cfg, 16, 4, packed=False).key()
     assert FfnBuild(cfg, 1, 4).max_slots == 5
     assert b.key() != FfnBuild(cfg, 16, 4, WeightFormat.FP8).key()
     lay = scratch_layout(b)
@@ -86,7 +88,7 @@ def test_build_key_and_layouts():
     assert all(a[0] + a[1] <= c[0] for a, c in zip(spans, spans[1:])), "regions overlap"
     assert all(off % 256 == 0 for off, _ in spans)
     assert scratch_bytes(b) >= spans[-1][0] + spans[-1][1]
-    assert lay["done"][1] == 8 * (max_tickets(b) + 1)
+    assert lay["done"][1] == 8 * (max_tickets(b) + b.max_slots)
     pl = peer_layout(cfg, 4)
     assert pl["ar1"][1] == 4 * 16 * 3072 * 8 and peer_bytes(cfg, 4) > pl["hs"][0]
     for bad, match in (
@@ -147,3 +149,42 @@ def test_mxfp4_nibble_order_is_vllms():
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     ones = torch.full((4, 2), 127, dtype=torch.uint8)  # e8m0 1.0
     assert torch.equal(utils.break_fp4_bytes(packed, torch.float32), unpack_mxfp4(packed, ones))
+
+
+def test_streaming_plan_fills_the_gpu_at_one_row():
+    """S = 1 at TP4 shapes: split-K up items and per-slot down items give every one of 132
+    SMs about two items per expert stage (one item per SM leaves HBM idle on the tail)."""
+    b = FfnBuild(MiniMaxM3Config(), 1, 4)
+    p = b.plan
+    up = p.nc * p.uks0 + (b.max_slots - 1) * p.nc * p.uks
+    assert up >= 2 * 132 and p.down * min(p.ng, b.max_slots) >= 1.8 * 132
+    assert (768 // p.bn) == p.nc and 6144 % (p.ubk * p.uks) == 0 and 768 % p.dbk == 0
+
+
+def test_tile_overrides_are_checked(monkeypatch):
+    from mono_kernels_minimax.ffn.spec import TILES_ENV
+
+    monkeypatch.setenv(TILES_ENV, "bn=128,uks=2")
+    p = FfnBuild(MiniMaxM3Config(), 1, 4).plan
+    assert (p.bn, p.uks) == (128, 2)
+    for bad in ("bn=48", "uks=5", "dbk=16", "nope=1", "bn=x"):
+        monkeypatch.setenv(TILES_ENV, bad)
+        with pytest.raises(ValueError, match="FFN tiles|MONO_FFN_TILES"):
+            FfnBuild(MiniMaxM3Config(), 1, 4).plan
+
+
+def test_pack_converts_in_place_and_dense_reads_either_layout():
+    from mono_kernels_minimax.ffn.weights import random_weights
+
+    cfg = MiniMaxM3Config.tiny()
+    w = random_weights(cfg, 1, WeightFormat.MXFP4, seed=4)
+    before = {n: w.dense(n) for n in ("w13", "w2")}
+    raw13 = w.w13.clone()
+    p = w.packed((64, 32))
+    assert p.split == (64, 32)
+    assert p.w13 is w.w13 and not torch.equal(p.w13, raw13), "converted in place"
+    for n in ("w13", "w2"):
+        assert torch.equal(p.dense(n), before[n])
+    assert p.packed((64, 32)) is p
+    with pytest.raises(ValueError, match="already packed"):
+        p.packed((128, 32))

@@ -100,3 +100,22 @@ def test_bad_input_raises_before_any_launch():
     for arg, message in errors:
         assert message is not None, f"{arg}: accepted"
         assert message.startswith(arg), f"{arg}: the error does not name it: {message}"
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(programs=0), "programs"), (dict(programs=-2), "programs"),
+    (dict(programs=1.5), "programs"), (dict(widths=[2.0]), "widths"), (dict(widths=[]), "widths"),
+])
+def test_bad_construction_raises_before_allocating(kw, match, monkeypatch):
+    """Refused before the MonoRunner (and its peer mapping) exists: nothing to leak."""
+    from mono_kernels_minimax.config import MiniMaxM3Config
+    from mono_kernels_minimax.ffn import runner as ffn_runner
+    from mono_kernels_minimax.formats import WeightFormat
+
+    def no_runner(*a, **k):
+        raise AssertionError("MonoRunner built before the arguments were checked")
+
+    monkeypatch.setattr(ffn_runner, "MonoRunner", no_runner)
+    with pytest.raises(ValueError, match=match):
+        ffn_runner.FfnRunner(MiniMaxM3Config.tiny(), WeightFormat.BF16, None, 0, 1, "cpu",
+                             **({"widths": [1]} | kw))

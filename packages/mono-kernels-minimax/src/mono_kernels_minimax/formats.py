@@ -23,8 +23,16 @@ import torch
 MX_BLOCK = 32
 FP8_BLOCK = 128
 
-# e2m1 magnitudes indexed by the low 3 bits of a code (bit 3 is the sign).
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+from mono_runtime.stream.layout import (  # noqa: E402  (one definition of each format)
+    E2M1_VALUES,
+    decode_e2m1,
+    e8m0_to_float,
+)
+from mono_runtime.stream.layout import unpack_fp8_b128 as unpack_fp8  # noqa: E402
+from mono_runtime.stream.layout import unpack_mxfp4_k32 as unpack_mxfp4  # noqa: E402
+
+__all__ = ["E2M1_VALUES", "FP8_BLOCK", "MX_BLOCK", "WeightFormat", "decode_e2m1", "dequantize",
+           "e8m0_to_float", "pack_fp8", "pack_mxfp4", "quantize", "unpack_fp8", "unpack_mxfp4"]
 
 
 class WeightFormat(str, enum.Enum):
@@ -41,18 +49,6 @@ class WeightFormat(str, enum.Enum):
         """The shared expert is a plain linear MLP: vLLM's Mxfp4Config leaves linear layers
         unquantized (bf16), while an FP8 checkpoint quantizes them like the experts."""
         return WeightFormat.FP8 if self is WeightFormat.FP8 else WeightFormat.BF16
-
-
-def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
-    """fp32 value of each 4-bit e2m1 code (integer tensor of 0..15)."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
-    mag = table[(codes & 7).long()]
-    return torch.where((codes & 8) != 0, -mag, mag)
-
-
-def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
-    """2**(s - 127) for uint8 e8m0 codes (255 is NaN in OCP; treated as 2**128 = inf)."""
-    return torch.exp2(scales.to(torch.float32) - 127.0)
 
 
 def pack_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,17 +71,6 @@ def pack_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.contiguous(), (exp + 127).to(torch.uint8).squeeze(-1).contiguous()
 
 
-def unpack_mxfp4(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """fp32 ``[..., K]`` from the ``mxfp4-k32`` layout (the inverse of the layout's
-    definition, not of the rounding)."""
-    low, high = values & 0x0F, values >> 4
-    codes = torch.stack((low, high), dim=-1).reshape(*values.shape[:-1], values.shape[-1] * 2)
-    vals = decode_e2m1(codes)
-    k = vals.shape[-1]
-    vals = vals.reshape(*vals.shape[:-1], k // MX_BLOCK, MX_BLOCK)
-    return (vals * e8m0_to_float(scales).unsqueeze(-1)).reshape(*values.shape[:-1], k)
-
-
 def pack_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``w[..., N, K]`` to ``fp8-b128``: e4m3 values and fp32 per-128x128-block
     scales (amax / 448)."""
@@ -98,12 +83,6 @@ def pack_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = blocks / scale[..., :, None, :, None]
     q = q.reshape(padded.shape)[..., :n, :k].to(torch.float8_e4m3fn)
     return q.contiguous(), scale.contiguous()
-
-
-def unpack_fp8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    n, k = values.shape[-2:]
-    s = scales.repeat_interleave(FP8_BLOCK, -2).repeat_interleave(FP8_BLOCK, -1)
-    return values.float() * s[..., :n, :k]
 
 
 def quantize(w: torch.Tensor, fmt: WeightFormat) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -243,8 +243,9 @@ def bench(rows=(1, 2, 4, 8, 16), formats=("mxfp4", "fp8"), layers: int = 12,
         ws = [random_layer(cfg, fmt, seed + n, device) for n in range(layers)]
         runner, base = FfnRunner(cfg, fmt, None, 0, 1, device, widths=rows), None
         try:
+            base = OpByOp(cfg, ws) if baseline else None  # its bf16 copies: checkpoint layout
+            ws = [runner.pack(w) for w in ws]  # in place, as at load
             runner.warm()
-            base = OpByOp(cfg, ws) if baseline else None
             g = torch.Generator(device=device).manual_seed(seed)
             out.extend(_row(cfg, fmt, runner, base, ws, s, copy, l2, g) for s in rows)
         finally:

@@ -1,9 +1,13 @@
 """FlyDSL build of the FFN monokernel (AMD gfx950, MI355X; gfx942 compiles too).
 
-The same kernel as triton_build.py, from the same spec (spec.py): the same build key, task
-plan and ticket order, scratch and peer layouts, argument list, tags and health records
-(through mono_runtime.flydsl.protocol, the FlyDSL twin of the Triton helpers). A grid of
-GRID programs of THREADS lanes draws tickets; the task of a ticket is spec.TaskPlan's.
+The FFN of triton_build.py's first plan, from the same spec (spec.py): the same build key,
+scratch and peer layouts, argument list, tags and health records (through
+mono_runtime.flydsl.protocol, the FlyDSL twin of the Triton helpers). It has not moved to
+the Triton build's streaming plan (split-K up items, per-slot hand-offs, grouped down
+items, mxfp4-s{bk} weights): its tickets are push, seam, router, route, then NC up tasks
+per slot (IC = the plan's BN rows over all of K), ND down tasks over every slot, final,
+handshake; its MXFP4 experts stay in the checkpoint's mxfp4-k32 layout (FfnRunner.pack
+leaves them). A grid of GRID programs of THREADS lanes draws tickets.
 
 Work per lane, no matrix cores: a lane owns (row, k-lane) or (column, k-lane) cells, sums
 its k-blocks in fp32 and the k-lanes meet in a butterfly. Weights are read once a launch
@@ -166,7 +170,7 @@ def consts(b: FfnBuild) -> dict:
         MXFP4=b.weights is WeightFormat.MXFP4,
         SHARED=b.experts is not Experts.ROUTED, ROUTED=b.experts is not Experts.SHARED,
         MAXSLOTS=b.max_slots, NPUSH=p.push, PUSHC=p.push_cols, SC=p.seam_cols,
-        RG=p.router_groups, RP=p.router_parts, RK=p.router_k, NC=p.nc, IC=p.ic, ND=p.down,
+        RG=p.router_groups, RP=p.router_parts, RK=p.router_k, NC=p.nc, IC=p.bn, ND=p.down,
         DC=p.dc, NF=p.final, FC=p.fc,
         O={k: v[0] for k, v in sl.items()}, T=tb, PL={k: v[0] for k, v in pl.items()},
         ALPHA=c.swiglu_alpha, BETA=c.swiglu_beta, LIMIT=c.swiglu_limit, EPS=c.rms_norm_eps,

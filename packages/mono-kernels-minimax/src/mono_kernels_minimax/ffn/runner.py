@@ -33,6 +33,20 @@ def _cpu_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _no_alias(tensors: dict[str, torch.Tensor | None]) -> None:
+    """Refuse an output that shares memory with another argument (residual_out may alias
+    residual: the seam reads each element before it writes it)."""
+    spans = {n: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+             for n, t in tensors.items() if isinstance(t, torch.Tensor)}
+    for out in ("out", "residual_out"):
+        if out not in spans:
+            continue
+        a, b = spans[out]
+        for other, (lo, hi) in spans.items():
+            if other != out and (out, other) != ("residual_out", "residual") and a < hi and lo < b:
+                raise ValueError(f"{out}: shares memory with {other}")
+
+
 def choose_build(device: torch.device | str, hip_version: str | None) -> str:
     """"flydsl" on a GPU of a ROCm torch (`torch.version.hip` set), "triton" elsewhere: the
     FlyDSL build is the one tuned for and compiled to AMD targets; Triton serves CUDA GPUs
@@ -54,16 +68,27 @@ class FfnRunner:
         deadline_ns: int = 5_000_000_000,
         programs: int | None = None,
         runner: MonoRunner | None = None,
+        pack: bool = True,
     ) -> None:
+        """`pack`: MXFP4 experts are streamed in the kernel's mxfp4-s{bk} layout, which
+        `pack(weights)` converts them to once, in place; False streams the checkpoint's
+        mxfp4-k32 as it is (slower; for an engine whose other paths read those tensors)."""
         self.cfg, self.fmt, self.tp, self.rank = cfg, WeightFormat(fmt), tp, rank
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             # Tensors report an indexed device; "cuda" alone would never compare equal.
             self.device = torch.device("cuda", torch.cuda.current_device())
+        widths = list(widths)
+        if not widths or any(isinstance(w, bool) or not isinstance(w, int) for w in widths):
+            raise ValueError(f"widths: expected a non-empty list of ints, got {widths!r}")
         self.widths = tuple(sorted(set(widths)))
-        if not self.widths:
-            raise ValueError("widths: at least one width")
-        self.builds = {s: FfnBuild(cfg, s, tp, self.fmt, Experts(experts)) for s in self.widths}
+        if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int)
+                                     or programs < 1):
+            raise ValueError(f"programs: expected an int >= 1, got {programs!r}")
+        if self.device.type == "cpu" and not _cpu_interpreter():  # before any allocation
+            raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
+        self.builds = {s: FfnBuild(cfg, s, tp, self.fmt, Experts(experts), packed=bool(pack))
+                       for s in self.widths}
         self.build_name = choose_build(self.device, torch.version.hip)
         if self.build_name == "flydsl":
             for b in self.builds.values():
@@ -82,13 +107,21 @@ class FfnRunner:
             raise ValueError("runner: its scratch or peer buffer is smaller than this runner needs")
         self.mono = runner
         self.cpu = self.device.type == "cpu"
-        if self.cpu and not _cpu_interpreter():
-            raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
         if programs is None:
             programs = (2 if self.cpu else
                         torch.cuda.get_device_properties(self.device).multi_processor_count)
         self.programs = programs
+        # the expert layout the build streams: mxfp4-s{bk} for the Triton build's MXFP4
+        self.split = None if self.build_name == "flydsl" else self.builds[self.widths[0]].split
         self._slot = 0
+
+    def pack(self, weights: FfnWeights) -> FfnWeights:
+        """`weights` in the expert layout this runner streams, converted once, in place (the
+        engine's tensors are rewritten, not copied); call it at load, before any launch.
+        A bundle already in that layout comes back as it is."""
+        if not isinstance(weights, FfnWeights):
+            raise ValueError(f"weights: expected FfnWeights, got {type(weights).__name__}")
+        return weights.packed(self.split)
 
     # -- protocol -------------------------------------------------------------------------
     def step_begin(self) -> None:
@@ -178,7 +211,7 @@ class FfnRunner:
         spec = FfnWeights(fmt, *([None] * 11)).expected(self.cfg, self.tp)
         made = {name: None if dtype is None else torch.empty(64, dtype=dtype, device=self.device)
                 for name, (_, dtype) in spec.items()}
-        return FfnWeights(fmt, **made)
+        return FfnWeights(fmt, **made, split=self.split)
 
     def __call__(
         self,
@@ -236,10 +269,16 @@ class FfnRunner:
                 raise ValueError(f"{name}: must be contiguous (strides {t.stride()})")
             if t.device != self.device:
                 raise ValueError(f"{name}: on {t.device}, expected {self.device}")
+        _no_alias({"part": part, "residual": residual, "slots": slots, "out": out,
+                   "residual_out": residual_out})
         if not isinstance(weights, FfnWeights):
             raise ValueError(f"weights: expected FfnWeights, got {type(weights).__name__}")
         if weights.fmt != self.fmt:
             raise ValueError(
                 f"weights: format {weights.fmt.value}, this runner reads {self.fmt.value}")
         weights.validate(self.cfg, self.tp, self.device)
+        if weights.fmt is WeightFormat.MXFP4 and weights.split != self.split:
+            have = "mxfp4-k32" if weights.split is None else f"mxfp4-s{weights.split}"
+            raise ValueError(f"weights: experts in {have}, this runner streams "
+                             f"mxfp4-s{self.split}: FfnRunner.pack(weights) converts them once")
         return s

@@ -74,6 +74,7 @@ class FfnBuild:
     weights: WeightFormat = WeightFormat.MXFP4
     experts: Experts = Experts.ALL
     timeline: bool = False
+    packed: bool = True  # MXFP4: stream mxfp4-s{bk} (False: the checkpoint's mxfp4-k32)
 
     def __post_init__(self):
         c = self.cfg
@@ -100,7 +101,8 @@ class FfnBuild:
     # -- plan ---------------------------------------------------------------------------
     @property
     def layout(self) -> str:
-        return self.weights.layout
+        split = self.split
+        return self.weights.layout if split is None else f"mxfp4-s{split[0]}/s{split[1]}"
 
     @property
     def inter(self) -> int:
@@ -115,10 +117,19 @@ class FfnBuild:
     def plan(self) -> TaskPlan:
         return TaskPlan.of(self)
 
+    @property
+    def split(self) -> tuple[int, int] | None:
+        """(bk of w13, bk of w2) of the mxfp4-s{bk} layouts the build streams (MXFP4)."""
+        if self.weights is not WeightFormat.MXFP4 or not self.packed:
+            return None
+        p = self.plan
+        return (p.ubk, p.dbk)
+
     def key(self) -> tuple:
         c = self.cfg
         return (
             "ffn", self.rows, self.tp, self.layout, self.experts.value, self.timeline,
+            self.packed,
             c.hidden_size, c.num_experts, c.top_k, self.inter, c.routed_scaling_factor,
             c.swiglu_alpha, c.swiglu_beta, c.swiglu_limit, c.rms_norm_eps,
         )
@@ -126,7 +137,12 @@ class FfnBuild:
 
 @dataclass(frozen=True)
 class TaskPlan:
-    """Task counts and tile sizes (all static except the up stage, which is nslots * nc)."""
+    """Item counts and tiles. The expert stages stream weights with mono_runtime.stream:
+    an up item is BN gate + BN up rows of one slot over one of its K parts (the shared
+    expert's parts UKS0, a routed expert's UKS: split-K keeps >= 2.5 items per SM at S = 1);
+    a down item is DC output rows over one group of slots (NG groups, so many slots make
+    long items and few slots many). Split parts are summed in a fixed order by the item
+    that finishes last, so results do not depend on timing."""
 
     push: int
     push_cols: int
@@ -134,62 +150,96 @@ class TaskPlan:
     router_groups: int  # RG: 16 experts each
     router_parts: int  # RP: K parts of the router GEMV
     router_k: int  # columns of one part
-    nc: int  # up tasks per slot
-    ic: int  # gate (and up) rows of one up task
-    uk: int  # K step of the up stage
-    down: int
-    dc: int  # output columns of a down task
-    dk: int  # K step of the down stage
+    bn: int  # gate (and up) rows of one up item
+    nc: int  # up row blocks per slot
+    ubk: int  # K step of a routed expert's up stream (mxfp4-s{ubk})
+    uks: int  # K parts of a routed expert's up rows
+    ubk0: int  # K step of the shared expert's up stream
+    uks0: int  # K parts of the shared expert's up rows
+    dc: int  # output rows of a down item
+    down: int  # ND: column blocks of the down stage
+    dbk: int  # K step of a routed expert's down stream (mxfp4-s{dbk})
+    dbk0: int  # K step of the shared expert's down stream
+    ng: int  # slot groups of the down stage
     final: int
     fc: int
+    stages: int  # software-pipeline depth of every weight stream
 
     @classmethod
     def of(cls, b: FfnBuild) -> TaskPlan:
-        h, i = b.cfg.hidden_size, b.inter
+        h, i, s = b.cfg.hidden_size, b.inter, b.rows
         push_cols = min(h, 512)
         rp = 16 if h % (16 * 128) == 0 else 1
-        big = h >= 2048  # real shapes: small tiles for parallelism; tiny ones: few tasks
-        ic = 16 if big else min(64, i)
-        dc = 32 if big else 64
-        fc = min(h, 256)
-        # fp8 tiles take one 128x128 block scale per K step; others stream long K steps
-        # (bytes in flight per program cover HBM latency)
-        kmax = FP8_BLOCK if b.weights is WeightFormat.FP8 or not big else 256
-        uk = kmax
-        dk = next(d for d in (256, 128, 64, 32) if d <= kmax and i % d == 0)
+        big = h >= 2048  # real shapes: tiles for bandwidth; tiny ones: every path exercised
+        fp8 = b.weights is WeightFormat.FP8
+        shared_fp8 = b.weights.shared_format is WeightFormat.FP8
         if big:
-            ic, uk, dc, dk = _tile_overrides(b, ic=ic, uk=uk, dc=dc, dk=dk)
+            tiles = dict(bn=64, ubk=128 if fp8 else 256, uks=4 if s == 1 else 2 if s <= 4 else 1,
+                         ubk0=128, uks0=8, dc=128, dbk=128 if fp8 else 256, dbk0=128,
+                         ng=min(b.max_slots, 8), stages=4)
+            tiles = _tile_overrides(b, tiles)
+        else:
+            tiles = dict(bn=min(32, i), ubk=128 if fp8 else 64, uks=2,
+                         ubk0=128 if shared_fp8 else 64, uks0=2, dc=64,
+                         dbk=128 if fp8 else min(64, i), dbk0=128 if shared_fp8 else min(64, i),
+                         ng=min(b.max_slots, 2), stages=2)
+        _check_tiles(b, tiles)
+        fc = min(h, 256)
         return cls(
             push=h // push_cols, push_cols=push_cols, seam_cols=min(h, 1024),
             router_groups=b.cfg.num_experts // 16, router_parts=rp, router_k=h // rp,
-            nc=i // ic, ic=ic, uk=uk, down=h // dc, dc=dc, dk=dk, final=h // fc, fc=fc,
+            nc=i // tiles["bn"], down=h // tiles["dc"], final=h // fc, fc=fc, **tiles,
         )
 
-    def static_tasks(self, rows: int) -> int:
-        """Tickets before the up stage: push, seam, router, route."""
-        return self.push + rows + self.router_groups * self.router_parts + 1
+    def static_tasks(self, rows: int, shared: bool = True) -> int:
+        """Tickets before the routed up items: push, seam, router, shared up, route."""
+        sh = self.nc * self.uks0 if shared else 0
+        return self.push + rows + self.router_groups * self.router_parts + sh + 1
 
 
 TILES_ENV = "MONO_FFN_TILES"
 
 
-def _tile_overrides(b: FfnBuild, **tiles: int) -> tuple[int, int, int, int]:
-    """(ic, uk, dc, dk) of a real-shape build, each replaced by MONO_FFN_TILES when it names
-    it (e.g. "uk=1024,dk=128,ic=32"): lets a benchmark compare tiles without an edit."""
+def _tile_overrides(b: FfnBuild, tiles: dict[str, int]) -> dict[str, int]:
+    """A real-shape build's tiles, each replaced by MONO_FFN_TILES when it names it (e.g.
+    "bn=128,uks=2"): lets a benchmark compare tiles without an edit."""
     spec = os.environ.get(TILES_ENV, "").strip()
+    tiles = dict(tiles)
     for item in filter(None, (x.strip() for x in spec.split(","))):
         name, _, value = item.partition("=")
         if name not in tiles or not value.isdigit():
             raise ValueError(f"{TILES_ENV}={spec!r}: expected name=int items of {sorted(tiles)}")
         tiles[name] = int(value)
+    return tiles
+
+
+def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
+    """Every tile divides what it walks, and the formats' limits hold (fp8: inside one
+    128 x 128 scale block; mxfp4: K steps of >= 32)."""
     h, i = b.cfg.hidden_size, b.inter
     fp8 = b.weights is WeightFormat.FP8
-    for name, least, full in (("ic", 16, i), ("uk", 32, h), ("dc", 16, h), ("dk", 32, i)):
-        n = tiles[name]
-        if n < least or n & (n - 1) or full % n or (fp8 and n > FP8_BLOCK):
-            raise ValueError(f"{TILES_ENV}: {name}={n} must be a power of two >= {least} "
-                             f"dividing {full}" + (f", at most {FP8_BLOCK} for fp8" if fp8 else ""))
-    return tiles["ic"], tiles["uk"], tiles["dc"], tiles["dk"]
+    sfp8 = b.weights.shared_format is WeightFormat.FP8
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ValueError(f"FFN tiles {t}: {what}")
+
+    def pow2(n: int) -> bool:
+        return n > 0 and not n & (n - 1)
+
+    for name in t:
+        need(pow2(t[name]) or name in ("ng", "stages"), f"{name} must be a power of two")
+    need(t["stages"] >= 1 and 1 <= t["ng"] <= b.max_slots, "stages >= 1, 1 <= ng <= max_slots")
+    need(i % t["bn"] == 0 and t["bn"] >= 16, f"bn must divide I = {i}, >= 16")
+    need(h % t["dc"] == 0 and t["dc"] >= 16, f"dc must divide H = {h}, >= 16")
+    for bk, ks, k, f8 in (("ubk", "uks", h, fp8), ("ubk0", "uks0", h, sfp8),
+                          ("dbk", None, i, fp8), ("dbk0", None, i, sfp8)):
+        parts = t[ks] if ks else 1
+        need(t[bk] >= 32 and k % (t[bk] * parts) == 0, f"{bk} x parts must divide K = {k}")
+        if f8:
+            need(t[bk] <= FP8_BLOCK, f"{bk} <= {FP8_BLOCK} for fp8")
+    if fp8 or sfp8:
+        need(t["bn"] <= FP8_BLOCK and t["dc"] <= FP8_BLOCK, "bn, dc <= 128 for fp8")
 
 
 # -- layouts ---------------------------------------------------------------------------
@@ -204,35 +254,51 @@ def _layout(items: list[tuple[str, int]]) -> dict[str, tuple[int, int]]:
 
 
 def max_tickets(b: FfnBuild) -> int:
-    """Tickets of the widest launch: static, every slot's up tasks, down, final, handshake."""
+    """Tickets of the widest launch: static, every routed slot's up items, down, final,
+    handshake."""
     p = b.plan
-    return p.static_tasks(b.rows) + b.max_slots * p.nc + p.down + p.final + 1
+    shared = b.experts is not Experts.ROUTED
+    routed = b.max_slots - (1 if shared else 0)
+    return (p.static_tasks(b.rows, shared) + routed * p.nc * p.uks + p.down * p.ng + p.final
+            + 1)
 
 
 def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     """(offset, bytes) of each region of one width's scratch (this rank only).
 
-    done   pairs[max_tickets + 1]: item t's (tag, 1) once ticket t's task finished; the
-           last item (ALLUP) once every up task of the launch finished
-    count  int32: up tasks finished (zeroed by the route task; the last one marks ALLUP)
+    done   pairs[max_tickets + max_slots]: item t's (tag, 1) once ticket t's task
+           finished; then one per slot, once every up item of that slot finished
+    count  int32 counters, each reset by the item that brings it to its end:
+           ucount[max_slots * NC] K parts finished per (slot, row block),
+           scount[max_slots] row blocks finished per slot, dcount[ND] groups finished per
+           down column block
     xs     fp32[S, H]   the seam's new residual in fp32 (private to the seam task)
     xn     bf16[16, H]  the normed MoE input (rows >= S never read unmasked)
     logit  fp32[RP, S, E]
     table  int32 nslots, int32 slot_expert[max_slots], fp32 wtab[max_slots, S],
            int32 topk_ids[S, K], fp32 topk_w[S, K]
     mid    bf16[max_slots, S, I]
+    upart  fp32 up partials: [NC, UKS0, 2, BN, S] of the shared expert, then
+           [routed slots, NC, UKS, 2, BN, S] (none when UKS = 1)
+    dpart  fp32 down partials [ND, NG, DC, S]
     """
     c, p, s = b.cfg, b.plan, b.rows
     h, e, k = c.hidden_size, c.num_experts, c.top_k
     table = 4 + 4 * b.max_slots + 4 * b.max_slots * s + 8 * s * k
+    counters = 4 * (b.max_slots * p.nc + b.max_slots + p.down)
+    block = 4 * 2 * p.bn * s  # one (gate, up) partial
+    routed = b.max_slots - (0 if b.experts is Experts.ROUTED else 1)
+    upart = block * p.nc * (p.uks0 + (routed * p.uks if p.uks > 1 else 0))
     return _layout([
-        ("done", PAIR * (max_tickets(b) + 1)),
-        ("count", 256),
+        ("done", PAIR * (max_tickets(b) + b.max_slots)),
+        ("count", counters),
         ("xs", 4 * s * h),
         ("xn", 2 * DOT_ROWS * h),
         ("logit", 4 * p.router_parts * s * e),
         ("table", table),
         ("mid", 2 * b.max_slots * s * b.inter),
+        ("upart", upart),
+        ("dpart", 4 * p.down * p.ng * p.dc * s),
     ])
 
 

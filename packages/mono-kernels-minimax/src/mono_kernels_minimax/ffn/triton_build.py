@@ -15,66 +15,10 @@ import triton
 import triton.language as tl
 from mono_runtime import protocol_triton as pt
 from mono_runtime.protocol import region_id
+from mono_runtime.stream import device as st
 
 from ..formats import WeightFormat
 from .spec import Experts, FfnBuild, max_tickets, peer_layout, scratch_layout, table_offsets
-
-# -- dequantization ---------------------------------------------------------------------
-
-
-@triton.jit
-def _e2m1(code, CPU: tl.constexpr):
-    """bf16 of 4-bit e2m1 codes (int32), assembled as bits: a normal code's exponent and
-    mantissa fields are its magnitude shifted into place (+ the bias); 1 is 0.5, 0 is 0."""
-    mag = code & 7
-    bits = tl.where(mag >= 2, (mag << 6) + 0x3F00, mag * 0x3F00) | ((code & 8) << 12)
-    return _bf16_of_bits(bits, CPU)
-
-
-@triton.jit
-def _e8m0(s, CPU: tl.constexpr):
-    """bf16 2**(s - 127) of uint8 e8m0 codes (s = 0 is the subnormal 2**-127)."""
-    s = s.to(tl.int32)
-    return _bf16_of_bits(tl.where(s == 0, 0x40, s << 7), CPU)
-
-
-@triton.jit
-def _bf16_of_bits(bits, CPU: tl.constexpr):
-    """bf16 of 16-bit patterns held in int32 (the interpreter mis-reads an int16 -> bf16
-    bitcast: there through the exact fp32 of the same top half)."""
-    if CPU:
-        return (bits << 16).to(tl.float32, bitcast=True).to(tl.bfloat16)
-    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def _weight_tile(w, ws, row0, k0, NROWS: tl.constexpr, KROW: tl.constexpr,
-                 BK: tl.constexpr, FMT: tl.constexpr, CPU: tl.constexpr):
-    """(bf16 [NROWS, BK] tile at (row0, k0) of a row-major weight of KROW logical columns,
-    the scale its dot product takes). MXFP4 values times their e8m0 scales and fp8 values
-    are exact in bf16; the fp8 128x128 block scale is returned for the caller to apply."""
-    r = row0 + tl.arange(0, NROWS)
-    if FMT == 1:
-        kb = k0 // 2 + tl.arange(0, BK // 2)
-        byte = tl.load(w + r[:, None] * (KROW // 2) + kb[None, :]).to(tl.int32)
-        vals = tl.reshape(_e2m1(tl.join(byte & 15, byte >> 4), CPU), (NROWS, BK // 32, 32))
-        ks = k0 // 32 + tl.arange(0, BK // 32)
-        sc = _e8m0(tl.load(ws + r[:, None] * (KROW // 32) + ks[None, :]), CPU)
-        if CPU:  # the interpreter mis-multiplies bf16: exact fp32 products there
-            tile = (vals.to(tl.float32) * sc[:, :, None].to(tl.float32)).to(tl.bfloat16)
-        else:  # bf16 products are exact (times a power of two) and half the registers
-            tile = vals * sc[:, :, None]
-        tile = tl.reshape(tile, (NROWS, BK))
-        scale = 1.0
-    elif FMT == 2:
-        k = k0 + tl.arange(0, BK)
-        tile = tl.load(w + r[:, None] * KROW + k[None, :]).to(tl.bfloat16)
-        scale = tl.load(ws + (row0 // 128) * ((KROW + 127) // 128) + k0 // 128)
-    else:
-        k = k0 + tl.arange(0, BK)
-        tile = tl.load(w + r[:, None] * KROW + k[None, :])
-        scale = 1.0
-    return tile, scale
 
 
 @triton.jit
@@ -83,46 +27,99 @@ def _round_bf16(x):
     return (pt.bf16_bits(x) << 16).to(tl.float32, bitcast=True)
 
 
-# -- the expert GEMVs ----------------------------------------------------------------------
+# -- the expert stages ----------------------------------------------------------------
 
 
 @triton.jit
-def _up_dots(xn, w, ws, c, S: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
-             IC: tl.constexpr, UK: tl.constexpr, FMT: tl.constexpr, CPU: tl.constexpr):
-    """fp32 [16, IC] gate and up of rows [c*IC, (c+1)*IC) (and I + those) over every row."""
-    rows = tl.arange(0, 16)
-    g = tl.zeros((16, IC), tl.float32)
-    u = tl.zeros((16, IC), tl.float32)
-    for k0 in range(0, H, UK):
-        k = k0 + tl.arange(0, UK)
-        x = tl.load(xn + rows[:, None] * H + k[None, :], mask=rows[:, None] < S, other=0.0)
-        tg, sg = _weight_tile(w, ws, c * IC, k0, IC, H, UK, FMT, CPU)
-        tu, su = _weight_tile(w, ws, I + c * IC, k0, IC, H, UK, FMT, CPU)
-        if CPU:  # the interpreter mis-reads bf16 dot operands: fp32 there
-            x32 = x.to(tl.float32)
-            g += tl.dot(x32, tl.trans(tg).to(tl.float32), input_precision="ieee") * sg
-            u += tl.dot(x32, tl.trans(tu).to(tl.float32), input_precision="ieee") * su
-        else:  # bf16 tensor-core operands (exact products), fp32 sums
-            g += tl.dot(x, tl.trans(tg)) * sg
-            u += tl.dot(x, tl.trans(tu)) * su
+def _expert(e, E: tl.constexpr, w, ws, sw, sws, N: tl.constexpr, K: tl.constexpr,
+            FMT: tl.constexpr):
+    """(weights, scales) of expert e's [N, K] matrix in a stacked tensor (e < E)."""
+    eo = e.to(tl.int64)
+    if FMT == 1 or FMT == 3:
+        return w + eo * (N * K // 2), ws + eo * (N * K // 32)
+    elif FMT == 2:
+        return w + eo * (N * K), ws + eo * (((N + 127) // 128) * ((K + 127) // 128))
+    else:
+        return w + eo * (N * K), ws
+
+
+@triton.jit
+def _up_item(xn, w, ws, c, kp, NSTEP: tl.constexpr, BK: tl.constexpr, S: tl.constexpr,
+             H: tl.constexpr, I: tl.constexpr, BN: tl.constexpr, FMT: tl.constexpr,
+             STAGES: tl.constexpr, CPU: tl.constexpr):
+    """fp32 [BN, 16] gate and up of rows c*BN.. over K part kp (NSTEP steps of BK)."""
+    k0 = kp * (NSTEP * BK)
+    g = st.stream_rows(w, ws, xn, c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
+    u = st.stream_rows(w, ws, xn, I + c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
     return g, u
 
 
 @triton.jit
-def _down_dot(mid, w, ws, d0, S: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
-              DC: tl.constexpr, DK: tl.constexpr, FMT: tl.constexpr, CPU: tl.constexpr):
-    """fp32 [16, DC]: columns [d0, d0+DC) of one slot's down projection of its `mid` rows."""
-    rows = tl.arange(0, 16)
-    y = tl.zeros((16, DC), tl.float32)
-    for k0 in range(0, I, DK):
-        k = k0 + tl.arange(0, DK)
-        m = tl.load(mid + rows[:, None] * I + k[None, :], mask=rows[:, None] < S, other=0.0)
-        t, sc = _weight_tile(w, ws, d0, k0, DC, I, DK, FMT, CPU)
-        if CPU:
-            y += tl.dot(m.to(tl.float32), tl.trans(t).to(tl.float32), input_precision="ieee") * sc
-        else:
-            y += tl.dot(m, tl.trans(t)) * sc
-    return y
+def _prefetch_rows(w, row0, NROWS: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr,
+                   CPU: tl.constexpr):
+    """L2 prefetch of rows row0.. of a [*, K] weight (values only: scales are small)."""
+    if FMT == 1 or FMT == 3:
+        st.prefetch_l2(w + row0 * (K // 2), NROWS * (K // 2), 32, CPU)
+    elif FMT == 2:
+        st.prefetch_l2(w + row0 * K, NROWS * K, 32, CPU)
+    else:
+        st.prefetch_l2(w + row0 * K, NROWS * K * 2, 32, CPU)
+
+
+@triton.jit
+def _swiglu(g, u, ALPHA: tl.constexpr, BETA: tl.constexpr, LIMIT: tl.constexpr):
+    """vLLM's SwiGLU-OAI on un-interleaved gate|up, both halves clamped."""
+    g = tl.minimum(g, LIMIT)
+    u = tl.minimum(tl.maximum(u, -LIMIT), LIMIT)
+    return g * tl.sigmoid(ALPHA * g) * (u + BETA)
+
+
+@triton.jit
+def _finish_up(g, u, j, c, kp, upart, ucount, scount, mid, done, slotdone, tag,
+               PARTS: tl.constexpr, S: tl.constexpr, I: tl.constexpr, BN: tl.constexpr,
+               NC: tl.constexpr, ALPHA: tl.constexpr, BETA: tl.constexpr,
+               LIMIT: tl.constexpr):
+    """Hand an up item's K part on. With several parts, store it (upart: this (slot, row
+    block)'s parts) and let the last part to finish sum them in part order; the item that
+    completes the row block applies SwiGLU-OAI and writes mid."""
+    if PARTS > 1:
+        n = tl.arange(0, BN)
+        t = tl.arange(0, 16)
+        live = t[None, :] < S
+        base = upart + n[:, None] * S + t[None, :]
+        tl.store(base + kp * (2 * BN * S), g, mask=live)
+        tl.store(base + kp * (2 * BN * S) + BN * S, u, mask=live)
+        tl.debug_barrier()
+        if tl.atomic_add(ucount, 1, sem="acq_rel", scope="gpu") == PARTS - 1:
+            tl.atomic_xchg(ucount, 0, sem="relaxed", scope="gpu")
+            g = tl.zeros((BN, 16), tl.float32)
+            u = tl.zeros((BN, 16), tl.float32)
+            for q in range(PARTS):
+                g += tl.load(base + q * (2 * BN * S), mask=live, other=0.0, volatile=True)
+                u += tl.load(base + q * (2 * BN * S) + BN * S, mask=live, other=0.0,
+                             volatile=True)
+            _up_block_done(g, u, j, c, scount, mid, done, slotdone, tag, S, I, BN, NC, ALPHA,
+                           BETA, LIMIT)
+    else:
+        _up_block_done(g, u, j, c, scount, mid, done, slotdone, tag, S, I, BN, NC, ALPHA, BETA,
+                       LIMIT)
+
+
+@triton.jit
+def _up_block_done(g, u, j, c, scount, mid, done, slotdone, tag, S: tl.constexpr,
+                   I: tl.constexpr, BN: tl.constexpr, NC: tl.constexpr, ALPHA: tl.constexpr,
+                   BETA: tl.constexpr, LIMIT: tl.constexpr):
+    """SwiGLU-OAI of a whole row block -> mid; the slot's last block marks it done
+    (`slotdone + j`), which is all a down item waits for."""
+    n = tl.arange(0, BN)
+    t = tl.arange(0, 16)
+    h = _swiglu(g, u, ALPHA, BETA, LIMIT)
+    tl.store(mid + (j * S + t[None, :]) * I + (c * BN + n)[:, None],
+             _round_bf16(h).to(tl.bfloat16), mask=t[None, :] < S)
+    tl.debug_barrier()
+    if tl.atomic_add(scount + j, 1, sem="acq_rel", scope="gpu") == NC - 1:
+        tl.atomic_xchg(scount + j, 0, sem="relaxed", scope="gpu")
+        pt.ticket_finish(done, slotdone + j, tag)
 
 
 # -- the kernel ---------------------------------------------------------------------------
@@ -154,12 +151,13 @@ def ffn_kernel(
     FMT: tl.constexpr, SFMT: tl.constexpr, SUBSET: tl.constexpr, MAXSLOTS: tl.constexpr,
     NPUSH: tl.constexpr, PUSHC: tl.constexpr, SC: tl.constexpr,
     RG: tl.constexpr, RP: tl.constexpr, RK: tl.constexpr, NRTR2: tl.constexpr,
-    NC: tl.constexpr, NC2: tl.constexpr, IC: tl.constexpr, UK: tl.constexpr,
-    ND: tl.constexpr, DC: tl.constexpr, DK: tl.constexpr, NF: tl.constexpr, NF2: tl.constexpr,
-    FC: tl.constexpr, W2P: tl.constexpr,
+    BN: tl.constexpr, NC: tl.constexpr, UBK: tl.constexpr, UKS: tl.constexpr,
+    UBK0: tl.constexpr, UKS0: tl.constexpr, DC: tl.constexpr, ND: tl.constexpr,
+    DBK: tl.constexpr, DBK0: tl.constexpr, NG: tl.constexpr, STAGES: tl.constexpr,
+    NF: tl.constexpr, NF2: tl.constexpr, FC: tl.constexpr, W2P: tl.constexpr,
     O_DONE: tl.constexpr, O_COUNT: tl.constexpr, MAXTICKETS: tl.constexpr, O_XS: tl.constexpr,
     O_XN: tl.constexpr, O_LOGIT: tl.constexpr,
-    O_TABLE: tl.constexpr, O_MID: tl.constexpr,
+    O_TABLE: tl.constexpr, O_MID: tl.constexpr, O_UPART: tl.constexpr, O_DPART: tl.constexpr,
     T_WTAB: tl.constexpr, T_IDS: tl.constexpr, T_TOPW: tl.constexpr,
     P_AR1: tl.constexpr, P_AR2: tl.constexpr, P_HS: tl.constexpr,
     R_AR1: tl.constexpr, R_AR2: tl.constexpr, R_ITEMS: tl.constexpr, R_HS: tl.constexpr,
@@ -169,8 +167,12 @@ def ffn_kernel(
     tag = pt.step_tag(ctl, slot)
     counter = tickets + slot
     done = (scratch + O_DONE).to(tl.pointer_type(tl.int64))
-    upcount = (scratch + O_COUNT).to(tl.pointer_type(tl.int32))
-    ALLUP: tl.constexpr = MAXTICKETS  # the done item of the whole up stage
+    SLOTDONE: tl.constexpr = MAXTICKETS  # done item SLOTDONE + j: every up item of slot j
+    ucount = (scratch + O_COUNT).to(tl.pointer_type(tl.int32))
+    scount = ucount + MAXSLOTS * NC
+    dcount = scount + MAXSLOTS
+    upart = (scratch + O_UPART).to(tl.pointer_type(tl.float32))
+    dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
     xs = (scratch + O_XS).to(tl.pointer_type(tl.float32))
     xn = (scratch + O_XN).to(tl.pointer_type(tl.bfloat16))
     xn32 = (scratch + O_XN).to(tl.pointer_type(tl.int32))
@@ -180,12 +182,15 @@ def ffn_kernel(
     wtab = (scratch + O_TABLE + T_WTAB).to(tl.pointer_type(tl.float32))
     mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
     me = pt.peer_data(peers, rank)
-    ROUTE: tl.constexpr = NPUSH + S + RG * RP
+    HAS_SHARED: tl.constexpr = SUBSET != 1  # slot 0 is the shared expert
+    SHUP: tl.constexpr = NPUSH + S + RG * RP  # the shared expert's up items start here
+    ROUTE: tl.constexpr = SHUP + HAS_SHARED * NC * UKS0
     STATIC: tl.constexpr = ROUTE + 1
-    tail = ND + NF + final  # the handshake task closes final launches
+    tail = ND * NG + NF + final  # the handshake task closes final launches
 
     pt.fault_stall(ctl, peers, rank, world, CPU)
-    total = STATIC + MAXSLOTS * NC + tail  # an upper bound until the slot count is known
+    NROUTED: tl.constexpr = NC * UKS  # up items of one routed slot
+    total = STATIC + (MAXSLOTS - HAS_SHARED) * NROUTED + tail  # a bound until nslots is known
     t = pt.ticket_take(counter, total)
     total = t * 0 + total
     nslots = t * 0 + MAXSLOTS
@@ -194,7 +199,7 @@ def ffn_kernel(
         if (t >= STATIC) & (routed == 0):
             nslots = _slot_count(done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank,
                                  world, R_ITEMS, CPU)
-            total = STATIC + nslots * NC + tail
+            total = STATIC + (nslots - HAS_SHARED) * NROUTED + tail
             routed = t * 0 + 1
             _reset_if_last(counter, t, total)
         if t >= total:
@@ -235,7 +240,7 @@ def ffn_kernel(
                          pt.bf16x2_pack(xl * rstd * (pt.bf16x2_lo(wn) + 1.0),
                                         xh * rstd * (pt.bf16x2_hi(wn) + 1.0)))
             pt.ticket_finish(done, t, tag)
-        elif t < ROUTE:
+        elif t < SHUP:
             # router: 16 experts x one K part, fp32
             u = t - NPUSH - S
             g = u // RP
@@ -252,88 +257,51 @@ def ffn_kernel(
             tl.store(logit + (part_k * S + rows[:, None]) * E + ex[None, :], acc,
                      mask=rows[:, None] < S)
             pt.ticket_finish(done, t, tag)
+        elif t < ROUTE:
+            # the shared expert's up items: no routing needed, so they stream while the
+            # router and the route task run; their weights are asked for before xn exists
+            u = t - SHUP
+            c = u // UKS0
+            kp = u % UKS0
+            _prefetch_rows(sw13, c * BN, BN, H, SFMT, CPU)
+            _prefetch_rows(sw13, I + c * BN, BN, H, SFMT, CPU)
+            _wait_items(done, NPUSH, S, 16, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+            g, v = _up_item(xn, sw13, sw13_scale, c, kp, H // UBK0 // UKS0, UBK0, S, H, I, BN,
+                            SFMT, STAGES, CPU)
+            _finish_up(g, v, 0, c, kp, upart + c * (UKS0 * 2 * BN * S), ucount + c, scount,
+                       mid, done, SLOTDONE, tag, UKS0, S, I, BN, NC, ALPHA, BETA, LIMIT)
         elif t < STATIC:
             _wait_items(done, NPUSH + S, RG * RP, NRTR2, tag, ctl, health, peers, rank, world,
                         R_ITEMS, CPU)
             _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, S, E, K, RP,
                    T_IDS, T_TOPW, O_TABLE, SUBSET, RSF)
-            tl.atomic_xchg(upcount, 0, sem="relaxed", scope="gpu")
-            tl.debug_barrier()
-            if tl.load(nslots_p) == 0:
-                pt.ticket_finish(done, ALLUP, tag)  # no up task: the stage is complete
             pt.ticket_finish(done, t, tag)
         else:
             u = t - STATIC
-            if u < nslots * NC:
-                # up: slot j, gate/up rows [c*IC, (c+1)*IC) -> SwiGLU-OAI -> mid
-                j = u // NC
-                c = u % NC
+            nup = (nslots - HAS_SHARED) * NROUTED
+            if u < nup:
+                # up: routed slot j, rows [c*BN, (c+1)*BN) of gate and up, K part kp
+                j = HAS_SHARED + u // NROUTED
+                c = (u // UKS) % NC
+                kp = u % UKS
                 e = tl.load(slot_e + j, volatile=True)
-                if e == E:
-                    g, v = _up_dots(xn, sw13, sw13_scale, c, S, H, I, IC, UK, SFMT, CPU)
-                else:
-                    eo = e.to(tl.int64)
-                    if FMT == 1:
-                        g, v = _up_dots(xn, w13 + eo * (2 * I * H // 2),
-                                        w13_scale + eo * (2 * I * H // 32), c, S, H, I, IC, UK,
-                                        FMT, CPU)
-                    elif FMT == 2:
-                        g, v = _up_dots(xn, w13 + eo * (2 * I * H),
-                                        w13_scale + eo * ((2 * I // 128) * ((H + 127) // 128)),
-                                        c, S, H, I, IC, UK, FMT, CPU)
-                    else:
-                        g, v = _up_dots(xn, w13 + eo * (2 * I * H), w13_scale, c, S, H, I, IC,
-                                        UK, FMT, CPU)
-                g = tl.minimum(g, LIMIT)
-                v = tl.minimum(tl.maximum(v, -LIMIT), LIMIT)
-                h = g * tl.sigmoid(ALPHA * g) * (v + BETA)
-                rows = tl.arange(0, 16)
-                cols = c * IC + tl.arange(0, IC)
-                tl.store(mid + (j * S + rows[:, None]) * I + cols[None, :],
-                         _round_bf16(h).to(tl.bfloat16), mask=rows[:, None] < S)
-                # the stage's last up task marks item ALLUP: down waits on one pair, not
-                # on every up task (the route task zeroed the count before any up began)
-                tl.debug_barrier()
-                if tl.atomic_add(upcount, 1, sem="acq_rel", scope="gpu") == nslots * NC - 1:
-                    pt.ticket_finish(done, ALLUP, tag)
-            elif u < nslots * NC + ND:
-                # down: columns [d0, d0+DC) over every slot, weighted -> every rank's ar2
-                d0 = (u - nslots * NC) * DC
-                rows = tl.arange(0, 16)
-                acc = tl.zeros((16, DC), tl.float32)
-                ok = _wait_items(done, ALLUP, 1, 1, tag, ctl, health, peers, rank, world,
-                                 R_ITEMS, CPU)
-                for j in range(nslots):
-                    e = tl.load(slot_e + j, volatile=True)
-                    wrow = tl.load(wtab + j * S + rows, mask=rows < S, other=0.0, volatile=True)
-                    if e == E:
-                        y = _down_dot(mid + j * S * I, sw2, sw2_scale, d0, S, H, I, DC, DK, SFMT,
-                                      CPU)
-                    else:
-                        eo = e.to(tl.int64)
-                        if FMT == 1:
-                            y = _down_dot(mid + j * S * I, w2 + eo * (H * I // 2),
-                                          w2_scale + eo * (H * I // 32), d0, S, H, I, DC, DK, FMT,
-                                          CPU)
-                        elif FMT == 2:
-                            y = _down_dot(mid + j * S * I, w2 + eo * (H * I),
-                                          w2_scale + eo * ((H // 128) * ((I + 127) // 128)),
-                                          d0, S, H, I, DC, DK, FMT, CPU)
-                        else:
-                            y = _down_dot(mid + j * S * I, w2 + eo * (H * I), w2_scale, d0, S, H,
-                                          I, DC, DK, FMT, CPU)
-                    acc += tl.where(wrow[:, None] != 0.0, wrow[:, None] * y, 0.0)
-                acc = tl.where(ok, acc, float("nan"))
-                lo, hi = tl.split(tl.reshape(acc, (16, DC // 2, 2)))
-                payload = pt.bf16x2_pack(lo, hi)
-                p = d0 // 2 + tl.arange(0, DC // 2)
-                for dst in range(world):
-                    dst_ar2 = pt.peer_data(peers, dst) + P_AR2 // 8
-                    pt.publish(dst_ar2 + (rank * 16 + rows[:, None]) * (H // 2) + p[None, :],
-                               payload, tag, rows[:, None] < S, "sys")
-            elif u < nslots * NC + ND + NF:
+                w, ws = _expert(e, E, w13, w13_scale, sw13, sw13_scale, 2 * I, H, FMT)
+                g, v = _up_item(xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT,
+                                STAGES, CPU)
+                rp = upart + NC * UKS0 * 2 * BN * S + ((j - HAS_SHARED) * NC + c) * (
+                    UKS * 2 * BN * S)
+                _finish_up(g, v, j, c, kp, rp, ucount + j * NC + c, scount, mid, done,
+                           SLOTDONE, tag, UKS, S, I, BN, NC, ALPHA, BETA, LIMIT)
+            elif u < nup + ND * NG:
+                # down: output rows [d*DC, (d+1)*DC) over slot group q, weighted by wtab
+                d = (u - nup) // NG
+                q = (u - nup) % NG
+                _down_item(d, q, nslots, slot_e, wtab, mid, w2, w2_scale, sw2, sw2_scale, dpart,
+                           dcount, done, SLOTDONE, tag, ctl, health, peers, rank, world, me,
+                           S, H, E, I, DC, DBK, DBK0, NG, FMT, SFMT, STAGES, P_AR2, R_ITEMS, CPU)
+            elif u < nup + ND * NG + NF:
                 # final: the ranks' partials in rank order -> out
-                f = u - nslots * NC - ND
+                f = u - nup - ND * NG
                 p = f * (FC // 2) + tl.arange(0, FC // 2)
                 for s in range(S):
                     lo, hi, ok = pt.reduce_bf16x2(me + P_AR2 // 8 + s * (H // 2) + p,
@@ -342,7 +310,7 @@ def ffn_kernel(
                                                   CPU)
                     tl.store(out + s * (H // 2) + p,
                              pt.bf16x2_pack(tl.where(ok, lo, float("nan")),
-                                        tl.where(ok, hi, float("nan"))))
+                                            tl.where(ok, hi, float("nan"))))
                 pt.ticket_finish(done, t, tag)
             else:
                 # the TP fault handshake: every final task here is done; tell every rank,
@@ -361,7 +329,61 @@ def ffn_kernel(
         # this program's only draw was past the upper bound: it may still be the last taker
         nslots = _slot_count(done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank,
                              world, R_ITEMS, CPU)
-        _reset_if_last(counter, t, STATIC + nslots * NC + tail)
+        _reset_if_last(counter, t, STATIC + (nslots - HAS_SHARED) * NROUTED + tail)
+
+
+@triton.jit
+def _down_item(d, q, nslots, slot_e, wtab, mid, w2, w2_scale, sw2, sw2_scale, dpart, dcount,
+               done, slotdone, tag, ctl, health, peers, rank, world, me, S: tl.constexpr,
+               H: tl.constexpr, E: tl.constexpr, I: tl.constexpr, DC: tl.constexpr,
+               DBK: tl.constexpr, DBK0: tl.constexpr, NG: tl.constexpr, FMT: tl.constexpr,
+               SFMT: tl.constexpr, STAGES: tl.constexpr, P_AR2: tl.constexpr,
+               R_ITEMS: tl.constexpr, CPU: tl.constexpr):
+    """Down rows [d*DC, (d+1)*DC) of the slots of group q (slot j waited for alone, its
+    weights asked of L2 first), weighted per row by wtab, into dpart[d, q]. The group that
+    finishes column block d last sums the groups in order and sends the bf16 result to
+    every rank's ar2."""
+    n = tl.arange(0, DC)
+    t = tl.arange(0, 16)
+    live = t[None, :] < S
+    per = (nslots + NG - 1) // NG
+    j0 = q * per
+    j1 = tl.minimum(j0 + per, nslots)
+    acc = tl.zeros((DC, 16), tl.float32)
+    ok = nslots >= 0
+    for j in range(j0, j1):
+        e = tl.load(slot_e + j, volatile=True)
+        wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
+        if e == E:
+            _prefetch_rows(sw2, d * DC, DC, I, SFMT, CPU)
+            ok = ok & _wait_items(done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world,
+                                  R_ITEMS, CPU)
+            y = st.stream_rows(sw2, sw2_scale, mid + j * S * I, d * DC, 0, I // DBK0, I, DC,
+                               DBK0, S, SFMT, STAGES, CPU, True)
+        else:
+            w, ws = _expert(e, E, w2, w2_scale, sw2, sw2_scale, H, I, FMT)
+            _prefetch_rows(w, d * DC, DC, I, FMT, CPU)
+            ok = ok & _wait_items(done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world,
+                                  R_ITEMS, CPU)
+            y = st.stream_rows(w, ws, mid + j * S * I, d * DC, 0, I // DBK, I, DC, DBK, S, FMT,
+                               STAGES, CPU, True)
+        acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
+    acc = tl.where(ok, acc, float("nan"))
+    base = dpart + d * (NG * DC * S) + n[:, None] * S + t[None, :]
+    tl.store(base + q * (DC * S), acc, mask=live)
+    tl.debug_barrier()
+    if tl.atomic_add(dcount + d, 1, sem="acq_rel", scope="gpu") == NG - 1:
+        tl.atomic_xchg(dcount + d, 0, sem="relaxed", scope="gpu")
+        tot = tl.zeros((DC, 16), tl.float32)
+        for g in range(NG):
+            tot += tl.load(base + g * (DC * S), mask=live, other=0.0, volatile=True)
+        lo, hi = tl.split(tl.reshape(tl.trans(tot), (16, DC // 2, 2)))
+        payload = pt.bf16x2_pack(lo, hi)
+        p = d * (DC // 2) + tl.arange(0, DC // 2)
+        for dst in range(world):
+            dst_ar2 = pt.peer_data(peers, dst) + P_AR2 // 8
+            pt.publish(dst_ar2 + (rank * 16 + t[:, None]) * (H // 2) + p[None, :], payload, tag,
+                       t[:, None] < S, "sys")
 
 
 @triton.jit
@@ -453,15 +475,18 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
     pl = peer_layout(c, b.tp)
     return dict(
         S=b.rows, H=c.hidden_size, E=c.num_experts, K=c.top_k, I=b.inter,
-        FMT=_FMT[b.weights], SFMT=_FMT[b.weights.shared_format], SUBSET=_SUB[b.experts],
+        FMT=3 if b.weights is WeightFormat.MXFP4 and not b.split else _FMT[b.weights],
+        SFMT=_FMT[b.weights.shared_format], SUBSET=_SUB[b.experts],
         MAXSLOTS=b.max_slots, NPUSH=p.push, PUSHC=p.push_cols, SC=p.seam_cols,
         RG=p.router_groups, RP=p.router_parts, RK=p.router_k,
         NRTR2=_p2(p.router_groups * p.router_parts),
-        NC=p.nc, NC2=_p2(p.nc), IC=p.ic, UK=p.uk, ND=p.down, DC=p.dc, DK=p.dk,
+        BN=p.bn, NC=p.nc, UBK=p.ubk, UKS=p.uks, UBK0=p.ubk0, UKS0=p.uks0, DC=p.dc, ND=p.down,
+        DBK=p.dbk, DBK0=p.dbk0, NG=p.ng, STAGES=p.stages,
         NF=p.final, NF2=_p2(p.final), FC=p.fc, W2P=_p2(b.tp),
         O_DONE=sl["done"][0], O_COUNT=sl["count"][0], MAXTICKETS=max_tickets(b),
         O_XS=sl["xs"][0], O_XN=sl["xn"][0], O_LOGIT=sl["logit"][0],
-        O_TABLE=sl["table"][0], O_MID=sl["mid"][0],
+        O_TABLE=sl["table"][0], O_MID=sl["mid"][0], O_UPART=sl["upart"][0],
+        O_DPART=sl["dpart"][0],
         T_WTAB=tb["wtab"], T_IDS=tb["topk_ids"], T_TOPW=tb["topk_w"],
         P_AR1=pl["ar1"][0], P_AR2=pl["ar2"][0], P_HS=pl["hs"][0],
         R_AR1=REGIONS["ar1"], R_AR2=REGIONS["ar2"], R_ITEMS=REGIONS["items"],
@@ -490,6 +515,41 @@ def kernel_args(b: FfnBuild, *, part, residual, out, residual_out, slots, weight
         w.shared_w13, sc(w.shared_w13_scale), w.shared_w2, sc(w.shared_w2_scale),
         scratch, slot, int(bool(final)), ctl, health, tickets, peers, rank, world,
     ]
+
+
+def kernel_types(fmt: WeightFormat) -> dict[str, str]:
+    """Triton types of the kernel's runtime arguments for an expert format."""
+    w, s = {WeightFormat.BF16: ("*bf16", "*u8"), WeightFormat.MXFP4: ("*u8", "*u8"),
+            WeightFormat.FP8: ("*fp8e4nv", "*fp32")}[fmt]
+    sw, ss = ("*fp8e4nv", "*fp32") if fmt is WeightFormat.FP8 else ("*bf16", "*u8")
+    return {
+        "part": "*i32", "residual": "*i32", "out": "*i32", "residual_out": "*i32",
+        "slots": "*i64", "norm": "*i32", "router": "*fp32", "bias": "*fp32",
+        "w13": w, "w13_scale": s, "w2": w, "w2_scale": s,
+        "sw13": sw, "sw13_scale": ss, "sw2": sw, "sw2_scale": ss,
+        "scratch": "*u8", "slot": "i32", "final": "i32", "ctl": "*i64", "health": "i64",
+        "tickets": "*i64", "peers": "*i64", "rank": "i32", "world": "i32",
+    }
+
+
+def compile_for(b: FfnBuild, target: str):
+    """Compile build `b` ahead of time for `target` ("sm90" or "gfx950") without a GPU, with
+    the 16-byte pointer alignment a real launch's arguments get (torch allocations), so
+    its resources are those of the binary that runs. Run it in a subprocess: a backend
+    abort would take the caller down."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    gpu = {"sm90": GPUTarget("cuda", 90, 32), "gfx950": GPUTarget("hip", "gfx950", 64)}[target]
+    fn = ffn_kernel
+    types = kernel_types(b.weights)
+    consts = constexprs(b, cpu=False)
+    sig = {n: types.get(n, "constexpr") for n in fn.arg_names}
+    aligned = [[fn.arg_names.index(n)] for n, t in types.items() if t.startswith("*")]
+    src = ASTSource(fn=fn, signature=sig,
+                    constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()},
+                    attrs={tuple(a): [["tt.divisibility", 16]] for a in aligned})
+    return triton.compile(src, target=gpu, options={"num_warps": 4})
 
 
 def launch(b: FfnBuild, grid: int, cpu: bool, **args):

@@ -11,13 +11,18 @@ Shapes on a rank of TP ``tp`` (I = per-rank routed intermediate, Is = per-rank s
     *_scale    per format (formats.py); None for bf16
 
 K13 = H (bf16, fp8) or H/2 bytes (mxfp4); K2 likewise over I.
+
+MXFP4 experts arrive in the checkpoint's ``mxfp4-k32`` layout (``split`` None); the
+Triton build streams ``mxfp4-s{bk}`` (mono_runtime.stream.layout), into which
+`FfnRunner.pack` converts w13 and w2 once, in place (``split`` = (bk of w13, bk of w2)).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
+from mono_runtime.stream.layout import pack_mxfp4_split, unpack_mxfp4_split
 
 from ..config import MiniMaxM3Config
 from ..formats import FP8_BLOCK, MX_BLOCK, WeightFormat, dequantize, quantize
@@ -37,6 +42,7 @@ class FfnWeights:
     shared_w13_scale: torch.Tensor | None
     shared_w2: torch.Tensor
     shared_w2_scale: torch.Tensor | None
+    split: tuple[int, int] | None = None  # mxfp4-s{bk} K steps of (w13, w2); None: k32
 
     def expected(self, cfg: MiniMaxM3Config, tp: int) -> dict[str, tuple]:
         """(shape, dtype) of every tensor for `cfg` at TP `tp` in this bundle's format."""
@@ -79,12 +85,31 @@ class FfnWeights:
                 raise ValueError(f"weights.{name}: on {t.device}, expected {device}")
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "fmt"}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("fmt", "split")}
 
     def dense(self, name: str) -> torch.Tensor:
         """fp32 dequantized view of a weight (w13, w2, shared_w13, shared_w2)."""
         fmt = self.fmt.shared_format if name.startswith("shared") else self.fmt
-        return dequantize(getattr(self, name), getattr(self, f"{name}_scale"), fmt)
+        values = getattr(self, name)
+        if fmt is WeightFormat.MXFP4 and self.split is not None:
+            values = unpack_mxfp4_split(values, self.split[0 if name == "w13" else 1])
+        return dequantize(values, getattr(self, f"{name}_scale"), fmt)
+
+    def packed(self, split: tuple[int, int] | None) -> FfnWeights:
+        """This bundle with w13 and w2 in ``mxfp4-s{bk}`` (`split` = their bk; None: the
+        checkpoint layout), converted in place: the engine's tensors are replaced, never
+        copied. Only MXFP4 experts have a split layout."""
+        if self.fmt is not WeightFormat.MXFP4 or split == self.split:
+            return self
+        if self.split is not None:
+            raise ValueError(f"weights: already packed as mxfp4-s{self.split}, "
+                             f"not repacked to mxfp4-s{split}")
+        if split is None:
+            return self
+        pack_mxfp4_split(self.w13, split[0], out=self.w13)
+        pack_mxfp4_split(self.w2, split[1], out=self.w2)
+        return replace(self, split=tuple(split))
 
 
 def _format_shapes(name, lead, n, k, fmt):

@@ -11,6 +11,7 @@ standalone GEMV on the engine, which `mono bench gemv` times against cuBLAS.
 from .layout import (
     BF16,
     FP8_B128,
+    MXFP4_K32,
     MXFP4_SPLIT,
     StreamFormat,
     pack_mxfp4_split,
@@ -20,6 +21,7 @@ from .layout import (
 __all__ = [
     "BF16",
     "FP8_B128",
+    "MXFP4_K32",
     "MXFP4_SPLIT",
     "StreamFormat",
     "pack_mxfp4_split",

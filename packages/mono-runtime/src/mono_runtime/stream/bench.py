@@ -116,7 +116,8 @@ def _shape(out, rows, n, k, total_bytes, variants, copy, g, device) -> None:
         layers = max(2, total_bytes // weight_bytes(BF16, n, k))
         ws_list = [random_weight(BF16, n, k, 128, g)[0] for _ in range(layers)]
         x = torch.randn(s, k, generator=g, device=device).to(torch.bfloat16)
-        t = graph_time(lambda: [torch.matmul(x, w.T) for w in ws_list], reps=10, warmup=2)
+        t = graph_time(lambda x=x, ws_list=ws_list: [torch.matmul(x, w.T) for w in ws_list],
+                       reps=10, warmup=2)
         t /= layers
         per = weight_bytes(BF16, n, k)
         row = {"format": "cublas-bf16", "rows": s, "n": n, "k": k, "layers": layers,

@@ -127,6 +127,14 @@ def stream_step(acc, w, ws, x, row0, k0, KROW: tl.constexpr, BN: tl.constexpr,
                 hi = hi * sc
         acc = _mma(acc, lo, x, k0, KROW, BK // 2, S, CPU)
         acc = _mma(acc, hi, x, k0 + BK // 2, KROW, BK // 2, S, CPU)
+    elif FMT == 3:  # the checkpoint's mxfp4-k32: nibbles interleaved along k
+        j = tl.arange(0, BK // 2)
+        byte = tl.load(w + r[:, None] * (KROW // 2) + (k0 // 2 + j)[None, :])
+        lo, hi = mx_nibbles(byte, CPU, ASM)
+        g = k0 // 32 + tl.arange(0, BK // 32)
+        sc = mx_scale(tl.load(ws + r[:, None] * (KROW // 32) + g[None, :]), CPU)
+        t = _scaled(tl.reshape(tl.join(lo, hi), (BN, BK)), sc, BN, BK, CPU)
+        acc = _mma(acc, t, x, k0, KROW, BK, S, CPU)
     elif FMT == 2:
         k = k0 + tl.arange(0, BK)
         t = tl.load(w + r[:, None] * KROW + k[None, :]).to(tl.bfloat16)
@@ -149,7 +157,7 @@ def stream_rows(w, ws, x, row0, k_begin, NSTEP: tl.constexpr, KROW: tl.constexpr
     acc = tl.zeros((BN, 16), tl.float32)
     for i in tl.range(0, NSTEP, num_stages=STAGES):
         acc = stream_step(acc, w, ws, x, row0, k_begin + i * BK, KROW, BN, BK, S, FMT, CPU, ASM)
-    if FMT == 1:
+    if FMT == 1 or FMT == 3:
         acc = acc * (2.0**MX_LIFT)
     return acc
 

@@ -60,14 +60,16 @@ def gemv(w: torch.Tensor, ws: torch.Tensor | None, x: torch.Tensor, fmt: StreamF
     s, k = x.shape
     n = w.shape[0]
     if not 1 <= s <= 16 or x.dtype != torch.bfloat16 or not x.is_contiguous():
-        raise ValueError(f"x: expected contiguous bf16 [S <= 16, K], got {x.dtype} {tuple(x.shape)}")
+        raise ValueError(f"x: expected contiguous bf16 [S <= 16, K], got {x.dtype} "
+                         f"{tuple(x.shape)}")
     tiles.check(fmt, n, k)
     cpu = x.device.type == "cpu"
     if partials is None:
         partials = torch.empty(tiles.split, 16, n, dtype=torch.float32, device=x.device)
     gemv_kernel[(n // tiles.bn * tiles.split,)](
         w, w if ws is None else ws, x, partials, N=n, KROW=k, S=s, BN=tiles.bn, BK=tiles.bk,
-        SPLIT=tiles.split, FMT=int(fmt), STAGES=tiles.stages, CPU=cpu, ASM=tiles.asm and not cpu, num_warps=tiles.warps)
+        SPLIT=tiles.split, FMT=int(fmt), STAGES=tiles.stages, CPU=cpu,
+        ASM=tiles.asm and not cpu, num_warps=tiles.warps)
     return partials[:, :s].sum(0) if tiles.split > 1 else partials[0, :s]
 
 

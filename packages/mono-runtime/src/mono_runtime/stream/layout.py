@@ -26,18 +26,20 @@ class StreamFormat(enum.IntEnum):
     """The device code of a streamed weight format (a constexpr of every build)."""
 
     BF16 = 0
-    MXFP4 = 1
+    MXFP4 = 1  # mxfp4-s{BK}
     FP8 = 2
+    MXFP4_K32 = 3  # the checkpoint's layout, streamed as it is (an interleave per step)
 
 
 BF16 = StreamFormat.BF16
 MXFP4_SPLIT = StreamFormat.MXFP4
 FP8_B128 = StreamFormat.FP8
+MXFP4_K32 = StreamFormat.MXFP4_K32
 
 
 def layout_name(fmt: StreamFormat, bk: int) -> str:
     """The name a build key carries for weights streamed in `fmt` with K steps of `bk`."""
-    return {BF16: "bf16", FP8_B128: "fp8-b128"}.get(fmt, f"mxfp4-s{bk}")
+    return {BF16: "bf16", FP8_B128: "fp8-b128", MXFP4_K32: "mxfp4-k32"}.get(fmt, f"mxfp4-s{bk}")
 
 
 def _check_split(values: torch.Tensor, bk: int) -> None:
@@ -124,4 +126,6 @@ def dequantize(values: torch.Tensor, scales: torch.Tensor | None, fmt: StreamFor
         return values.float()
     if fmt == MXFP4_SPLIT:
         return unpack_mxfp4_k32(unpack_mxfp4_split(values, bk), scales)
+    if fmt == MXFP4_K32:
+        return unpack_mxfp4_k32(values, scales)
     return unpack_fp8_b128(values, scales)
