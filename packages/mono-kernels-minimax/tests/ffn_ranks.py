@@ -102,17 +102,9 @@ def fault_then_reset(rank, world, group, fmt, late_rank):
 
 def kernel_types(fmt: str) -> dict[str, str]:
     """Triton types of the kernel's runtime arguments for an expert format."""
-    w, s = {"bf16": ("*bf16", "*u8"), "mxfp4": ("*u8", "*u8"), "fp8": ("*fp8e4nv", "*fp32")}[fmt]
-    sw, ss = ("*fp8e4nv", "*fp32") if fmt == "fp8" else ("*bf16", "*u8")
-    return {
-        "part": "*i32", "residual": "*i32", "out": "*i32", "residual_out": "*i32",
-        "slots": "*i64", "norm": "*i32", "router": "*fp32", "bias": "*fp32",
-        "w13": w, "w13_scale": s, "w2": w, "w2_scale": s,
-        "sw13": sw, "sw13_scale": ss, "sw2": sw, "sw2_scale": ss,
-        "scratch": "*u8", "slot": "i32", "final": "i32", "ctl": "*i64", "health": "i64",
-        "tickets": "*i64",
-        "peers": "*i64", "rank": "i32", "world": "i32",
-    }
+    from mono_kernels_minimax.ffn.triton_build import kernel_types as types_of
+
+    return types_of(WeightFormat(fmt))
 
 
 def compile_checks(rank, world, group, fmt, rows, tiny):
