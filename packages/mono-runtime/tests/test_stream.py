@@ -4,14 +4,12 @@ float64 on the dequantized weight, the packed MXFP4 layout's round trip, bad til
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from mono_runtime.stream import layout as L  # noqa: E402
-from mono_runtime.stream.gemv import GemvTiles, gemv  # noqa: E402
+from mono_runtime.stream import layout as L
 
 
 def _weight(fmt, n, k, bk, g):
@@ -29,10 +27,11 @@ def _weight(fmt, n, k, bk, g):
     return codes, scales
 
 
-@pytest.mark.parametrize("fmt,bk", [(L.BF16, 128), (L.FP8_B128, 128), (L.MXFP4_SPLIT, 128),
-                                    (L.MXFP4_SPLIT, 32), (L.MXFP4_K32, 64)])
-@pytest.mark.parametrize("s", [1, 5])
-def test_gemv_matches_float64(fmt, bk, s):
+def check_gemv(fmt, bk, s):
+    """Run in a child under TRITON_INTERPRET=1 (set per process: Triton reads it when a
+    kernel is defined, so this process's other tests keep compiled kernels)."""
+    from mono_runtime.stream.gemv import GemvTiles, gemv
+
     g = torch.Generator().manual_seed(bk + s)
     n, k = 128, 256
     w, ws = _weight(fmt, n, k, bk, g)
@@ -41,6 +40,16 @@ def test_gemv_matches_float64(fmt, bk, s):
     y = gemv(w, ws, x, fmt, GemvTiles(bn=64, bk=bk, split=2))
     assert y.shape == (s, n)
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("fmt,bk", [(L.BF16, 128), (L.FP8_B128, 128), (L.MXFP4_SPLIT, 128),
+                                    (L.MXFP4_SPLIT, 32), (L.MXFP4_K32, 64)])
+@pytest.mark.parametrize("s", [1, 5])
+def test_gemv_matches_float64(fmt, bk, s):
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, __file__, str(int(fmt)), str(bk), str(s)], env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
 
 
 def test_split_layout_round_trip_in_place():
@@ -66,6 +75,8 @@ def test_bad_tiles_and_layouts_are_refused():
         L.pack_mxfp4_split(torch.zeros(2, 48, dtype=torch.uint8), 64)
     with pytest.raises(ValueError, match="uint8"):
         L.pack_mxfp4_split(torch.zeros(2, 64), 64)
+    from mono_runtime.stream.gemv import GemvTiles, gemv
+
     w = torch.zeros(128, 256, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="must divide"):
         gemv(w, None, torch.zeros(1, 256, dtype=torch.bfloat16), L.BF16, GemvTiles(bn=96))
@@ -73,3 +84,7 @@ def test_bad_tiles_and_layouts_are_refused():
         gemv(w, None, torch.zeros(17, 256, dtype=torch.bfloat16), L.BF16, GemvTiles(bn=64))
     with pytest.raises(ValueError, match="fp8-b128"):
         GemvTiles(bn=256, bk=128).check(L.FP8_B128, 256, 256)
+
+
+if __name__ == "__main__":
+    check_gemv(L.StreamFormat(int(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]))
