@@ -316,7 +316,9 @@ class ToyFfnKernels:
         from mono_vllm.families.minimax import FfnLayer
 
         m, last = self.model, self.layers[-1]
-        ffn = self.ffn = FfnRunner(m.cfg, m.fmt, None, 0, 1, m.device, widths, runner=runner)
+        # pack=False, as the plugin: the toy's own layers read the same expert tensors
+        ffn = self.ffn = FfnRunner(m.cfg, m.fmt, None, 0, 1, m.device, widths, runner=runner,
+                                   pack=False)
         ffn.warm()
 
         def launch(i):

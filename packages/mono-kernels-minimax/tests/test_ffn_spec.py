@@ -94,10 +94,12 @@ def test_build_key_and_layouts():
     for bad, match in (
         (dict(rows=17), "rows=17"), (dict(rows=0), "rows=0"), (dict(tp=3), "tp=3"),
         (dict(weights="mxfp4"), "WeightFormat"), (dict(experts="all"), "Experts"),
-        (dict(timeline=True), "timeline"),
     ):
         with pytest.raises(ValueError, match=match):
             FfnBuild(**{"cfg": cfg, "rows": 1, "tp": 4, **bad})
+    tl = FfnBuild(cfg, 16, 4, timeline=True)
+    assert tl.key() != b.key() and "timeline" not in lay
+    assert scratch_layout(tl)["timeline"][1] == 32 * max_tickets(tl)
     with pytest.raises(ValueError, match="128-aligned"):
         FfnBuild(MiniMaxM3Config.tiny(), 1, 4, WeightFormat.FP8)
 

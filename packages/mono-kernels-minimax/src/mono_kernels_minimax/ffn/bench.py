@@ -198,7 +198,7 @@ def _row(cfg, fmt, runner, base, layers, s, copy, l2, g) -> dict:
         except Exception as err:  # noqa: BLE001 (reported in the row, not fatal)
             note = f"op-by-op path failed: {type(err).__name__}: {err}"[:300]
     return dict(
-        format=fmt.value, layout=fmt.layout, rows=s, layers=len(layers),
+        format=fmt.value, layout=runner.builds[s].layout, rows=s, layers=len(layers),
         kernel_us=t_kernel * 1e6, bytes=sum(nbytes) // len(layers), copy_tbps=copy / 1e12,
         limit_pct=100.0 * sum(nbytes) / copy / (t_kernel * len(layers)),
         l2_x=sum(nbytes) / l2 if l2 else None,

@@ -33,11 +33,18 @@ def _cpu_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _layout(split: tuple[int, int] | None) -> str:
+    return "mxfp4-k32" if split is None else f"mxfp4-s{split[0]} (w13) / s{split[1]} (w2)"
+
+
 def _no_alias(tensors: dict[str, torch.Tensor | None]) -> None:
     """Refuse an output that shares memory with another argument (residual_out may alias
     residual: the seam reads each element before it writes it)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
     spans = {n: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
-             for n, t in tensors.items() if isinstance(t, torch.Tensor)}
+             for n, t in tensors.items()
+             if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)}
     for out in ("out", "residual_out"):
         if out not in spans:
             continue
@@ -69,10 +76,12 @@ class FfnRunner:
         programs: int | None = None,
         runner: MonoRunner | None = None,
         pack: bool = True,
+        timeline: bool = False,
     ) -> None:
         """`pack`: MXFP4 experts are streamed in the kernel's mxfp4-s{bk} layout, which
         `pack(weights)` converts them to once, in place; False streams the checkpoint's
-        mxfp4-k32 as it is (slower; for an engine whose other paths read those tensors)."""
+        mxfp4-k32 as it is (slower; for an engine whose other paths read those tensors).
+        `timeline`: builds that stamp each item's start and end (`timeline(s)`)."""
         self.cfg, self.fmt, self.tp, self.rank = cfg, WeightFormat(fmt), tp, rank
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -87,7 +96,8 @@ class FfnRunner:
             raise ValueError(f"programs: expected an int >= 1, got {programs!r}")
         if self.device.type == "cpu" and not _cpu_interpreter():  # before any allocation
             raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
-        self.builds = {s: FfnBuild(cfg, s, tp, self.fmt, Experts(experts), packed=bool(pack))
+        self.builds = {s: FfnBuild(cfg, s, tp, self.fmt, Experts(experts), packed=bool(pack),
+                               timeline=bool(timeline))
                        for s in self.widths}
         self.build_name = choose_build(self.device, torch.version.hip)
         if self.build_name == "flydsl":
@@ -160,6 +170,17 @@ class FfnRunner:
         ids = table[t["topk_ids"] : t["topk_ids"] + 4 * s * k].view(torch.int32).view(s, k)
         w = table[t["topk_w"] : t["topk_w"] + 4 * s * k].view(torch.float32).view(s, k)
         return ids, w
+
+    def timeline(self, s: int, final: bool = False) -> list[dict]:
+        """Width s's last launch, item by item (timeline builds only; see ffn.timeline)."""
+        from .timeline import items
+
+        b = self.builds[s]
+        if not b.timeline:
+            raise ValueError("timeline: this runner's builds do not stamp items "
+                             "(FfnRunner(timeline=True))")
+        nslots = int(self.region(s, "table")[:4].view(torch.int32)[0])
+        return items(self.region(s, "timeline").view(torch.int64).view(-1, 4), b, nslots, final)
 
     # -- launches -------------------------------------------------------------------------
     def warm(self) -> None:
@@ -278,7 +299,8 @@ class FfnRunner:
                 f"weights: format {weights.fmt.value}, this runner reads {self.fmt.value}")
         weights.validate(self.cfg, self.tp, self.device)
         if weights.fmt is WeightFormat.MXFP4 and weights.split != self.split:
-            have = "mxfp4-k32" if weights.split is None else f"mxfp4-s{weights.split}"
-            raise ValueError(f"weights: experts in {have}, this runner streams "
-                             f"mxfp4-s{self.split}: FfnRunner.pack(weights) converts them once")
+            have, want = (_layout(x) for x in (weights.split, self.split))
+            raise ValueError(f"weights: experts in {have}, this runner streams {want}"
+                             + (": FfnRunner.pack(weights) converts them once" if
+                                weights.split is None else ""))
         return s

@@ -86,8 +86,6 @@ class FfnBuild:
             raise ValueError(f"weights={self.weights!r}: expected a WeightFormat")
         if not isinstance(self.experts, Experts):
             raise ValueError(f"experts={self.experts!r}: expected an Experts value")
-        if self.timeline:
-            raise ValueError("timeline=True: per-stage timestamps are not built yet")
         i = c.per_rank_intermediate(self.tp)
         if c.per_rank_shared_intermediate(self.tp) != i:
             raise ValueError("the shared expert's per-rank width must equal a routed expert's")
@@ -191,10 +189,16 @@ class TaskPlan:
             nc=i // tiles["bn"], down=h // tiles["dc"], final=h // fc, fc=fc, **tiles,
         )
 
+    @property
+    def seam_chunks(self) -> int:
+        """Column chunks of a row's seam (and of its norm)."""
+        return self.push * self.push_cols // self.seam_cols
+
     def static_tasks(self, rows: int, shared: bool = True) -> int:
-        """Tickets before the routed up items: push, seam, router, shared up, route."""
+        """Tickets before the routed up items: push, seam, norm, router, shared up, route."""
         sh = self.nc * self.uks0 if shared else 0
-        return self.push + rows + self.router_groups * self.router_parts + sh + 1
+        return (self.push + 2 * rows * self.seam_chunks + self.router_groups * self.router_parts
+                + sh + 1)
 
 
 TILES_ENV = "MONO_FFN_TILES"
@@ -272,7 +276,8 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
            ucount[max_slots * NC] K parts finished per (slot, row block),
            scount[max_slots] row blocks finished per slot, dcount[ND] groups finished per
            down column block
-    xs     fp32[S, H]   the seam's new residual in fp32 (private to the seam task)
+    xs     fp32[S, H]   the seam's new residual in fp32 (seam items -> norm items)
+    ssq    fp32[S, seam chunks]  each seam item's sum of squares
     xn     bf16[16, H]  the normed MoE input (rows >= S never read unmasked)
     logit  fp32[RP, S, E]
     table  int32 nslots, int32 slot_expert[max_slots], fp32 wtab[max_slots, S],
@@ -281,6 +286,8 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     upart  fp32 up partials: [NC, UKS0, 2, BN, S] of the shared expert, then
            [routed slots, NC, UKS, 2, BN, S] (none when UKS = 1)
     dpart  fp32 down partials [ND, NG, DC, S]
+    timeline  int64[max_tickets, 4] (timeline builds only): each item's program, ticket,
+           start and end (device clock, ns)
     """
     c, p, s = b.cfg, b.plan, b.rows
     h, e, k = c.hidden_size, c.num_experts, c.top_k
@@ -293,13 +300,14 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
         ("done", PAIR * (max_tickets(b) + b.max_slots)),
         ("count", counters),
         ("xs", 4 * s * h),
+        ("ssq", 4 * s * p.seam_chunks),
         ("xn", 2 * DOT_ROWS * h),
         ("logit", 4 * p.router_parts * s * e),
         ("table", table),
         ("mid", 2 * b.max_slots * s * b.inter),
         ("upart", upart),
         ("dpart", 4 * p.down * p.ng * p.dc * s),
-    ])
+    ] + ([("timeline", 32 * max_tickets(b))] if b.timeline else []))
 
 
 def table_offsets(b: FfnBuild) -> dict[str, int]:

@@ -55,15 +55,16 @@ def _up_item(xn, w, ws, c, kp, NSTEP: tl.constexpr, BK: tl.constexpr, S: tl.cons
 
 
 @triton.jit
-def _prefetch_rows(w, row0, NROWS: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr,
-                   CPU: tl.constexpr):
-    """L2 prefetch of rows row0.. of a [*, K] weight (values only: scales are small)."""
+def _prefetch_rows(w, row0, NROWS: tl.constexpr, K: tl.constexpr, k0, KLEN: tl.constexpr,
+                   FMT: tl.constexpr, CPU: tl.constexpr):
+    """L2 prefetch of columns k0 .. k0 + KLEN of rows row0.. of a [*, K] weight: exactly
+    what an item streams (values only: scales are small)."""
     if FMT == 1 or FMT == 3:
-        st.prefetch_l2(w + row0 * (K // 2), NROWS * (K // 2), 32, CPU)
+        st.prefetch_l2(w + (row0 * K + k0) // 2, K // 2, KLEN // 2, NROWS, CPU)
     elif FMT == 2:
-        st.prefetch_l2(w + row0 * K, NROWS * K, 32, CPU)
+        st.prefetch_l2(w + row0 * K + k0, K, KLEN, NROWS, CPU)
     else:
-        st.prefetch_l2(w + row0 * K, NROWS * K * 2, 32, CPU)
+        st.prefetch_l2(w + row0 * K + k0, 2 * K, 2 * KLEN, NROWS, CPU)
 
 
 @triton.jit
@@ -149,7 +150,8 @@ def ffn_kernel(
     ctl, health, tickets, peers, rank, world,
     S: tl.constexpr, H: tl.constexpr, E: tl.constexpr, K: tl.constexpr, I: tl.constexpr,
     FMT: tl.constexpr, SFMT: tl.constexpr, SUBSET: tl.constexpr, MAXSLOTS: tl.constexpr,
-    NPUSH: tl.constexpr, PUSHC: tl.constexpr, SC: tl.constexpr,
+    NPUSH: tl.constexpr, PUSHC: tl.constexpr, SC: tl.constexpr, NCH: tl.constexpr,
+    NCH2: tl.constexpr, NSN2: tl.constexpr, O_SSQ: tl.constexpr,
     RG: tl.constexpr, RP: tl.constexpr, RK: tl.constexpr, NRTR2: tl.constexpr,
     BN: tl.constexpr, NC: tl.constexpr, UBK: tl.constexpr, UKS: tl.constexpr,
     UBK0: tl.constexpr, UKS0: tl.constexpr, DC: tl.constexpr, ND: tl.constexpr,
@@ -162,7 +164,8 @@ def ffn_kernel(
     P_AR1: tl.constexpr, P_AR2: tl.constexpr, P_HS: tl.constexpr,
     R_AR1: tl.constexpr, R_AR2: tl.constexpr, R_ITEMS: tl.constexpr, R_HS: tl.constexpr,
     ALPHA: tl.constexpr, BETA: tl.constexpr, LIMIT: tl.constexpr, EPS: tl.constexpr,
-    RSF: tl.constexpr, CPU: tl.constexpr,
+    RSF: tl.constexpr, CPU: tl.constexpr, TL: tl.constexpr, O_TL: tl.constexpr,
+    RT: tl.constexpr,
 ):
     tag = pt.step_tag(ctl, slot)
     counter = tickets + slot
@@ -174,6 +177,7 @@ def ffn_kernel(
     upart = (scratch + O_UPART).to(tl.pointer_type(tl.float32))
     dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
     xs = (scratch + O_XS).to(tl.pointer_type(tl.float32))
+    ssq = (scratch + O_SSQ).to(tl.pointer_type(tl.float32))
     xn = (scratch + O_XN).to(tl.pointer_type(tl.bfloat16))
     xn32 = (scratch + O_XN).to(tl.pointer_type(tl.int32))
     logit = (scratch + O_LOGIT).to(tl.pointer_type(tl.float32))
@@ -183,7 +187,9 @@ def ffn_kernel(
     mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
     me = pt.peer_data(peers, rank)
     HAS_SHARED: tl.constexpr = SUBSET != 1  # slot 0 is the shared expert
-    SHUP: tl.constexpr = NPUSH + S + RG * RP  # the shared expert's up items start here
+    NORM0: tl.constexpr = NPUSH + S * NCH  # seam items, then norm items, S x NCH each
+    ROUTER0: tl.constexpr = NORM0 + S * NCH
+    SHUP: tl.constexpr = ROUTER0 + RG * RP  # the shared expert's up items start here
     ROUTE: tl.constexpr = SHUP + HAS_SHARED * NC * UKS0
     STATIC: tl.constexpr = ROUTE + 1
     tail = ND * NG + NF + final  # the handshake task closes final launches
@@ -196,6 +202,8 @@ def ffn_kernel(
     nslots = t * 0 + MAXSLOTS
     routed = t * 0
     while t < total:
+        if TL:
+            t_begin = pt.clock(0, CPU)
         if (t >= STATIC) & (routed == 0):
             nslots = _slot_count(done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank,
                                  world, R_ITEMS, CPU)
@@ -213,39 +221,49 @@ def ffn_kernel(
                     dst_ar1 = pt.peer_data(peers, dst) + P_AR1 // 8
                     pt.publish(dst_ar1 + (rank * 16 + s) * (H // 2) + p, payload, tag, p >= 0,
                                "sys")
-        elif t < NPUSH + S:
-            # seam of row s: rank-ordered sum, + residual, Gemma RMSNorm
-            s = t - NPUSH
-            ssq = tl.sum(tl.zeros((2,), tl.float32), 0)
-            for c0 in range(0, H // 2, SC // 2):
-                p = c0 + tl.arange(0, SC // 2)
-                lo, hi, ok = pt.reduce_bf16x2(me + P_AR1 // 8 + s * (H // 2) + p, 16 * (H // 2),
-                                              p >= 0, tag, ctl, health, peers, rank, world,
-                                              R_AR1, s * (H // 2) + c0, CPU)
-                r = tl.load(residual + s * (H // 2) + p)
-                xl = tl.where(ok, _round_bf16(lo) + pt.bf16x2_lo(r), float("nan"))
-                xh = tl.where(ok, _round_bf16(hi) + pt.bf16x2_hi(r), float("nan"))
-                tl.store(residual_out + s * (H // 2) + p, pt.bf16x2_pack(xl, xh))
-                tl.store(xs + s * H + 2 * p, xl)
-                tl.store(xs + s * H + 2 * p + 1, xh)
-                ssq += tl.sum(xl * xl, 0) + tl.sum(xh * xh, 0)
-            rstd = 1.0 / tl.sqrt_rn(ssq / H + EPS)
-            tl.debug_barrier()  # xs is re-read below by other threads of this program
-            for c0 in range(0, H // 2, SC // 2):
-                p = c0 + tl.arange(0, SC // 2)
-                xl = tl.load(xs + s * H + 2 * p)
-                xh = tl.load(xs + s * H + 2 * p + 1)
-                wn = tl.load(norm + p)
-                tl.store(xn32 + s * (H // 2) + p,
-                         pt.bf16x2_pack(xl * rstd * (pt.bf16x2_lo(wn) + 1.0),
-                                        xh * rstd * (pt.bf16x2_hi(wn) + 1.0)))
+        elif t < NORM0:
+            # seam item (row s, columns [ch*SC, (ch+1)*SC)): rank-ordered sum + residual
+            s = (t - NPUSH) // NCH
+            ch = (t - NPUSH) % NCH
+            p = ch * (SC // 2) + tl.arange(0, SC // 2)
+            lo, hi, ok = pt.reduce_bf16x2(me + P_AR1 // 8 + s * (H // 2) + p, 16 * (H // 2),
+                                          p >= 0, tag, ctl, health, peers, rank, world, R_AR1,
+                                          s * (H // 2) + ch * (SC // 2), CPU)
+            r = tl.load(residual + s * (H // 2) + p)
+            xl = tl.where(ok, _round_bf16(lo) + pt.bf16x2_lo(r), float("nan"))
+            xh = tl.where(ok, _round_bf16(hi) + pt.bf16x2_hi(r), float("nan"))
+            tl.store(residual_out + s * (H // 2) + p, pt.bf16x2_pack(xl, xh))
+            tl.store(xs + s * H + 2 * p, xl)
+            tl.store(xs + s * H + 2 * p + 1, xh)
+            tl.store(ssq + s * NCH + ch, tl.sum(xl * xl, 0) + tl.sum(xh * xh, 0))
+            pt.ticket_finish(done, t, tag)
+        elif t < ROUTER0:
+            # norm item (row s, same columns): Gemma RMSNorm over the row's chunks' sums
+            s = (t - NORM0) // NCH
+            ch = (t - NORM0) % NCH
+            _wait_items(done, NPUSH + s * NCH, NCH, NCH2, tag, ctl, health, peers, rank, world,
+                        R_ITEMS, CPU)
+            total_sq = tl.sum(tl.zeros((2,), tl.float32), 0)
+            for q in range(NCH):  # the chunks' sums in column order
+                total_sq += tl.load(ssq + s * NCH + q, volatile=True)
+            rstd = 1.0 / tl.sqrt_rn(total_sq / H + EPS)
+            p = ch * (SC // 2) + tl.arange(0, SC // 2)
+            xl = tl.load(xs + s * H + 2 * p, volatile=True)
+            xh = tl.load(xs + s * H + 2 * p + 1, volatile=True)
+            wn = tl.load(norm + p)
+            tl.store(xn32 + s * (H // 2) + p,
+                     pt.bf16x2_pack(xl * rstd * (pt.bf16x2_lo(wn) + 1.0),
+                                    xh * rstd * (pt.bf16x2_hi(wn) + 1.0)))
             pt.ticket_finish(done, t, tag)
         elif t < SHUP:
             # router: 16 experts x one K part, fp32
-            u = t - NPUSH - S
+            u = t - ROUTER0
             g = u // RP
             part_k = u % RP
-            _wait_items(done, NPUSH, S, 16, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+            # its 16 rows x RK columns of fp32 weights are asked for while the norm lands
+            st.prefetch_l2(router + g * 16 * H + part_k * RK, 4 * H, 4 * RK, 16, CPU)
+            _wait_items(done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world,
+                        R_ITEMS, CPU)
             rows = tl.arange(0, 16)
             ex = g * 16 + tl.arange(0, 16)
             acc = tl.zeros((16, 16), tl.float32)
@@ -263,18 +281,19 @@ def ffn_kernel(
             u = t - SHUP
             c = u // UKS0
             kp = u % UKS0
-            _prefetch_rows(sw13, c * BN, BN, H, SFMT, CPU)
-            _prefetch_rows(sw13, I + c * BN, BN, H, SFMT, CPU)
-            _wait_items(done, NPUSH, S, 16, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+            _prefetch_rows(sw13, c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
+            _prefetch_rows(sw13, I + c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
+            _wait_items(done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world,
+                        R_ITEMS, CPU)
             g, v = _up_item(xn, sw13, sw13_scale, c, kp, H // UBK0 // UKS0, UBK0, S, H, I, BN,
                             SFMT, STAGES, CPU)
             _finish_up(g, v, 0, c, kp, upart + c * (UKS0 * 2 * BN * S), ucount + c, scount,
                        mid, done, SLOTDONE, tag, UKS0, S, I, BN, NC, ALPHA, BETA, LIMIT)
         elif t < STATIC:
-            _wait_items(done, NPUSH + S, RG * RP, NRTR2, tag, ctl, health, peers, rank, world,
+            _wait_items(done, ROUTER0, RG * RP, NRTR2, tag, ctl, health, peers, rank, world,
                         R_ITEMS, CPU)
             _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, S, E, K, RP,
-                   T_IDS, T_TOPW, O_TABLE, SUBSET, RSF)
+                   T_IDS, T_TOPW, O_TABLE, SUBSET, RSF, RT)
             pt.ticket_finish(done, t, tag)
         else:
             u = t - STATIC
@@ -323,6 +342,13 @@ def ffn_kernel(
                                "sys")
                 pt.poll(me + P_HS // 8 + i, i < world, tag, ctl, health, peers, rank, world,
                         R_HS, 0, CPU)
+        if TL:
+            if t < total:  # the item's (program, ticket, start, end) in ns
+                stamp = (scratch + O_TL).to(tl.pointer_type(tl.int64)) + t * 4
+                tl.store(stamp, tl.program_id(0).to(tl.int64))
+                tl.store(stamp + 1, t.to(tl.int64))
+                tl.store(stamp + 2, t_begin)
+                tl.store(stamp + 3, pt.clock(0, CPU))
         if t < total:
             t = pt.ticket_take(counter, total)
     if (routed == 0) & (t >= STATIC):
@@ -355,14 +381,14 @@ def _down_item(d, q, nslots, slot_e, wtab, mid, w2, w2_scale, sw2, sw2_scale, dp
         e = tl.load(slot_e + j, volatile=True)
         wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
         if e == E:
-            _prefetch_rows(sw2, d * DC, DC, I, SFMT, CPU)
+            _prefetch_rows(sw2, d * DC, DC, I, 0, I, SFMT, CPU)
             ok = ok & _wait_items(done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world,
                                   R_ITEMS, CPU)
             y = st.stream_rows(sw2, sw2_scale, mid + j * S * I, d * DC, 0, I // DBK0, I, DC,
                                DBK0, S, SFMT, STAGES, CPU, True)
         else:
             w, ws = _expert(e, E, w2, w2_scale, sw2, sw2_scale, H, I, FMT)
-            _prefetch_rows(w, d * DC, DC, I, FMT, CPU)
+            _prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
             ok = ok & _wait_items(done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world,
                                   R_ITEMS, CPU)
             y = st.stream_rows(w, ws, mid + j * S * I, d * DC, 0, I // DBK, I, DC, DBK, S, FMT,
@@ -405,14 +431,17 @@ def _reset_if_last(counter, t, n_items):
 @triton.jit
 def _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, S: tl.constexpr,
            E: tl.constexpr, K: tl.constexpr, RP: tl.constexpr, T_IDS: tl.constexpr,
-           T_TOPW: tl.constexpr, O_TABLE: tl.constexpr, SUBSET: tl.constexpr, RSF: tl.constexpr):
+           T_TOPW: tl.constexpr, O_TABLE: tl.constexpr, SUBSET: tl.constexpr, RSF: tl.constexpr,
+           RT: tl.constexpr):
     """Top-k of sigmoid + bias (ties -> lower id, NaN last), renormalized weights x RSF, and
     the slot table: shared expert first (unless ROUTED), then the union in ascending id.
+    Tiles hold RT rows (S rounded up to a power of two): one program runs it, so every
+    padding row would be work on the step's critical path.
     Follows vLLM's `fused_topk_bias` (sigmoid branch) for the scores and weights."""
-    rows = tl.arange(0, 16)
+    rows = tl.arange(0, RT)
     ex = tl.arange(0, E)
     rmask = rows < S
-    lg = tl.zeros((16, E), tl.float32)
+    lg = tl.zeros((RT, E), tl.float32)
     for p in range(RP):
         lg += tl.load(logit + (p * S + rows[:, None]) * E + ex[None, :], mask=rmask[:, None],
                       other=0.0)
@@ -422,8 +451,8 @@ def _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, S: tl.constexpr,
     live = rmask & (tl.load(slots + rows, mask=rmask, other=-1) >= 0)
     ids_p = (scratch + O_TABLE + T_IDS).to(tl.pointer_type(tl.int32))
     topw_p = (scratch + O_TABLE + T_TOPW).to(tl.pointer_type(tl.float32))
-    taken = tl.zeros((16, E), tl.int32)
-    wsum = tl.zeros((16,), tl.float32)
+    taken = tl.zeros((RT, E), tl.int32)
+    wsum = tl.zeros((RT,), tl.float32)
     for k in tl.static_range(K):
         avail = taken == 0
         m = tl.max(tl.where(avail, key, float("-inf")), 1)
@@ -478,6 +507,8 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         FMT=3 if b.weights is WeightFormat.MXFP4 and not b.split else _FMT[b.weights],
         SFMT=_FMT[b.weights.shared_format], SUBSET=_SUB[b.experts],
         MAXSLOTS=b.max_slots, NPUSH=p.push, PUSHC=p.push_cols, SC=p.seam_cols,
+        NCH=p.seam_chunks, NCH2=_p2(p.seam_chunks), NSN2=_p2(b.rows * p.seam_chunks),
+        O_SSQ=sl["ssq"][0],
         RG=p.router_groups, RP=p.router_parts, RK=p.router_k,
         NRTR2=_p2(p.router_groups * p.router_parts),
         BN=p.bn, NC=p.nc, UBK=p.ubk, UKS=p.uks, UBK0=p.ubk0, UKS0=p.uks0, DC=p.dc, ND=p.down,
@@ -492,7 +523,8 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         R_AR1=REGIONS["ar1"], R_AR2=REGIONS["ar2"], R_ITEMS=REGIONS["items"],
         R_HS=REGIONS["handshake"],
         ALPHA=c.swiglu_alpha, BETA=c.swiglu_beta, LIMIT=c.swiglu_limit, EPS=c.rms_norm_eps,
-        RSF=c.routed_scaling_factor, CPU=bool(cpu),
+        RSF=c.routed_scaling_factor, CPU=bool(cpu), TL=b.timeline,
+        O_TL=sl["timeline"][0] if b.timeline else 0, RT=max(2, _p2(b.rows)),
     )
 
 

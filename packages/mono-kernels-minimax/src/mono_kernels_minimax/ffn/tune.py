@@ -6,7 +6,7 @@ Subsets isolate stages: `shared` runs the seam, router, route and the shared exp
 `routed` the routed experts only. From a shell:
 
     python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \\
-        --variants "|stages=2|uks=2,uks0=4" --experts all,shared,routed
+        --variants "|stages=2|uks=2,uks0=4" --experts all,shared,routed [--timeline DIR]
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ from .spec import TILES_ENV, Experts
 
 
 def time_variant(tiles: str, experts: Experts, fmt: WeightFormat, rows, layers: int,
-                 device) -> dict[int, float]:
-    """us per launch at each S for one variant (the environment override set meanwhile)."""
+                 device, timeline: str | None = None) -> dict[int, float]:
+    """us per launch at each S for one variant (the environment override set meanwhile).
+    With `timeline` (a folder): timeline builds; each S's last launch is summarised on
+    screen and drawn to timeline-S.png there."""
     os.environ[TILES_ENV] = tiles
     cfg = rank_config()
     g = torch.Generator(device=device).manual_seed(0)
-    runner = FfnRunner(cfg, fmt, None, 0, 1, device, widths=rows, experts=experts)
+    runner = FfnRunner(cfg, fmt, None, 0, 1, device, widths=rows, experts=experts,
+                       timeline=timeline is not None)
     try:
         ws = [runner.pack(random_layer(cfg, fmt, n, device)) for n in range(layers)]
         runner.warm()
@@ -47,10 +50,21 @@ def time_variant(tiles: str, experts: Experts, fmt: WeightFormat, rows, layers: 
 
             out[s] = graph_time(step, reps=10) / layers * 1e6
             runner.after_step()
+            if timeline is not None:
+                _show(runner.timeline(s), f"{fmt.value} {experts.value} [{tiles}] S={s}",
+                      os.path.join(timeline, f"timeline-{fmt.value}-{experts.value}-{s}.png"))
         return out
     finally:
         runner.close()
         os.environ.pop(TILES_ENV, None)
+
+
+def _show(rows, title: str, path: str) -> None:
+    from .timeline import plot, summary
+
+    print(f"-- timeline {title} (us per item of the graph's last launch)")
+    print(summary(rows))
+    plot(rows, path, title)
 
 
 def main(argv=None) -> int:
@@ -60,6 +74,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="", help="'|'-separated MONO_FFN_TILES strings")
     p.add_argument("--experts", default="all")
     p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--timeline", metavar="DIR", help="timeline builds; pictures in DIR")
     a = p.parse_args(argv)
     rows = [int(r) for r in a.rows.split(",")]
     device = torch.device("cuda", torch.cuda.current_device())
@@ -67,7 +82,7 @@ def main(argv=None) -> int:
         for experts in a.experts.split(","):
             try:
                 got = time_variant(tiles, Experts(experts), WeightFormat(a.format), rows,
-                                   a.layers, device)
+                                   a.layers, device, a.timeline)
                 cells = "  ".join(f"S={s}: {us:7.1f} us" for s, us in got.items())
             except Exception as err:  # noqa: BLE001 (a variant that fails is a row)
                 cells = f"ERROR {type(err).__name__}: {str(err).splitlines()[0][:160]}"

@@ -163,16 +163,19 @@ def stream_rows(w, ws, x, row0, k_begin, NSTEP: tl.constexpr, KROW: tl.constexpr
 
 
 @triton.jit
-def prefetch_l2(base, nbytes, CHUNKS: tl.constexpr, CPU: tl.constexpr):
-    """Ask L2 for `nbytes` at `base` (both multiples of 16 bytes) without waiting: CHUNKS
-    bulk prefetches (sm_90 `cp.async.bulk.prefetch.L2`), one per thread, nothing under the
-    interpreter. Weights do not depend on activations, so a program may prefetch its next
-    item's weights before that item's inputs exist."""
+def prefetch_l2(base, stride, row_bytes, NROWS: tl.constexpr, CPU: tl.constexpr):
+    """Ask L2 for NROWS rows of `row_bytes` each, `stride` bytes apart from `base` (bytes,
+    addresses and sizes multiples of 16), without waiting: 128 bulk prefetches (sm_90
+    `cp.async.bulk.prefetch.L2`), one per thread of a 4-warp program, each a piece of one
+    row; nothing under the interpreter. Weights do not depend on activations, so a program
+    may prefetch an item's weights before that item's inputs exist."""
     if not CPU:
-        chunk = (nbytes // CHUNKS + 15) // 16 * 16
-        off = tl.arange(0, CHUNKS).to(tl.int64) * chunk
-        size = tl.maximum(tl.minimum(nbytes - off, chunk), 0).to(tl.int32)
-        addr = base.to(tl.pointer_type(tl.int8)) + off
+        PIECES: tl.constexpr = 128 // NROWS
+        lane = tl.arange(0, 128)
+        piece = (row_bytes // PIECES + 15) // 16 * 16
+        off = (lane % PIECES).to(tl.int64) * piece
+        size = tl.maximum(tl.minimum(row_bytes - off, piece), 0).to(tl.int32)
+        addr = base.to(tl.pointer_type(tl.int8)) + (lane // PIECES).to(tl.int64) * stride + off
         tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2;"
             " mov.u32 $0, 0; }", "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
