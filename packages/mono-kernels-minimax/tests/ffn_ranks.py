@@ -108,12 +108,13 @@ def kernel_types(fmt: str) -> dict[str, str]:
 
 
 def compile_checks(rank, world, group, fmt, rows, tiny):
-    """Compile for sm_90 (PTX + ptxas resources) and gfx950 without a GPU; return facts."""
+    """Compile for sm_90 (PTX + ptxas resources; the 16-byte pointer alignment a launch
+    gets, so the resources are the running binary's) and gfx950 without a GPU."""
     import triton
     from mono_kernels_minimax.ffn import triton_build
     from mono_kernels_minimax.ffn.spec import FfnBuild
     from mono_runtime.builds import DeviceLimits, residency_problem
-    from mono_runtime.compile_check import compile_for, resources_of
+    from mono_runtime.compile_check import resources_of
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -122,7 +123,7 @@ def compile_checks(rank, world, group, fmt, rows, tiny):
     fn = triton_build.ffn_kernel
     types = kernel_types(fmt)
     facts = {}
-    k = compile_for(fn, types, triton_build.constexprs(b, False), arch=90)
+    k = triton_build.compile_for(b, "sm90")
     ptx = k.asm["ptx"]
     res = resources_of(k)
     facts["sys_release_xchg"] = "atom.global.sys.release.exch.b64" in ptx
@@ -174,3 +175,20 @@ def bad_inputs(rank, world, group):
             errors.append((arg, str(err)))
     runner.close()
     return errors
+
+
+def timeline_rows(rank, world, group):
+    """One final launch of a timeline build at TP 1: its slot count and item rows."""
+    cfg = MiniMaxM3Config.tiny()
+    runner = FfnRunner(cfg, WeightFormat.MXFP4, group, rank, world, "cpu", widths=[2],
+                       timeline=True)
+    try:
+        w = runner.pack(random_weights(cfg, world, WeightFormat.MXFP4, seed=8))
+        parts, residual, slots = step_inputs(cfg, world, 2, 9, "cpu")
+        runner.step_begin()
+        runner(parts[rank], residual, w, slots, final=True)
+        runner.after_step()
+        nslots = int(runner.region(2, "table")[:4].view(torch.int32)[0])
+        return {"nslots": nslots, "items": runner.timeline(2, final=True)}
+    finally:
+        runner.close()

@@ -119,3 +119,21 @@ def test_bad_construction_raises_before_allocating(kw, match, monkeypatch):
     with pytest.raises(ValueError, match=match):
         ffn_runner.FfnRunner(MiniMaxM3Config.tiny(), WeightFormat.BF16, None, 0, 1, "cpu",
                              **({"widths": [1]} | kw))
+
+
+def test_timeline_build_stamps_every_item_of_the_launch():
+    """A timeline build records one row per ticket of the launch, each in the stage the
+    plan puts it in (the interpreter's clock is the poll count: the times are not tested)."""
+    (rows,) = spawn(ranks.timeline_rows, 1, 300, env=ENV)
+    from mono_kernels_minimax.config import MiniMaxM3Config
+    from mono_kernels_minimax.ffn.spec import FfnBuild
+    from mono_kernels_minimax.ffn.timeline import stage_bounds
+
+    b = FfnBuild(MiniMaxM3Config.tiny(), 2, 1, timeline=True)
+    nslots = rows["nslots"]
+    bounds = stage_bounds(b, nslots, final=True)
+    assert [r["ticket"] for r in rows["items"]] == list(range(bounds[-1][2]))
+    for name, lo, hi in bounds:
+        got = [r for r in rows["items"] if r["stage"] == name]
+        assert len(got) == hi - lo, name
+    assert all(r["program"] in (0, 1) for r in rows["items"])
