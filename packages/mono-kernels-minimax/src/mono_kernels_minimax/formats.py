@@ -20,16 +20,16 @@ import enum
 
 import torch
 
-MX_BLOCK = 32
-FP8_BLOCK = 128
-
-from mono_runtime.stream.layout import (  # noqa: E402  (one definition of each format)
+# One definition of each format's numbers and decoding: mono_runtime's streaming engine.
+from mono_runtime.stream.layout import (
     E2M1_VALUES,
+    FP8_BLOCK,
     decode_e2m1,
     e8m0_to_float,
 )
-from mono_runtime.stream.layout import unpack_fp8_b128 as unpack_fp8  # noqa: E402
-from mono_runtime.stream.layout import unpack_mxfp4_k32 as unpack_mxfp4  # noqa: E402
+from mono_runtime.stream.layout import MX_GROUP as MX_BLOCK
+from mono_runtime.stream.layout import unpack_fp8_b128 as unpack_fp8
+from mono_runtime.stream.layout import unpack_mxfp4_k32 as unpack_mxfp4
 
 __all__ = ["E2M1_VALUES", "FP8_BLOCK", "MX_BLOCK", "WeightFormat", "decode_e2m1", "dequantize",
            "e8m0_to_float", "pack_fp8", "pack_mxfp4", "quantize", "unpack_fp8", "unpack_mxfp4"]

@@ -21,6 +21,7 @@ import torch
 from mono_runtime import protocol as P
 from mono_runtime.errors import MonoUnsupported
 from mono_runtime.runner import MonoRunner
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..config import MiniMaxM3Config
 from ..formats import WeightFormat
@@ -40,8 +41,6 @@ def _layout(split: tuple[int, int] | None) -> str:
 def _no_alias(tensors: dict[str, torch.Tensor | None]) -> None:
     """Refuse an output that shares memory with another argument (residual_out may alias
     residual: the seam reads each element before it writes it)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     spans = {n: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
              for n, t in tensors.items()
              if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)}

@@ -194,11 +194,6 @@ class TaskPlan:
         """Column chunks of a row's seam (and of its norm)."""
         return self.push * self.push_cols // self.seam_cols
 
-    def static_tasks(self, rows: int, shared: bool = True) -> int:
-        """Tickets before the routed up items: push, seam, norm, router, shared up, route."""
-        sh = self.nc * self.uks0 if shared else 0
-        return (self.push + 2 * rows * self.seam_chunks + self.router_groups * self.router_parts
-                + sh + 1)
 
 
 TILES_ENV = "MONO_FFN_TILES"
@@ -257,14 +252,23 @@ def _layout(items: list[tuple[str, int]]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def max_tickets(b: FfnBuild) -> int:
-    """Tickets of the widest launch: static, every routed slot's up items, down, final,
-    handshake."""
-    p = b.plan
+def stages(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int]]:
+    """(stage, items) in ticket order of a launch that routed `nslots` slots (shared
+    included): the one statement of the ticket order the kernel follows."""
+    p, s = b.plan, b.rows
     shared = b.experts is not Experts.ROUTED
-    routed = b.max_slots - (1 if shared else 0)
-    return (p.static_tasks(b.rows, shared) + routed * p.nc * p.uks + p.down * p.ng + p.final
-            + 1)
+    return [
+        ("push", p.push), ("seam", s * p.seam_chunks), ("norm", s * p.seam_chunks),
+        ("router", p.router_groups * p.router_parts),
+        ("shared-up", p.nc * p.uks0 if shared else 0), ("route", 1),
+        ("up", (nslots - (1 if shared else 0)) * p.nc * p.uks), ("down", p.down * p.ng),
+        ("final", p.final), ("handshake", int(final)),
+    ]
+
+
+def max_tickets(b: FfnBuild) -> int:
+    """Tickets of the widest launch: every slot routed, ending in the handshake."""
+    return sum(n for _, n in stages(b, b.max_slots, final=True))
 
 
 def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:

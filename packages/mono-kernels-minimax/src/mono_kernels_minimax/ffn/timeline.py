@@ -10,19 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from .spec import Experts, FfnBuild
-
-STAGES = ("push", "seam", "norm", "router", "shared-up", "route", "up", "down", "final", "handshake")
+from .spec import FfnBuild, stages
 
 
 def stage_bounds(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int, int]]:
     """(stage, first ticket, end ticket) of a launch of `b` that routed `nslots` slots."""
-    p, s = b.plan, b.rows
-    shared = b.experts is not Experts.ROUTED
-    sizes = (p.push, s * p.seam_chunks, s * p.seam_chunks, p.router_groups * p.router_parts, p.nc * p.uks0 if shared else 0, 1,
-             (nslots - (1 if shared else 0)) * p.nc * p.uks, p.down * p.ng, p.final, int(final))
     out, t = [], 0
-    for name, n in zip(STAGES, sizes, strict=True):
+    for name, n in stages(b, nslots, final):
         out.append((name, t, t + n))
         t += n
     return out
@@ -47,10 +41,8 @@ def summary(rows: list[dict]) -> str:
     """Per stage: items, first start and last end (us from the launch's first stamp), and
     the mean item time; then the launch's span."""
     lines = [f"{'stage':10s} {'items':>5s} {'first us':>9s} {'last us':>8s} {'mean us':>8s}"]
-    for name in STAGES:
+    for name in dict.fromkeys(r["stage"] for r in rows):  # ticket order
         got = [r for r in rows if r["stage"] == name]
-        if not got:
-            continue
         first = min(r["start_us"] for r in got)
         last = max(r["end_us"] for r in got)
         mean = sum(r["end_us"] - r["start_us"] for r in got) / len(got)
@@ -67,9 +59,10 @@ def plot(rows: list[dict], path, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = dict(zip(STAGES, plt.get_cmap("tab10").colors, strict=False))
+    names = list(dict.fromkeys(r["stage"] for r in rows))  # ticket order
+    colours = dict(zip(names, plt.get_cmap("tab10").colors, strict=False))
     fig, ax = plt.subplots(figsize=(12, 6))
-    for name in STAGES:
+    for name in names:
         got = [r for r in rows if r["stage"] == name]
         if got:
             ax.barh([r["program"] for r in got], [r["end_us"] - r["start_us"] for r in got],

@@ -37,11 +37,6 @@ FP8_B128 = StreamFormat.FP8
 MXFP4_K32 = StreamFormat.MXFP4_K32
 
 
-def layout_name(fmt: StreamFormat, bk: int) -> str:
-    """The name a build key carries for weights streamed in `fmt` with K steps of `bk`."""
-    return {BF16: "bf16", FP8_B128: "fp8-b128", MXFP4_K32: "mxfp4-k32"}.get(fmt, f"mxfp4-s{bk}")
-
-
 def _check_split(values: torch.Tensor, bk: int) -> None:
     if values.dtype != torch.uint8:
         raise ValueError(f"values: dtype {values.dtype}, expected torch.uint8")
