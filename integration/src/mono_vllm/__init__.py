@@ -1,3 +1,3 @@
 """mono_vllm."""
 
-__version__ = "0.1.0"
+__version__ = "0.1.1"

@@ -3,4 +3,4 @@
 from .config import KimiK3Config
 
 __all__ = ["KimiK3Config"]
-__version__ = "0.1.0"
+__version__ = "0.1.1"

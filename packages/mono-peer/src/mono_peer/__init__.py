@@ -4,4 +4,4 @@ from .agree import tp_agree
 from .buffer import PeerBuffer
 
 __all__ = ["PeerBuffer", "tp_agree"]
-__version__ = "0.1.0"
+__version__ = "0.1.1"
