@@ -163,6 +163,19 @@ def test_streaming_plan_fills_the_gpu_at_one_row():
     assert (768 // p.bn) == p.nc and 6144 % (p.ubk * p.uks) == 0 and 768 % p.dbk == 0
 
 
+@pytest.mark.parametrize("weights", list(WeightFormat))
+def test_every_real_shape_has_a_plan(weights):
+    """Every build the plugin may ask for at real shapes gets tiles that divide what they
+    walk (TP 8 halves I per rank to 384: a 256-wide K step no longer divides it)."""
+    for tp in (1, 2, 4, 8):
+        for rows in range(1, 17):
+            for experts in Experts:
+                b = FfnBuild(MiniMaxM3Config(), rows, tp, weights, experts)
+                p = b.plan
+                assert b.inter % p.dbk == 0 and b.inter % p.dbk0 == 0 and b.inter % p.bn == 0
+                assert max_tickets(b) > 0
+
+
 def test_tile_overrides_are_checked(monkeypatch):
     from mono_kernels_minimax.ffn.spec import TILES_ENV
 

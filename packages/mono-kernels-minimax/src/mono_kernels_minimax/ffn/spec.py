@@ -173,8 +173,8 @@ class TaskPlan:
         shared_fp8 = b.weights.shared_format is WeightFormat.FP8
         if big:
             tiles = dict(bn=64, ubk=128 if fp8 else 256, uks=4 if s == 1 else 2 if s <= 4 else 1,
-                         ubk0=128, uks0=8, dc=128, dbk=128 if fp8 else 256, dbk0=128,
-                         ng=min(b.max_slots, 8), stages=4)
+                         ubk0=128, uks0=8, dc=128, dbk=_step(i, 128 if fp8 else 256),
+                         dbk0=_step(i, 128), ng=min(b.max_slots, 8), stages=4)
             tiles = _tile_overrides(b, tiles)
         else:
             tiles = dict(bn=min(32, i), ubk=128 if fp8 else 64, uks=2,
@@ -194,6 +194,14 @@ class TaskPlan:
         """Column chunks of a row's seam (and of its norm)."""
         return self.push * self.push_cols // self.seam_cols
 
+
+
+def _step(k: int, want: int) -> int:
+    """The largest power-of-two K step <= `want` that divides K (I per rank is 768 at TP 4
+    but 384 at TP 8)."""
+    while k % want:
+        want //= 2
+    return want
 
 
 TILES_ENV = "MONO_FFN_TILES"
