@@ -35,8 +35,9 @@ def owners() -> dict[str, list[str]]:
 
 
 def main() -> int:
-    clashes = {p: d for p, d in owners().items()
-               if len(set(d)) > 1 and not set(d) <= KNOWN.get(p, set())}
+    clashes = {
+        p: d for p, d in owners().items() if len(set(d)) > 1 and not set(d) <= KNOWN.get(p, set())
+    }
     for path, dists in sorted(clashes.items())[:50]:
         print(f"{path}: owned by {', '.join(sorted(set(dists)))}")
     if clashes:

@@ -6,16 +6,25 @@ import sys
 import zipfile
 from pathlib import Path
 
-MEMBERS = {"mono_peer", "mono_runtime", "mono_kernels_minimax", "mono_kernels_kimi",
-           "mono_vllm", "mono_tools"}
+MEMBERS = {
+    "mono_peer",
+    "mono_runtime",
+    "mono_kernels_minimax",
+    "mono_kernels_kimi",
+    "mono_vllm",
+    "mono_tools",
+}
 
 
 def requirements(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as archive:
         meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         text = archive.read(meta).decode()
-    return [line.split(":", 1)[1].strip() for line in text.splitlines()
-            if line.startswith("Requires-Dist:")]
+    return [
+        line.split(":", 1)[1].strip()
+        for line in text.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
 
 
 def main(folder: str) -> int:

@@ -71,8 +71,17 @@ def main() -> int:
     env = environment()
     junit = out / "junit.xml"
     start = time.monotonic()
-    cmd = [sys.executable, "-m", "pytest", "-m", args.marker, f"--junitxml={junit}",
-           "-p", "no:cacheprovider", *args.pytest_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        args.marker,
+        f"--junitxml={junit}",
+        "-p",
+        "no:cacheprovider",
+        *args.pytest_args,
+    ]
     print("+", shlex.join(cmd), flush=True)
     status = subprocess.call(cmd, cwd=ROOT, env=env)
     bench_status = []

@@ -317,8 +317,9 @@ class ToyFfnKernels:
 
         m, last = self.model, self.layers[-1]
         # pack=False, as the plugin: the toy's own layers read the same expert tensors
-        ffn = self.ffn = FfnRunner(m.cfg, m.fmt, None, 0, 1, m.device, widths, runner=runner,
-                                   pack=False)
+        ffn = self.ffn = FfnRunner(
+            m.cfg, m.fmt, None, 0, 1, m.device, widths, runner=runner, pack=False
+        )
         ffn.warm()
 
         def launch(i):

@@ -33,15 +33,18 @@ def step_inputs(cfg, world, s, seed, device, pad=True):
     return parts, residual, slots.to(device)
 
 
-def check_steps(rank, world, group, fmt, widths, seed, device="cpu", tiny=True,
-                experts="all", finals=(False,)):
+def check_steps(
+    rank, world, group, fmt, widths, seed, device="cpu", tiny=True, experts="all", finals=(False,)
+):
     """Run one step per width (and per `finals` flag); return per-step records."""
     cfg = MiniMaxM3Config.tiny() if tiny else MiniMaxM3Config()
     fmt = WeightFormat(fmt)
-    weights = [random_weights(cfg, world, fmt, seed=seed, rank_seed=r, device=device)
-               for r in range(world)]
-    runner = FfnRunner(cfg, fmt, group, rank, world, device, widths=widths,
-                       experts=Experts(experts))
+    weights = [
+        random_weights(cfg, world, fmt, seed=seed, rank_seed=r, device=device) for r in range(world)
+    ]
+    runner = FfnRunner(
+        cfg, fmt, group, rank, world, device, widths=widths, experts=Experts(experts)
+    )
     weights[rank] = runner.pack(weights[rank])
     runner.warm()
     records = []
@@ -54,13 +57,19 @@ def check_steps(rank, world, group, fmt, widths, seed, device="cpu", tiny=True,
                 runner.after_step()
                 ref = ffn_reference(cfg, parts, residual, weights, slots, Experts(experts))
                 ids, topw = runner.routing(s)
-                records.append(dict(
-                    s=s, final=final, out=out.cpu(), residual=res.cpu(),
-                    out_err=rel_l2(out, ref.out), res_err=rel_l2(res, ref.residual),
-                    ids_equal=bool(torch.equal(ids.long().cpu(), ref.topk_ids.cpu())),
-                    w_err=float((topw.cpu() - ref.topk_weights.cpu()).abs().max()),
-                    pad_zero=bool((out[1] == 0).all()) if s > 1 else True,
-                ))
+                records.append(
+                    dict(
+                        s=s,
+                        final=final,
+                        out=out.cpu(),
+                        residual=res.cpu(),
+                        out_err=rel_l2(out, ref.out),
+                        res_err=rel_l2(res, ref.residual),
+                        ids_equal=bool(torch.equal(ids.long().cpu(), ref.topk_ids.cpu())),
+                        w_err=float((topw.cpu() - ref.topk_weights.cpu()).abs().max()),
+                        pad_zero=bool((out[1] == 0).all()) if s > 1 else True,
+                    )
+                )
     finally:
         runner.close()
     return records
@@ -73,8 +82,9 @@ def fault_then_reset(rank, world, group, fmt, late_rank):
     cfg = MiniMaxM3Config.tiny()
     fmt = WeightFormat(fmt)
     weights = [random_weights(cfg, world, fmt, seed=3, rank_seed=r) for r in range(world)]
-    runner = FfnRunner(cfg, fmt, group, rank, world, "cpu", widths=[2],
-                       deadline_ns=200_000_000)  # 200 polls under the interpreter
+    runner = FfnRunner(
+        cfg, fmt, group, rank, world, "cpu", widths=[2], deadline_ns=200_000_000
+    )  # 200 polls under the interpreter
     weights[rank] = runner.pack(weights[rank])
     parts, residual, slots = step_inputs(cfg, world, 2, 11, "cpu")
     outcome = {}
@@ -134,8 +144,11 @@ def compile_checks(rank, world, group, fmt, rows, tiny):
     facts["registers"] = res.registers
     signature = {n: types.get(n, "constexpr") for n in fn.arg_names}
     consts = triton_build.constexprs(b, True)  # the poll-count clock: no PTX asm
-    source = ASTSource(fn=fn, signature=signature,
-                       constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
+    source = ASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()},
+    )
     hip = triton.compile(source, target=GPUTarget("hip", "gfx950", 64), options={"num_warps": 4})
     amdgcn = hip.asm["amdgcn"]
     facts["hip_atomics"] = "global_atomic" in amdgcn or "flat_atomic" in amdgcn
@@ -158,9 +171,14 @@ def bad_inputs(rank, world, group):
         ("slots", dict(slots=slots.to(torch.int32))),
         ("weights.norm", dict(weights=other)),  # another layer shape (hidden 512)
         ("weights", dict(weights=random_weights(cfg, 1, WeightFormat.MXFP4))),
-        ("part", dict(part=torch.zeros(3, cfg.hidden_size, dtype=torch.bfloat16),
-                      residual=torch.zeros(3, cfg.hidden_size, dtype=torch.bfloat16),
-                      slots=torch.zeros(3, dtype=torch.int64))),  # a width beyond the build
+        (
+            "part",
+            dict(
+                part=torch.zeros(3, cfg.hidden_size, dtype=torch.bfloat16),
+                residual=torch.zeros(3, cfg.hidden_size, dtype=torch.bfloat16),
+                slots=torch.zeros(3, dtype=torch.int64),
+            ),
+        ),  # a width beyond the build
         ("residual_out", dict(residual_out=torch.zeros_like(residual).t().contiguous().t())),
         ("out", dict(out=(same := torch.empty_like(part)), residual_out=same)),
         ("out", dict(out=part)),
@@ -180,8 +198,9 @@ def bad_inputs(rank, world, group):
 def timeline_rows(rank, world, group):
     """One final launch of a timeline build at TP 1: its slot count and item rows."""
     cfg = MiniMaxM3Config.tiny()
-    runner = FfnRunner(cfg, WeightFormat.MXFP4, group, rank, world, "cpu", widths=[2],
-                       timeline=True)
+    runner = FfnRunner(
+        cfg, WeightFormat.MXFP4, group, rank, world, "cpu", widths=[2], timeline=True
+    )
     try:
         w = runner.pack(random_weights(cfg, world, WeightFormat.MXFP4, seed=8))
         parts, residual, slots = step_inputs(cfg, world, 2, 9, "cpu")

@@ -24,14 +24,17 @@ CFG = MiniMaxM3Config.tiny()
 DEV = torch.device("cuda:0")  # what FakeTensorMode's tensors report
 
 
-@pytest.mark.parametrize(("device", "hip", "want"), [
-    ("cpu", None, "triton"),
-    ("cpu", "6.4.0", "triton"),  # a ROCm torch on its CPU: the interpreter
-    ("cuda", None, "triton"),
-    ("cuda:1", None, "triton"),
-    ("cuda", "6.4.0", "flydsl"),
-    (torch.device("cuda", 3), "7.0.1", "flydsl"),
-])
+@pytest.mark.parametrize(
+    ("device", "hip", "want"),
+    [
+        ("cpu", None, "triton"),
+        ("cpu", "6.4.0", "triton"),  # a ROCm torch on its CPU: the interpreter
+        ("cuda", None, "triton"),
+        ("cuda:1", None, "triton"),
+        ("cuda", "6.4.0", "flydsl"),
+        (torch.device("cuda", 3), "7.0.1", "flydsl"),
+    ],
+)
 def test_choose_build(device, hip, want):
     assert choose_build(device, hip) == want
 
@@ -48,9 +51,11 @@ class FakeMono:
     def __init__(self, scratch_n: int, peer_n: int, tp: int):
         self.scratch = torch.zeros(scratch_n, dtype=torch.uint8, device=DEV)
         self.peer = SimpleNamespace(bytes=torch.zeros(peer_n, dtype=torch.uint8, device=DEV))
-        self.args = dict(ctl=torch.zeros(P.CTL_WORDS, dtype=torch.int64, device=DEV),
-                         health=torch.zeros(P.HEALTH_WORDS, dtype=torch.int64, device=DEV),
-                         tickets=torch.zeros(P.SLOTS, dtype=torch.int64, device=DEV))
+        self.args = dict(
+            ctl=torch.zeros(P.CTL_WORDS, dtype=torch.int64, device=DEV),
+            health=torch.zeros(P.HEALTH_WORDS, dtype=torch.int64, device=DEV),
+            tickets=torch.zeros(P.SLOTS, dtype=torch.int64, device=DEV),
+        )
         self.peers = torch.zeros(tp, dtype=torch.int64, device=DEV)
         self.tp, self.steps = tp, 0
 
@@ -67,24 +72,29 @@ class FakeMono:
 def _weights(fmt: WeightFormat, tp: int, device=DEV) -> FfnWeights:
     """Zero weights of the shapes the runner validates (no random draws under FakeTensorMode)."""
     spec = FfnWeights(fmt, *([None] * 11)).expected(CFG, tp)
-    return FfnWeights(fmt, **{n: None if shape is None else torch.zeros(shape, dtype=dt,
-                                                                         device=device)
-                              for n, (shape, dt) in spec.items()})
+    return FfnWeights(
+        fmt,
+        **{
+            n: None if shape is None else torch.zeros(shape, dtype=dt, device=device)
+            for n, (shape, dt) in spec.items()
+        },
+    )
 
 
 @pytest.fixture
 def rocm(monkeypatch):
     """A ROCm torch with one gfx950 GPU of 256 CUs, as far as the runner can tell; the
     FlyDSL module's check_resident and launch record their calls instead of compiling."""
-    props = SimpleNamespace(multi_processor_count=256, gcnArchName="gfx950:sramecc+:xnack-",
-                            major=9, minor=5)
+    props = SimpleNamespace(
+        multi_processor_count=256, gcnArchName="gfx950:sramecc+:xnack-", major=9, minor=5
+    )
     monkeypatch.setattr(torch.version, "hip", "6.4.0")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
     calls = []
-    monkeypatch.setattr(flydsl_build, "check_resident",
-                        lambda *a, **k: calls.append(("check_resident", a, k)))
-    monkeypatch.setattr(flydsl_build, "launch",
-                        lambda *a, **k: calls.append(("launch", a, k)))
+    monkeypatch.setattr(
+        flydsl_build, "check_resident", lambda *a, **k: calls.append(("check_resident", a, k))
+    )
+    monkeypatch.setattr(flydsl_build, "launch", lambda *a, **k: calls.append(("launch", a, k)))
 
     def refuse(*a, **k):
         raise AssertionError("the Triton build was used on ROCm")
@@ -107,7 +117,7 @@ def test_rocm_routes_warm_and_launches_to_flydsl(rocm):
         r, mono = _rocm_runner(WeightFormat.MXFP4, tp, widths)
         assert r.build_name == "flydsl" and r.programs == 256
         r.warm()
-        (name, a, k), = rocm
+        ((name, a, k),) = rocm
         assert name == "check_resident"
         assert a == ([r.builds[1], r.builds[3]], "gfx950")
         assert k == {"programs": 256, "cus": 256}
@@ -146,8 +156,12 @@ def test_rocm_bad_input_raises_before_launch(rocm):
         r, _ = _rocm_runner(WeightFormat.BF16, 1, (2,))
         part = torch.zeros(3, CFG.hidden_size, dtype=torch.bfloat16, device=DEV)
         with pytest.raises(ValueError, match="3 rows"):
-            r(part, part, _weights(WeightFormat.BF16, 1), torch.zeros(3, dtype=torch.int64,
-                                                                      device=DEV))
+            r(
+                part,
+                part,
+                _weights(WeightFormat.BF16, 1),
+                torch.zeros(3, dtype=torch.int64, device=DEV),
+            )
     assert rocm == []
 
 
@@ -156,8 +170,7 @@ def test_rocm_refuses_fp8_before_any_allocation(rocm):
     """The FlyDSL build reads bf16 and mxfp4 experts: an fp8 runner on ROCm is refused at
     construction (MonoUnsupported: the engine's own path runs)."""
     with pytest.raises(MonoUnsupported, match="fp8"):
-        FfnRunner(CFG, WeightFormat.FP8, None, 0, 1, DEV, widths=(1,),
-                  runner=SimpleNamespace())
+        FfnRunner(CFG, WeightFormat.FP8, None, 0, 1, DEV, widths=(1,), runner=SimpleNamespace())
 
 
 @pytest.fixture
@@ -193,20 +206,38 @@ def test_cpu_routes_launches_to_triton(cpu_launch):
     r, _, _, (a, k) = cpu_launch
     assert r.build_name == "triton"
     assert a == (r.builds[2], r.programs, True)
-    assert list(k) == [p for p in inspect.signature(triton_build.kernel_args).parameters
-                       if p != "b"]
+    assert list(k) == [
+        p for p in inspect.signature(triton_build.kernel_args).parameters if p != "b"
+    ]
 
 
 def _expected_args(r, w, part, k) -> list:
     """The spec's argument list for the runner's keywords k: addresses and int32 scalars,
     in flydsl_build.ARG_NAMES order (bf16 weights: a missing scale is the scratch)."""
     m = r.mono
-    addr = dict(part=part, residual=k["residual"], out=k["out"], residual_out=k["residual_out"],
-                slots=k["slots"], norm=w.norm, router=w.router, bias=w.bias, w13=w.w13,
-                w13_scale=k["scratch"], w2=w.w2, w2_scale=k["scratch"], sw13=w.shared_w13,
-                sw13_scale=k["scratch"], sw2=w.shared_w2, sw2_scale=k["scratch"],
-                scratch=k["scratch"], ctl=m.ctl, health=m.health, tickets=m.tickets,
-                peers=m.peer.addresses)
+    addr = dict(
+        part=part,
+        residual=k["residual"],
+        out=k["out"],
+        residual_out=k["residual_out"],
+        slots=k["slots"],
+        norm=w.norm,
+        router=w.router,
+        bias=w.bias,
+        w13=w.w13,
+        w13_scale=k["scratch"],
+        w2=w.w2,
+        w2_scale=k["scratch"],
+        sw13=w.shared_w13,
+        sw13_scale=k["scratch"],
+        sw2=w.shared_w2,
+        sw2_scale=k["scratch"],
+        scratch=k["scratch"],
+        ctl=m.ctl,
+        health=m.health,
+        tickets=m.tickets,
+        peers=m.peer.addresses,
+    )
     scalars = dict(slot=0, final=0, rank=0, world=1)
     return [scalars[n] if n in scalars else addr[n].data_ptr() for n in flydsl_build.ARG_NAMES]
 

@@ -58,13 +58,23 @@ def test_cli_refuses_before_any_device_work(capsys):
 
 
 def test_table_lists_every_row_and_the_notes():
-    row = dict(format="mxfp4", rows=4, layers=12, kernel_us=31.25, bytes=61_000_000,
-               copy_tbps=4.1, limit_pct=47.3, l2_x=12.5, opbyop_us=None, speedup=None,
-               experts_read=15.0, note="op-by-op path failed: boom")
+    row = dict(
+        format="mxfp4",
+        rows=4,
+        layers=12,
+        kernel_us=31.25,
+        bytes=61_000_000,
+        copy_tbps=4.1,
+        limit_pct=47.3,
+        l2_x=12.5,
+        opbyop_us=None,
+        speedup=None,
+        experts_read=15.0,
+        note="op-by-op path failed: boom",
+    )
     text = table([row, {**row, "rows": 16, "opbyop_us": 90.0, "speedup": 2.5, "note": None}])
     lines = text.splitlines()
     assert lines[0].split()[:3] == ["format", "rows", "kernel_us"]
-    assert lines[1].split() == ["mxfp4", "4", "31.2", "6.1e+07", "47.3", "12.5", "-", "-",
-                                "15.0"]
+    assert lines[1].split() == ["mxfp4", "4", "31.2", "6.1e+07", "47.3", "12.5", "-", "-", "15.0"]
     assert lines[2].split()[-3:] == ["90.0", "2.50", "15.0"]
     assert "4.10 TB/s; 12 layers" in text and "mxfp4 S=4: op-by-op path failed: boom" in text

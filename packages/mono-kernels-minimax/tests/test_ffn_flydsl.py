@@ -57,8 +57,7 @@ def test_launch_refuses_a_world_other_than_the_builds_tp():
 def test_kernel_names_differ_by_every_key_field():
     names = {fb.kernel_name(b) for _, b in CI_BUILDS}
     assert len(names) == len(CI_BUILDS)
-    assert fb.kernel_name(FfnBuild(REAL, 1, 4, MX), 128) != fb.kernel_name(
-        FfnBuild(REAL, 1, 4, MX))
+    assert fb.kernel_name(FfnBuild(REAL, 1, 4, MX), 128) != fb.kernel_name(FfnBuild(REAL, 1, 4, MX))
 
 
 def _compile(entries):
@@ -90,8 +89,10 @@ def compiled():
     return dict(zip(range(len(CI_BUILDS)), _compile(CI_BUILDS), strict=True))
 
 
-@pytest.fixture(params=range(len(CI_BUILDS)),
-                ids=[f"{a}-s{b.rows}-tp{b.tp}-{b.weights.value}" for a, b in CI_BUILDS])
+@pytest.fixture(
+    params=range(len(CI_BUILDS)),
+    ids=[f"{a}-s{b.rows}-tp{b.tp}-{b.weights.value}" for a, b in CI_BUILDS],
+)
 def case(request, compiled):
     _, b = CI_BUILDS[request.param]
     return b, compiled[request.param]
@@ -130,8 +131,12 @@ def test_peer_pushes_are_system_scope_pairs_behind_a_release(case):
     # pushes of ar1 and ar2, the handshake, the KIND words of health records
     assert len(pairs) >= 3
     # the done pairs of ticket items: device scope, behind a device release
-    assert any(ln.startswith("global_store_dwordx2") and scope(ln) == DEV
-               and release_before(body, k) == DEV for k, ln in enumerate(body))
+    assert any(
+        ln.startswith("global_store_dwordx2")
+        and scope(ln) == DEV
+        and release_before(body, k) == DEV
+        for k, ln in enumerate(body)
+    )
     # every other system-scope 64-bit store is a health record's field or GIVEUPS word:
     # 8 a give-up path, one path a wait site (each sleeping poll)
     claims = giveup_claims(isa)
@@ -163,16 +168,18 @@ def test_every_wait_sleeps_reads_the_clock_and_watches_the_alarms(case):
     assert scopes == {SYS, DEV}
 
 
-@pytest.mark.skipif(os.environ.get("MONO_FLYDSL_ALL_WIDTHS") != "1",
-                    reason="every width on both targets takes ~15 min on 2 cores: "
-                           "set MONO_FLYDSL_ALL_WIDTHS=1")
+@pytest.mark.skipif(
+    os.environ.get("MONO_FLYDSL_ALL_WIDTHS") != "1",
+    reason="every width on both targets takes ~15 min on 2 cores: set MONO_FLYDSL_ALL_WIDTHS=1",
+)
 @pytest.mark.timeout(3600)
 def test_every_width_compiles_without_scratch_and_is_resident():
     from mono_runtime.flydsl.testing import require_toolchain
 
     require_toolchain()
-    entries = [(arch, FfnBuild(REAL, s, 4, MX))
-               for arch in ("gfx950", "gfx942") for s in range(1, 17)]
+    entries = [
+        (arch, FfnBuild(REAL, s, 4, MX)) for arch in ("gfx950", "gfx942") for s in range(1, 17)
+    ]
     for (_, b), isa in zip(entries, _compile(entries), strict=True):
         assert not isa.resources.spills, (b.rows, isa.arch, isa.resources)
         assert fb.residency_problem(isa) is None, (b.rows, isa.arch, isa.resources)

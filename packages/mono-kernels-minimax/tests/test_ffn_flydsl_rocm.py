@@ -30,19 +30,33 @@ class Rank:
         self.health = torch.zeros(proto.HEALTH_WORDS, dtype=torch.int64, device=dev)
         self.tickets = torch.zeros(proto.SLOTS, dtype=torch.int64, device=dev)
         self.scratch = torch.zeros(scratch_bytes(b), dtype=torch.uint8, device=dev)
-        self.peer = torch.zeros(proto.PEER_HEAD + peer_bytes(b.cfg, b.tp), dtype=torch.uint8,
-                                device=dev)
+        self.peer = torch.zeros(
+            proto.PEER_HEAD + peer_bytes(b.cfg, b.tp), dtype=torch.uint8, device=dev
+        )
         self.peers = torch.tensor([self.peer.data_ptr()], dtype=torch.int64, device=dev)
 
     def run(self, b, w, part, residual, slots, programs, final=False):
         out = torch.empty_like(part)
         residual_out = torch.empty_like(residual)
-        fb.launch(b, programs, part=part.view(torch.int32),
-                  residual=residual.view(torch.int32), out=out.view(torch.int32),
-                  residual_out=residual_out.view(torch.int32), slots=slots, weights=w,
-                  scratch=self.scratch, slot=0, final=int(final), ctl=self.ctl,
-                  health=self.health,
-                  tickets=self.tickets, peers=self.peers, rank=0, world=1)
+        fb.launch(
+            b,
+            programs,
+            part=part.view(torch.int32),
+            residual=residual.view(torch.int32),
+            out=out.view(torch.int32),
+            residual_out=residual_out.view(torch.int32),
+            slots=slots,
+            weights=w,
+            scratch=self.scratch,
+            slot=0,
+            final=int(final),
+            ctl=self.ctl,
+            health=self.health,
+            tickets=self.tickets,
+            peers=self.peers,
+            rank=0,
+            world=1,
+        )
         torch.cuda.synchronize()
         return out, residual_out
 
@@ -59,7 +73,8 @@ def _inputs(cfg, rows, pad, dev, seed):
 
 def _check(cfg, out, residual_out, ref, slots):
     assert torch.equal(residual_out, ref.residual) or torch.allclose(
-        residual_out.float(), ref.residual.float(), rtol=1e-2, atol=1e-2)
+        residual_out.float(), ref.residual.float(), rtol=1e-2, atol=1e-2
+    )
     live = slots >= 0
     assert torch.equal(out[~live], torch.zeros_like(out[~live]))
     a, r = out[live].float(), ref.out[live].float()
@@ -80,9 +95,14 @@ CASES = [
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("cfg,rows,fmt,experts,pad", CASES,
-                         ids=[f"{'tiny' if c is TINY else 'real'}-s{s}-{f.value}-{e.value}-pad{p}"
-                              for c, s, f, e, p in CASES])
+@pytest.mark.parametrize(
+    "cfg,rows,fmt,experts,pad",
+    CASES,
+    ids=[
+        f"{'tiny' if c is TINY else 'real'}-s{s}-{f.value}-{e.value}-pad{p}"
+        for c, s, f, e, p in CASES
+    ],
+)
 def test_matches_the_reference_over_two_steps(cfg, rows, fmt, experts, pad):
     dev = torch.device("cuda")
     programs = torch.cuda.get_device_properties(dev).multi_processor_count

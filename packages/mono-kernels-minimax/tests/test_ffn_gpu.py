@@ -74,8 +74,20 @@ def test_full_rank_shapes_one_rank(fmt):
 def test_two_ranks_on_one_gpu():
     from mono_peer.testing import spawn
 
-    results = spawn(ranks.check_steps, 2, 500, "mxfp4", [1, 5], 9, "cuda", True, "all",
-                    (True,), env={"TRITON_INTERPRET": "0"}, start_method="spawn")
+    results = spawn(
+        ranks.check_steps,
+        2,
+        500,
+        "mxfp4",
+        [1, 5],
+        9,
+        "cuda",
+        True,
+        "all",
+        (True,),
+        env={"TRITON_INTERPRET": "0"},
+        start_method="spawn",
+    )
     for records in results:
         _check(records)
     for i in range(2):

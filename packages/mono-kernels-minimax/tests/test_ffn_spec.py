@@ -25,8 +25,16 @@ from mono_kernels_minimax.formats import (
 )
 
 # OCP MX v1.0, table of FP4 E2M1: code -> value (bit 3 sign, bits 2..1 exponent, bit 0 mantissa)
-OCP_E2M1 = {0b0000: 0.0, 0b0001: 0.5, 0b0010: 1.0, 0b0011: 1.5, 0b0100: 2.0, 0b0101: 3.0,
-            0b0110: 4.0, 0b0111: 6.0}
+OCP_E2M1 = {
+    0b0000: 0.0,
+    0b0001: 0.5,
+    0b0010: 1.0,
+    0b0011: 1.5,
+    0b0100: 2.0,
+    0b0101: 3.0,
+    0b0110: 4.0,
+    0b0111: 6.0,
+}
 
 
 def test_config_real_values():
@@ -85,15 +93,18 @@ def test_build_key_and_layouts():
     assert b.key() != FfnBuild(cfg, 16, 4, WeightFormat.FP8).key()
     lay = scratch_layout(b)
     spans = sorted(lay.values())
-    assert all(a[0] + a[1] <= c[0] for a, c in zip(spans, spans[1:])), "regions overlap"
+    assert all(a[0] + a[1] <= c[0] for a, c in zip(spans, spans[1:], strict=False)), "overlap"
     assert all(off % 256 == 0 for off, _ in spans)
     assert scratch_bytes(b) >= spans[-1][0] + spans[-1][1]
     assert lay["done"][1] == 8 * (max_tickets(b) + b.max_slots)
     pl = peer_layout(cfg, 4)
     assert pl["ar1"][1] == 4 * 16 * 3072 * 8 and peer_bytes(cfg, 4) > pl["hs"][0]
     for bad, match in (
-        (dict(rows=17), "rows=17"), (dict(rows=0), "rows=0"), (dict(tp=3), "tp=3"),
-        (dict(weights="mxfp4"), "WeightFormat"), (dict(experts="all"), "Experts"),
+        (dict(rows=17), "rows=17"),
+        (dict(rows=0), "rows=0"),
+        (dict(tp=3), "tp=3"),
+        (dict(weights="mxfp4"), "WeightFormat"),
+        (dict(experts="all"), "Experts"),
     ):
         with pytest.raises(ValueError, match=match):
             FfnBuild(**{"cfg": cfg, "rows": 1, "tp": 4, **bad})
@@ -145,7 +156,8 @@ def test_random_weights_validate_and_refuse_other_shapes():
 def test_mxfp4_nibble_order_is_vllms():
     """vLLM's own decoder of packed e2m1 bytes (low nibble first) reads our packing alike."""
     utils = pytest.importorskip(
-        "vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")
+        "vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils"
+    )
     g = torch.Generator().manual_seed(3)
     codes = torch.randint(0, 16, (4, 64), generator=g, dtype=torch.uint8)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
@@ -185,7 +197,7 @@ def test_tile_overrides_are_checked(monkeypatch):
     for bad in ("bn=48", "uks=5", "dbk=16", "nope=1", "bn=x"):
         monkeypatch.setenv(TILES_ENV, bad)
         with pytest.raises(ValueError, match="FFN tiles|MONO_FFN_TILES"):
-            FfnBuild(MiniMaxM3Config(), 1, 4).plan
+            _ = FfnBuild(MiniMaxM3Config(), 1, 4).plan
 
 
 def test_pack_converts_in_place_and_dense_reads_either_layout():

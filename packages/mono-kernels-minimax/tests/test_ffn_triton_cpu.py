@@ -45,29 +45,29 @@ def test_tp1_widths(fmt, widths):
 
 @pytest.mark.timeout(200)
 def test_tp1_fp8_and_final_handshake():
-    (records,) = spawn(check_steps, 1, 180, "fp8", [4], 2, "cpu", True, "all", (False, True),
-                       env=ENV)
+    (records,) = spawn(
+        check_steps, 1, 180, "fp8", [4], 2, "cpu", True, "all", (False, True), env=ENV
+    )
     _check(records)
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world,fmt,widths", [(2, "mxfp4", [1, 4]), (4, "bf16", [3])])
 def test_tp_ranks_bit_identical(world, fmt, widths):
-    results = spawn(check_steps, world, 220, fmt, widths, 7, "cpu", True, "all", (True,),
-                    env=ENV)
+    results = spawn(check_steps, world, 220, fmt, widths, 7, "cpu", True, "all", (True,), env=ENV)
     for records in results:
         _check(records)
     for i in range(len(widths)):
         outs = [records[i]["out"] for records in results]
-        assert all(o.view(torch.int16).equal(outs[0].view(torch.int16)) for o in outs), \
+        assert all(o.view(torch.int16).equal(outs[0].view(torch.int16)) for o in outs), (
             f"S={widths[i]}: ranks' outputs are not bit-identical"
+        )
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("experts", ["routed", "shared"])
 def test_expert_subsets(experts):
-    (records,) = spawn(check_steps, 1, 180, "bf16", [2], 4, "cpu", True, experts, (False,),
-                       env=ENV)
+    (records,) = spawn(check_steps, 1, 180, "bf16", [2], 4, "cpu", True, experts, (False,), env=ENV)
     _check(records)
 
 
@@ -80,11 +80,9 @@ def test_late_rank_faults_every_rank_then_reset():
         assert r["after_reset_err"] < 1e-2, f"rank {rank}: wrong step after reset()"
 
 
-
 @pytest.mark.timeout(280)
 def test_compiles_for_sm90_and_gfx950():
-    (facts,) = spawn(ranks.compile_checks, 1, 260, "mxfp4", 1, True,
-                     env={"TRITON_INTERPRET": "0"})
+    (facts,) = spawn(ranks.compile_checks, 1, 260, "mxfp4", 1, True, env={"TRITON_INTERPRET": "0"})
     assert facts["sys_release_xchg"], "peer pairs are not 64-bit release exchanges at sys scope"
     assert facts["globaltimer"], "the bounded waits do not read %globaltimer"
     assert facts["gpu_acquire"], "waits on other programs' items have no gpu-scope acquire"
@@ -102,10 +100,16 @@ def test_bad_input_raises_before_any_launch():
         assert message.startswith(arg), f"{arg}: the error does not name it: {message}"
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(programs=0), "programs"), (dict(programs=-2), "programs"),
-    (dict(programs=1.5), "programs"), (dict(widths=[2.0]), "widths"), (dict(widths=[]), "widths"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(programs=0), "programs"),
+        (dict(programs=-2), "programs"),
+        (dict(programs=1.5), "programs"),
+        (dict(widths=[2.0]), "widths"),
+        (dict(widths=[]), "widths"),
+    ],
+)
 def test_bad_construction_raises_before_allocating(kw, match, monkeypatch):
     """Refused before the MonoRunner (and its peer mapping) exists: nothing to leak."""
     from mono_kernels_minimax.config import MiniMaxM3Config
@@ -117,8 +121,9 @@ def test_bad_construction_raises_before_allocating(kw, match, monkeypatch):
 
     monkeypatch.setattr(ffn_runner, "MonoRunner", no_runner)
     with pytest.raises(ValueError, match=match):
-        ffn_runner.FfnRunner(MiniMaxM3Config.tiny(), WeightFormat.BF16, None, 0, 1, "cpu",
-                             **({"widths": [1]} | kw))
+        ffn_runner.FfnRunner(
+            MiniMaxM3Config.tiny(), WeightFormat.BF16, None, 0, 1, "cpu", **({"widths": [1]} | kw)
+        )
 
 
 def test_timeline_build_stamps_every_item_of_the_launch():

@@ -28,8 +28,15 @@ def _runner(rank, world, group, deadline_polls=3000):
     from mono_runtime.runner import MonoRunner
 
     build = AllreduceBuild(ROWS, HIDDEN, world, True, True, BLOCK)
-    return MonoRunner("cpu", group, rank, world, build.scratch_bytes + 64, build.peer_bytes,
-                      deadline_ns=deadline_polls * POLLS)
+    return MonoRunner(
+        "cpu",
+        group,
+        rank,
+        world,
+        build.scratch_bytes + 64,
+        build.peer_bytes,
+        deadline_ns=deadline_polls * POLLS,
+    )
 
 
 def sums_child(rank, world, group):

@@ -38,8 +38,9 @@ def test_build_hash_separates_key_source_target():
 
 def test_compile_cache_compiles_once_and_warms_every_width():
     cache, calls = CompileCache(), []
-    compiled = cache.warm([Key(w) for w in (1, 2, 4)], fake_kernel, "t",
-                          lambda k: calls.append(k) or f"bin{k.width}")
+    compiled = cache.warm(
+        [Key(w) for w in (1, 2, 4)], fake_kernel, "t", lambda k: calls.append(k) or f"bin{k.width}"
+    )
     assert compiled[Key(4)] == "bin4" and len(cache) == 3
     assert cache.get(Key(2), fake_kernel, "t", lambda: "other") == "bin2"
     assert len(calls) == 3
@@ -79,11 +80,17 @@ def other_kernels_child(rank, world, group):
     from mono_runtime.guard import _guard_kernel
 
     mailbox = {"ctl": "*i64", "health": "i64", "peers": "*i64", "region": "i32"}
-    compile_for(_guard_kernel, {"x": "*bf16", "n": "i32", "peers": "*i64", "rank": "i32",
-                                "world": "i32"}, {"BLOCK": 1024})
+    compile_for(
+        _guard_kernel,
+        {"x": "*bf16", "n": "i32", "peers": "*i64", "rank": "i32", "world": "i32"},
+        {"BLOCK": 1024},
+    )
     ping = compile_for(B._ping_pong, {**mailbox, "rounds": "i32"}, {"CPU": False})
-    tickets = compile_for(B._tickets, {**mailbox, "tickets": "*i64", "done": "*i64",
-                                       "n_items": "i32", "lag": "i32"}, {"CPU": False})
+    tickets = compile_for(
+        B._tickets,
+        {**mailbox, "tickets": "*i64", "done": "*i64", "n_items": "i32", "lag": "i32"},
+        {"CPU": False},
+    )
     return {"ping_pong": ping.asm["ptx"], "tickets": tickets.asm["ptx"]}
 
 

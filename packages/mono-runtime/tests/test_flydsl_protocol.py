@@ -46,7 +46,7 @@ def isa(request, probes):
 
 
 def _next_mem_op(lines, i):
-    return next(ln for ln in lines[i + 1:] if MEM_OP.match(ln))
+    return next(ln for ln in lines[i + 1 :] if MEM_OP.match(ln))
 
 
 @pytest.mark.timeout(300)
@@ -57,7 +57,7 @@ def test_every_release_is_followed_by_a_store_of_itsscope(isa):
     for i in releases:
         released = scope(body[i])
         op = _next_mem_op(body, i)
-        assert body[i + 1].startswith("s_waitcnt vmcnt(0)"), body[i: i + 3]
+        assert body[i + 1].startswith("s_waitcnt vmcnt(0)"), body[i : i + 3]
         if op.startswith("global_atomic_add_x2") and released == DEV:
             continue  # a device acq_rel add (ticket, record claim): "sc0" returns the value
         assert scope(op) == released, (body[i], op)
@@ -118,11 +118,14 @@ def test_give_up_raises_alarms_everywhere_before_recording(isa):
 @pytest.mark.timeout(300)
 def test_tickets_are_device_scope_acq_rel(isa):
     claims = set(giveup_claims(isa))
-    takes = [i for i, ln in enumerate(isa.body) if ln.startswith("global_atomic_add_x2")
-             and scope(ln) != SYS and i not in claims]
+    takes = [
+        i
+        for i, ln in enumerate(isa.body)
+        if ln.startswith("global_atomic_add_x2") and scope(ln) != SYS and i not in claims
+    ]
     assert len(takes) == 2  # before the loop and at its end
     for i in takes:
-        assert isa.body[i - 2] == "buffer_wbl2 sc1" and "buffer_inv sc1" in isa.body[i: i + 3]
+        assert isa.body[i - 2] == "buffer_wbl2 sc1" and "buffer_inv sc1" in isa.body[i : i + 3]
 
 
 @pytest.mark.timeout(300)
@@ -134,8 +137,14 @@ def test_no_spills_and_the_grid_is_resident(isa):
 
 @pytest.mark.timeout(300)
 def test_kernel_arguments_are_the_probe_signature(isa):
-    assert [(a.offset, a.size) for a in isa.args] == [(0, 8), (8, 8), (16, 8), (24, 4),
-                                                      (32, 8), (40, 8)]
+    assert [(a.offset, a.size) for a in isa.args] == [
+        (0, 8),
+        (8, 8),
+        (16, 8),
+        (24, 4),
+        (32, 8),
+        (40, 8),
+    ]
 
 
 @pytest.mark.timeout(120)
@@ -168,8 +177,14 @@ def test_probe_runs_on_an_amd_gpu():
     out = torch.zeros(2 * items + programs, dtype=torch.int32, device=dev)
 
     def run():
-        launch(ctl.data_ptr(), health.data_ptr(), peers.data_ptr(), 0, scratch.data_ptr(),
-               out.data_ptr())
+        launch(
+            ctl.data_ptr(),
+            health.data_ptr(),
+            peers.data_ptr(),
+            0,
+            scratch.data_ptr(),
+            out.data_ptr(),
+        )
         torch.cuda.synchronize()
 
     for epoch in (1, 2):
@@ -178,7 +193,7 @@ def test_probe_runs_on_an_amd_gpu():
         want = proto.pack_pair(proto.tag_of(epoch, 0, slot), 1)
         words = out[: 2 * items].view(torch.int64)
         assert words[1:items].eq(want).all()
-        assert out[2 * items:].view(torch.float32).eq(1.5).all()
+        assert out[2 * items :].view(torch.float32).eq(1.5).all()
         assert int(health[proto.H_GIVEUPS]) == 0
         assert int(scratch[:8].view(torch.int64)) == 0
     ctl[proto.CTL_EPOCH] = proto.ERA_STEPS + 1  # past the era: every poll gives up
@@ -186,4 +201,4 @@ def test_probe_runs_on_an_amd_gpu():
     assert int(health[proto.H_GIVEUPS]) >= 1
     assert int(health[proto.HEALTH_HEAD + proto.R_KIND]) == proto.KIND_ERA
     assert int(peer[:4].view(torch.int32)) == proto.ALARM_GAVE_UP
-    assert out[2 * items:].view(torch.float32).isnan().all()
+    assert out[2 * items :].view(torch.float32).isnan().all()

@@ -8,9 +8,18 @@ from mono_runtime.flydsl.residency import residency_problem, workgroups_per_cu
 
 
 def res(vgprs=64, agprs=0, sgprs=40, lds=0, scratch=0, spills=0, sgpr_spills=0, threads=512):
-    return Resources(vgprs=vgprs, agprs=agprs, total_vgprs=vgprs + agprs, sgprs=sgprs,
-                     lds_bytes=lds, scratch_bytes=scratch, vgpr_spills=spills,
-                     sgpr_spills=sgpr_spills, max_threads=threads, wave_size=64)
+    return Resources(
+        vgprs=vgprs,
+        agprs=agprs,
+        total_vgprs=vgprs + agprs,
+        sgprs=sgprs,
+        lds_bytes=lds,
+        scratch_bytes=scratch,
+        vgpr_spills=spills,
+        sgpr_spills=sgpr_spills,
+        max_threads=threads,
+        wave_size=64,
+    )
 
 
 def test_one_workgroup_per_cu_fits_gfx950():
@@ -99,8 +108,11 @@ def test_parse_isa_reads_metadata_args_and_body():
     assert (r.vgprs, r.agprs, r.total_vgprs, r.sgprs, r.lds_bytes) == (5, 4, 12, 14, 1024)
     assert not r.spills
     assert [(a.offset, a.size) for a in isa.args] == [(0, 8), (8, 4)]
-    assert isa.body == ("s_load_dword s4, s[0:1], 0x8",
-                        "global_store_dwordx2 v4, v[0:1], s[2:3] sc0 sc1", "s_endpgm")
+    assert isa.body == (
+        "s_load_dword s4, s[0:1], 0x8",
+        "global_store_dwordx2 v4, v[0:1], s[2:3] sc0 sc1",
+        "s_endpgm",
+    )
     assert isa.count(r"sc0 sc1") == 1
 
 

@@ -54,13 +54,19 @@ def _two_process_child(rank, world, group):
     rows = 4
     build = AllreduceBuild(rows, HIDDEN, world, True, True)
     parts, residual, weight = _inputs(world, rows)
-    runner = MonoRunner("cuda", group, rank, world, build.scratch_bytes + 64, build.peer_bytes,
-                        deadline_ns=10_000_000_000)  # the two contexts time-slice
+    runner = MonoRunner(
+        "cuda",
+        group,
+        rank,
+        world,
+        build.scratch_bytes + 64,
+        build.peer_bytes,
+        deadline_ns=10_000_000_000,
+    )  # the two contexts time-slice
     log = {}
     runner.step_begin()
     log["plain"] = allreduce(runner, parts[rank].cuda(), 0, programs=8)[0].cpu()
-    out, rout = allreduce(runner, parts[rank].cuda(), 1, residual.cuda(), weight.cuda(),
-                          programs=8)
+    out, rout = allreduce(runner, parts[rank].cuda(), 1, residual.cuda(), weight.cuda(), programs=8)
     runner.after_step()
     torch.cuda.synchronize()
     log["norm"], log["res"] = out.cpu(), rout.cpu()
@@ -140,7 +146,8 @@ def test_step_begin_in_cuda_graph_replayed_1000_times():
     from mono_runtime.allreduce import allreduce
 
     spec = importlib.util.spec_from_file_location(
-        "mono_runtime_device_kernels", Path(__file__).with_name("device_kernels.py"))
+        "mono_runtime_device_kernels", Path(__file__).with_name("device_kernels.py")
+    )
     kernels = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kernels)
     seen_kernel = kernels.seen_kernel

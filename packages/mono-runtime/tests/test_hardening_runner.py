@@ -97,7 +97,7 @@ def _use_after_close(rank, world, group):
 
 @pytest.mark.timeout(60)
 def test_every_method_raises_after_close():
-    (seen, closed), = spawn(_use_after_close, 1, 40)  # a crash would be a dead rank here
+    ((seen, closed),) = spawn(_use_after_close, 1, 40)  # a crash would be a dead rank here
     assert closed
     for name, text in seen.items():
         assert "is closed" in text, (name, text)

@@ -18,7 +18,8 @@ POLLS = 1_000_000  # ns per poll on a CPU runner (CPU_NS_PER_POLL)
 
 def _kernels():
     spec = importlib.util.spec_from_file_location(
-        "mono_runtime_device_kernels", Path(__file__).with_name("device_kernels.py"))
+        "mono_runtime_device_kernels", Path(__file__).with_name("device_kernels.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -35,8 +36,19 @@ def _exchange(K, runner, slot=0, skew=0, block=8):
 
     out = torch.zeros(runner.world * block + 1, dtype=torch.int32)
     a = runner.launch_args()
-    K.exchange_kernel[(1,)](a["ctl"], a["health"], runner.peer.addresses, runner.rank,
-                            runner.world, out, slot, skew, 12345, BLOCK=block, CPU=True)
+    K.exchange_kernel[(1,)](
+        a["ctl"],
+        a["health"],
+        runner.peer.addresses,
+        runner.rank,
+        runner.world,
+        out,
+        slot,
+        skew,
+        12345,
+        BLOCK=block,
+        CPU=True,
+    )
     return out
 
 
@@ -49,8 +61,16 @@ def tags_child(rank, world, group):
     from mono_runtime import protocol as P
 
     K = _kernels()
-    cases = [(5, 2, 7), (1, 0, 0), (P.ERA_STEPS, 0, 255), (P.ERA_STEPS + 1, 0, 3), (0, 0, 1),
-             (2**31 + 3, 2**31 - 2, 9), (2**32 + 7, 2**32 - 1, 200), (3, 9, 1)]
+    cases = [
+        (5, 2, 7),
+        (1, 0, 0),
+        (P.ERA_STEPS, 0, 255),
+        (P.ERA_STEPS + 1, 0, 3),
+        (0, 0, 1),
+        (2**31 + 3, 2**31 - 2, 9),
+        (2**32 + 7, 2**32 - 1, 200),
+        (3, 9, 1),
+    ]
     got = []
     for epoch, base, slot in cases:
         ctl = torch.zeros(P.CTL_WORDS, dtype=torch.int64)
@@ -221,8 +241,12 @@ def test_era_end_and_rezero():
         near = [t for t, ok in log[3:]]
         assert all(ok for _, ok in log[3:])
         # the rezero runs in the after_step of the step that reaches REZERO_EVERY
-        assert near == [((P.REZERO_EVERY - 2) << 8) | 0, ((P.REZERO_EVERY - 1) << 8) | 1,
-                        (P.REZERO_EVERY << 8) | 0, (1 << 8) | 1]
+        assert near == [
+            ((P.REZERO_EVERY - 2) << 8) | 0,
+            ((P.REZERO_EVERY - 1) << 8) | 1,
+            (P.REZERO_EVERY << 8) | 0,
+            (1 << 8) | 1,
+        ]
 
 
 def ticket_runs(rank, world, group):
@@ -236,8 +260,20 @@ def ticket_runs(rank, world, group):
     for n_items, programs in ((7, 3), (5, 5), (2, 4)):
         runner.step_begin()
         order = torch.zeros(16, dtype=torch.int64)
-        K.ticket_kernel[(programs,)](a["ctl"], a["health"], runner.peer.addresses, rank, world,
-                                     runner.tickets, done, order, n_items, 3, 777, CPU=True)
+        K.ticket_kernel[(programs,)](
+            a["ctl"],
+            a["health"],
+            runner.peer.addresses,
+            rank,
+            world,
+            runner.tickets,
+            done,
+            order,
+            n_items,
+            3,
+            777,
+            CPU=True,
+        )
         results.append((order[:n_items].tolist(), int(runner.tickets[3])))
         runner.after_step()
     runner.close()
@@ -254,8 +290,20 @@ def reduce_child(rank, world, group):
     lo = torch.zeros(8)
     hi = torch.zeros(8)
     runner.step_begin()
-    K.reduce_kernel[(1,)](runner.ctl, runner.health.data_ptr(), runner.peer.addresses, rank,
-                          world, x.view(torch.int32), lo, hi, 0, 99, BLOCK=8, CPU=True)
+    K.reduce_kernel[(1,)](
+        runner.ctl,
+        runner.health.data_ptr(),
+        runner.peer.addresses,
+        rank,
+        world,
+        x.view(torch.int32),
+        lo,
+        hi,
+        0,
+        99,
+        BLOCK=8,
+        CPU=True,
+    )
     runner.after_step()
     runner.close()
     acc = torch.zeros(16)

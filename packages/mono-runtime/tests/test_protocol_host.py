@@ -11,11 +11,15 @@ from mono_runtime.health import decode, timeline
 
 def test_tags_are_injective_within_an_era_and_never_zero():
     steps = [1, 2, 3, P.ERA_STEPS // 2, P.ERA_STEPS - 1, P.ERA_STEPS]
-    tags = [P.tag_of(base + s, base, slot)
-            for base in (0, 2**31 - 1, 2**40) for s in steps for slot in (0, 1, 254, 255)]
+    tags = [
+        P.tag_of(base + s, base, slot)
+        for base in (0, 2**31 - 1, 2**40)
+        for s in steps
+        for slot in (0, 1, 254, 255)
+    ]
     per_base = len(tags) // 3
     for chunk in range(3):
-        block = tags[chunk * per_base:(chunk + 1) * per_base]
+        block = tags[chunk * per_base : (chunk + 1) * per_base]
         assert len(set(block)) == len(block) and min(block) > 0 and max(block) < 2**32
     assert P.tag_of(P.ERA_STEPS, 0, 255) == 2**32 - 1
 
@@ -53,7 +57,7 @@ def _health(*records):
     words[P.H_GIVEUPS] = len(records)
     for k, rec in enumerate(records):
         base = P.HEALTH_HEAD + k * P.RECORD_WORDS
-        words[base:base + P.RECORD_WORDS] = rec
+        words[base : base + P.RECORD_WORDS] = rec
     return words
 
 
@@ -75,8 +79,10 @@ def test_timeline_names_who_never_arrived():
     assert lines[1].startswith("  +0 ns  rank 1 program 2: alarm at layer7.reduce")
     assert "stopped because rank(s) 0, 2 had raised an alarm" in lines[1]
     assert "+900 ns  rank 1 program 5: deadline at layer7.reduce pair 23 (from rank 2)" in text
-    assert "wanted step 12 slot 7, saw step 11 slot 7 -> rank 2 never arrived at step 12 " \
-           "slot 7 (its last pair here is 1 step(s) old)" in text
+    assert (
+        "wanted step 12 slot 7, saw step 11 slot 7 -> rank 2 never arrived at step 12 "
+        "slot 7 (its last pair here is 1 step(s) old)" in text
+    )
     assert "(it got as far as slot 3)" in text
     assert "nothing written there since the last rezero" in text
 

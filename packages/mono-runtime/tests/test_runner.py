@@ -48,8 +48,15 @@ def guard_child(rank, world, group):
         runner.step_begin()
         runner.after_step()  # no give-up: returns without a sync
         runner.inject(1, 3_000_000)
-        return (clean, poisoned, sorted(args), sorted(peers), runner.tag(5),
-                runner.ctl[:5].tolist(), runner.deadline_ns)
+        return (
+            clean,
+            poisoned,
+            sorted(args),
+            sorted(peers),
+            runner.tag(5),
+            runner.ctl[:5].tolist(),
+            runner.deadline_ns,
+        )
 
 
 @pytest.mark.timeout(120)

@@ -17,7 +17,8 @@ def _weight(fmt, n, k, bk, g):
         return torch.randn(n, k, generator=g).to(torch.bfloat16), None
     if fmt == L.FP8_B128:
         return torch.randn(n, k, generator=g).to(torch.float8_e4m3fn), torch.rand(
-            -(-n // 128), k // 128, generator=g) + 0.5
+            -(-n // 128), k // 128, generator=g
+        ) + 0.5
     codes = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
     # scales across the exact range, including its ends (58 and 254)
     scales = torch.randint(100, 140, (n, k // 32), generator=g, dtype=torch.uint8)
@@ -42,13 +43,26 @@ def check_gemv(fmt, bk, s):
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
 
 
-@pytest.mark.parametrize("fmt,bk", [(L.BF16, 128), (L.FP8_B128, 128), (L.MXFP4_SPLIT, 128),
-                                    (L.MXFP4_SPLIT, 32), (L.MXFP4_K32, 64)])
+@pytest.mark.parametrize(
+    "fmt,bk",
+    [
+        (L.BF16, 128),
+        (L.FP8_B128, 128),
+        (L.MXFP4_SPLIT, 128),
+        (L.MXFP4_SPLIT, 32),
+        (L.MXFP4_K32, 64),
+    ],
+)
 @pytest.mark.parametrize("s", [1, 5])
 def test_gemv_matches_float64(fmt, bk, s):
     env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, __file__, str(int(fmt)), str(bk), str(s)], env=env,
-                         capture_output=True, text=True, timeout=240)
+    run = subprocess.run(
+        [sys.executable, __file__, str(int(fmt)), str(bk), str(s)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
 
 

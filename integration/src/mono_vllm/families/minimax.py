@@ -174,8 +174,15 @@ class MiniMaxFfnKernels:
 
         cfg, layers = kernel_config(self.backbone.config), self.backbone.layers
         ffn = self._ffn = FfnRunner(
-            cfg, self._format(), runner.group, self.rank, self.world, runner.device,
-            widths=widths, runner=runner, pack=False,
+            cfg,
+            self._format(),
+            runner.group,
+            self.rank,
+            self.world,
+            runner.device,
+            widths=widths,
+            runner=runner,
+            pack=False,
         )  # fmt: skip  (pack=False: vLLM's own MoE reads the same expert tensors)
         ffn.warm()  # compiles every width and refuses one that cannot be resident
         mine, last = set(self.layers), self.layers[-1]

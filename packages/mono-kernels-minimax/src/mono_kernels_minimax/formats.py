@@ -31,8 +31,20 @@ from mono_runtime.stream.layout import MX_GROUP as MX_BLOCK
 from mono_runtime.stream.layout import unpack_fp8_b128 as unpack_fp8
 from mono_runtime.stream.layout import unpack_mxfp4_k32 as unpack_mxfp4
 
-__all__ = ["E2M1_VALUES", "FP8_BLOCK", "MX_BLOCK", "WeightFormat", "decode_e2m1", "dequantize",
-           "e8m0_to_float", "pack_fp8", "pack_mxfp4", "quantize", "unpack_fp8", "unpack_mxfp4"]
+__all__ = [
+    "E2M1_VALUES",
+    "FP8_BLOCK",
+    "MX_BLOCK",
+    "WeightFormat",
+    "decode_e2m1",
+    "dequantize",
+    "e8m0_to_float",
+    "pack_fp8",
+    "pack_mxfp4",
+    "quantize",
+    "unpack_fp8",
+    "unpack_mxfp4",
+]
 
 
 class WeightFormat(str, enum.Enum):
@@ -94,8 +106,9 @@ def quantize(w: torch.Tensor, fmt: WeightFormat) -> tuple[torch.Tensor, torch.Te
     return pack_fp8(w)
 
 
-def dequantize(values: torch.Tensor, scales: torch.Tensor | None,
-               fmt: WeightFormat) -> torch.Tensor:
+def dequantize(
+    values: torch.Tensor, scales: torch.Tensor | None, fmt: WeightFormat
+) -> torch.Tensor:
     """fp32 ``[..., N, K]`` of a weight stored in ``fmt``'s layout."""
     if fmt is WeightFormat.BF16:
         return values.float()

@@ -36,11 +36,21 @@ def _ping_pong(ctl, health, peers, rounds, region, CPU: tl.constexpr):
     for i in range(0, rounds):
         if me == 0:
             T.publish(base + 2 * i + one, one + i + 1, tag, one == 0, "gpu")
-            T.poll(base + 2 * i + 1 + one, one == 0, tag, ctl, health, peers, 0, 1, region,
-                   2 * i + 1, CPU)
+            T.poll(
+                base + 2 * i + 1 + one,
+                one == 0,
+                tag,
+                ctl,
+                health,
+                peers,
+                0,
+                1,
+                region,
+                2 * i + 1,
+                CPU,
+            )
         else:
-            T.poll(base + 2 * i + one, one == 0, tag, ctl, health, peers, 0, 1, region,
-                   2 * i, CPU)
+            T.poll(base + 2 * i + one, one == 0, tag, ctl, health, peers, 0, 1, region, 2 * i, CPU)
             T.publish(base + 2 * i + 1 + one, one + i + 1, tag, one == 0, "gpu")
 
 
@@ -82,8 +92,9 @@ def _ping_pong_floor(ctl, peers, fails, rounds, SEM: tl.constexpr):
 
 
 @triton.jit
-def _wait_every(ptr, tag, ctl, peers, world, budget, CLOCK_EVERY: tl.constexpr,
-                ALARM_EVERY: tl.constexpr):
+def _wait_every(
+    ptr, tag, ctl, peers, world, budget, CLOCK_EVERY: tl.constexpr, ALARM_EVERY: tl.constexpr
+):
     """`T.poll`'s wait on one pair with the clock read every CLOCK_EVERY polls and the
     alarm words (a 64-lane load and a CTA max) every ALARM_EVERY polls, to time what each
     costs. Bounded by the deadline and by the launch's poll budget; returns the budget left
@@ -101,16 +112,16 @@ def _wait_every(ptr, tag, ctl, peers, world, budget, CLOCK_EVERY: tl.constexpr,
         budget -= 1
         seen = tl.load(ptr, volatile=True)
         if it % ALARM_EVERY == 0:
-            raised = tl.max(tl.load(head + ranks, mask=ranks < world, other=0, volatile=True),
-                            0)
+            raised = tl.max(tl.load(head + ranks, mask=ranks < world, other=0, volatile=True), 0)
         if it % CLOCK_EVERY == 0:
             waited = T.clock(it, False) - t0
     return tl.where((T.pair_tag(seen) == tag) & (raised == 0), budget, 0)
 
 
 @triton.jit
-def _ping_pong_every(ctl, peers, fails, rounds, world, CLOCK_EVERY: tl.constexpr,
-                     ALARM_EVERY: tl.constexpr):
+def _ping_pong_every(
+    ctl, peers, fails, rounds, world, CLOCK_EVERY: tl.constexpr, ALARM_EVERY: tl.constexpr
+):
     """`_ping_pong` with `_wait_every` waits and the protocol's release publish."""
     me = tl.program_id(0)
     tag = T.step_tag(ctl, 0)
@@ -120,11 +131,13 @@ def _ping_pong_every(ctl, peers, fails, rounds, world, CLOCK_EVERY: tl.constexpr
     for i in range(0, rounds):
         if me == 0:
             T.publish(base + 2 * i + one, one + i + 1, tag, one == 0, "gpu")
-            budget = _wait_every(base + 2 * i + 1, tag, ctl, peers, world, budget,
-                                 CLOCK_EVERY, ALARM_EVERY)
+            budget = _wait_every(
+                base + 2 * i + 1, tag, ctl, peers, world, budget, CLOCK_EVERY, ALARM_EVERY
+            )
         else:
-            budget = _wait_every(base + 2 * i, tag, ctl, peers, world, budget, CLOCK_EVERY,
-                                 ALARM_EVERY)
+            budget = _wait_every(
+                base + 2 * i, tag, ctl, peers, world, budget, CLOCK_EVERY, ALARM_EVERY
+            )
             T.publish(base + 2 * i + 1 + one, one + i + 1, tag, one == 0, "gpu")
     if budget <= 0:
         tl.atomic_add(fails, 1)
@@ -199,24 +212,24 @@ def _variants(runner: MonoRunner, rounds: int, region: int) -> list[tuple[str, f
     fails = torch.zeros(1, dtype=torch.int32, device=runner.device)
 
     def protocol(warps):
-        return lambda n: _ping_pong[(2,)](a["ctl"], a["health"], peers, n, region, CPU=False,
-                                          num_warps=warps)
+        return lambda n: _ping_pong[(2,)](
+            a["ctl"], a["health"], peers, n, region, CPU=False, num_warps=warps
+        )
 
     def floor(sem, warps):
-        return lambda n: _ping_pong_floor[(2,)](a["ctl"], peers, fails, n, SEM=sem,
-                                                num_warps=warps)
+        return lambda n: _ping_pong_floor[(2,)](a["ctl"], peers, fails, n, SEM=sem, num_warps=warps)
 
     def every(clock, alarm, warps):
-        return lambda n: _ping_pong_every[(2,)](a["ctl"], peers, fails, n, 1, CLOCK_EVERY=clock,
-                                                ALARM_EVERY=alarm, num_warps=warps)
+        return lambda n: _ping_pong_every[(2,)](
+            a["ctl"], peers, fails, n, 1, CLOCK_EVERY=clock, ALARM_EVERY=alarm, num_warps=warps
+        )
 
     cases = [
         ("T.poll + T.publish, 4 warps (as measured by default)", protocol(4)),
         ("T.poll + T.publish, 1 warp", protocol(1)),
         ("floor: bare spin + release xchg, 1 warp", floor("release", 1)),
         ("floor: bare spin + release xchg, 4 warps", floor("release", 4)),
-        ("floor: bare spin + relaxed xchg (no fence; not a protocol), 1 warp",
-         floor("relaxed", 1)),
+        ("floor: bare spin + relaxed xchg (no fence; not a protocol), 1 warp", floor("relaxed", 1)),
         ("poll, clock + alarms every poll, 4 warps", every(1, 1, 4)),
         ("poll, clock every 64 polls, alarms every poll, 4 warps", every(64, 1, 4)),
         ("poll, clock every poll, alarms every 64 polls, 4 warps", every(1, 64, 4)),
@@ -225,35 +238,57 @@ def _variants(runner: MonoRunner, rounds: int, region: int) -> list[tuple[str, f
     ]
     rows = [(what, _trip_ns(runner, launch, rounds) / 2) for what, launch in cases]
     if int(fails.item()):
-        raise RuntimeError(f"bench_protocol: {int(fails.item())} variant launches ran out of "
-                           "polls or saw an alarm; the variant table means nothing")
+        raise RuntimeError(
+            f"bench_protocol: {int(fails.item())} variant launches ran out of "
+            "polls or saw an alarm; the variant table means nothing"
+        )
     return rows
 
 
-def run(programs: int | None = None, rounds: int = 2000,
-        variants: bool = False) -> list[tuple[str, float]]:
+def run(
+    programs: int | None = None, rounds: int = 2000, variants: bool = False
+) -> list[tuple[str, float]]:
     """[(what, ns)]; raises MonoFault if any wait gave up (then the numbers mean nothing).
     With `variants`, the ping-pong variants' one-way times follow."""
     device = torch.device("cuda")
     programs = programs or torch.cuda.get_device_properties(device).multi_processor_count
-    runner = MonoRunner(device, None, 0, 1, 1 << 20, 32 * rounds + (1 << 16),
-                        deadline_ns=1_000_000_000)
+    runner = MonoRunner(
+        device, None, 0, 1, 1 << 20, 32 * rounds + (1 << 16), deadline_ns=1_000_000_000
+    )
     a, peers = runner.launch_args(), runner.peer.addresses
     done = torch.zeros(8 * programs, dtype=torch.int64, device=device)
     region = 0x5EED
     rows = []
-    trip = _trip_ns(runner, lambda n: _ping_pong[(2,)](a["ctl"], a["health"], peers, n, region,
-                                                       CPU=False), rounds)
+    trip = _trip_ns(
+        runner,
+        lambda n: _ping_pong[(2,)](a["ctl"], a["health"], peers, n, region, CPU=False),
+        rounds,
+    )
     rows.append(("publish+poll round trip between 2 programs (gpu scope)", trip))
     rows.append(("publish+poll one way (half a round trip)", trip / 2))
-    rows.append((f"empty launch, {programs} programs",
-                 _graph_ns(runner, lambda: _empty[(programs,)](runner.tickets), 20, 50)))
-    for n_items, lag, what in ((programs, 0, "1 item each"),
-                               (4 * programs, programs, "4 items each, item t waits t-P")):
-        rows.append((f"ticket loop step, {programs} programs, {what}", _graph_ns(
-            runner, lambda n=n_items, g=lag: _tickets[(programs,)](
-                a["ctl"], a["health"], peers, runner.tickets, done, n, g, region, CPU=False),
-            20, 50)))
+    rows.append(
+        (
+            f"empty launch, {programs} programs",
+            _graph_ns(runner, lambda: _empty[(programs,)](runner.tickets), 20, 50),
+        )
+    )
+    for n_items, lag, what in (
+        (programs, 0, "1 item each"),
+        (4 * programs, programs, "4 items each, item t waits t-P"),
+    ):
+        rows.append(
+            (
+                f"ticket loop step, {programs} programs, {what}",
+                _graph_ns(
+                    runner,
+                    lambda n=n_items, g=lag: _tickets[(programs,)](
+                        a["ctl"], a["health"], peers, runner.tickets, done, n, g, region, CPU=False
+                    ),
+                    20,
+                    50,
+                ),
+            )
+        )
     if variants:
         rows += [(f"one way: {what}", ns) for what, ns in _variants(runner, rounds, region)]
     runner.close()
@@ -271,8 +306,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=2000)
-    parser.add_argument("--variants", action="store_true",
-                        help="also time ping-pong variants (one-way ns each)")
+    parser.add_argument(
+        "--variants", action="store_true", help="also time ping-pong variants (one-way ns each)"
+    )
     args = parser.parse_args()
     print(table(run(args.programs, args.rounds, args.variants)))
 

@@ -38,7 +38,7 @@ def build_hash(key: Hashable, fn: Any, target: str) -> str:
 
 
 def target_of(device: Any) -> str:
-    """"backend:arch:warp" of a torch device, or "interpreter" on a CPU."""
+    """ "backend:arch:warp" of a torch device, or "interpreter" on a CPU."""
     import torch
 
     device = torch.device(device)
@@ -62,8 +62,9 @@ class CompileCache:
             self._by_hash[h] = compile()
         return self._by_hash[h]
 
-    def warm(self, keys: Iterable[Hashable], fn: Any, target: str,
-             compile: Callable[[Hashable], T]) -> dict[Hashable, T]:
+    def warm(
+        self, keys: Iterable[Hashable], fn: Any, target: str, compile: Callable[[Hashable], T]
+    ) -> dict[Hashable, T]:
         """Compile every key (e.g. every width) now: before memory profiling and capture."""
         return {k: self.get(k, fn, target, lambda k=k: compile(k)) for k in keys}
 
@@ -96,8 +97,20 @@ class Resources:
             f.write(ptx)
             f.flush()
             out = subprocess.run(
-                [triton.knobs.nvidia.ptxas.path, "-v", "--gpu-name", arch, f.name, "-o",
-                 "/dev/null"], capture_output=True, text=True, check=True, timeout=120)
+                [
+                    triton.knobs.nvidia.ptxas.path,
+                    "-v",
+                    "--gpu-name",
+                    arch,
+                    f.name,
+                    "-o",
+                    "/dev/null",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=120,
+            )
         text = out.stdout + out.stderr
         regs = re.search(r"Used (\d+) registers", text)
         spill = re.search(r"(\d+) bytes spill stores", text)
@@ -145,12 +158,15 @@ def programs_per_sm(res: Resources, limits: DeviceLimits) -> tuple[int, str]:
     return bounds[binding], binding
 
 
-def residency_problem(res: Resources, programs: int, limits: DeviceLimits,
-                      what: str = "kernel") -> str | None:
+def residency_problem(
+    res: Resources, programs: int, limits: DeviceLimits, what: str = "kernel"
+) -> str | None:
     """None if a grid of `programs` can be resident at once, else why not (clear reason)."""
     per_sm, binding = programs_per_sm(res, limits)
     if programs > per_sm * limits.sms:
-        return (f"{what}: a grid of {programs} programs cannot be resident: {per_sm} per SM "
-                f"({binding} binds: {res.registers} registers x {res.threads} threads, "
-                f"{res.shared} B shared) x {limits.sms} SMs = {per_sm * limits.sms}")
+        return (
+            f"{what}: a grid of {programs} programs cannot be resident: {per_sm} per SM "
+            f"({binding} binds: {res.registers} registers x {res.threads} threads, "
+            f"{res.shared} B shared) x {limits.sms} SMs = {per_sm * limits.sms}"
+        )
     return None

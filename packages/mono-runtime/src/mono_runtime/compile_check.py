@@ -10,8 +10,9 @@ from typing import Any
 from .builds import Resources
 
 
-def compile_for(fn: Any, types: dict[str, str], constexprs: dict[str, Any],
-                arch: int = 90, num_warps: int = 4) -> Any:
+def compile_for(
+    fn: Any, types: dict[str, str], constexprs: dict[str, Any], arch: int = 90, num_warps: int = 4
+) -> Any:
     """`fn` compiled for cuda sm_`arch`: `types` names each runtime argument's Triton type
     ("*i32", "i64", "fp32"...), `constexprs` each constexpr's value."""
     import triton
@@ -24,8 +25,9 @@ def compile_for(fn: Any, types: dict[str, str], constexprs: dict[str, Any],
     signature = {n: types.get(n, "constexpr") for n in fn.arg_names}
     consts = {(fn.arg_names.index(n),): v for n, v in constexprs.items()}
     source = ASTSource(fn=fn, signature=signature, constexprs=consts)
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": num_warps})
+    return triton.compile(
+        source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps}
+    )
 
 
 def resources_of(kernel: Any, arch: str = "sm_90a") -> Resources:

@@ -19,8 +19,9 @@ def _guard_kernel(x, n, peers, rank, world, BLOCK: tl.constexpr):
     if raised != 0:
         for start in range(0, n, BLOCK):
             i = start + tl.arange(0, BLOCK)
-            tl.store(x + i, tl.full([BLOCK], float("nan"), tl.float32).to(x.dtype.element_ty),
-                     mask=i < n)
+            tl.store(
+                x + i, tl.full([BLOCK], float("nan"), tl.float32).to(x.dtype.element_ty), mask=i < n
+            )
 
 
 def guard_nan(x: torch.Tensor, peers: torch.Tensor, rank: int, world: int) -> None:

@@ -33,7 +33,7 @@ def decode(words: Sequence[int]) -> tuple[int, list[GiveUp]]:
     count = int(words[P.H_GIVEUPS])
     records = []
     for k in range(min(count, P.RECORDS)):
-        w = [int(x) for x in words[P.HEALTH_HEAD + k * P.RECORD_WORDS:][: P.RECORD_WORDS]]
+        w = [int(x) for x in words[P.HEALTH_HEAD + k * P.RECORD_WORDS :][: P.RECORD_WORDS]]
         bits = w[P.R_ALARMS] & ((1 << 64) - 1)
         records.append(
             GiveUp(
@@ -52,16 +52,21 @@ def decode(words: Sequence[int]) -> tuple[int, list[GiveUp]]:
 
 def _alarm_summary(alarm_words: Sequence[int]) -> str:
     names = {P.ALARM_GAVE_UP: "gave up", P.ALARM_FOLLOWED: "followed"}
-    parts = [f"rank {r} {names.get(int(a), f'alarm {int(a)}')}"
-             for r, a in enumerate(alarm_words) if int(a)]
+    parts = [
+        f"rank {r} {names.get(int(a), f'alarm {int(a)}')}"
+        for r, a in enumerate(alarm_words)
+        if int(a)
+    ]
     return ", ".join(parts) if parts else "none set"
 
 
 def _verdict(g: GiveUp, writer: int | None) -> str:
     who = f"rank {writer}" if writer is not None else "the writer"
     if g.kind == P.KIND_ERA:
-        return "the step is outside its tag era: the runner missed its rezero " \
-               "(after_step must run once per step)"
+        return (
+            "the step is outside its tag era: the runner missed its rezero "
+            "(after_step must run once per step)"
+        )
     if g.kind == P.KIND_ALARM:
         ranks = ", ".join(str(r) for r in g.alarms) or "?"
         return f"stopped because rank(s) {ranks} had raised an alarm"

@@ -166,23 +166,37 @@ def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: t
         it += 1
         pairs = tl.load(ptrs, mask=mask, other=0, volatile=True)
         alarms = tl.load(head + ranks, mask=rmask, other=0, volatile=True)
-        state = _wait_state(alarms, ranks,
-                            _pairs_state(pairs, mask, tag, clock(it, CPU) - t0, deadline))
+        state = _wait_state(
+            alarms, ranks, _pairs_state(pairs, mask, tag, clock(it, CPU) - t0, deadline)
+        )
     ok = (state == _W_MATCHED) & (tag != 0)
     # the match was seen by the threads that decide; a thread holding a copy of a lane may
     # have read it before the pair landed: it reads again (after the barrier, so it sees it)
     stale = mask & (pair_tag(pairs) != tag) & ok
     pairs = tl.where(stale, tl.load(ptrs, mask=stale, other=0, volatile=True), pairs)
     if not ok:
-        kind = tl.where(tag == 0, _KIND_ERA,
-                        tl.where(state == _W_ALARM, _KIND_ALARM, _KIND_DEADLINE))
+        kind = tl.where(
+            tag == 0, _KIND_ERA, tl.where(state == _W_ALARM, _KIND_ALARM, _KIND_DEADLINE)
+        )
         bad = (pair_tag(pairs) != tag) & mask
         lane = tl.min(tl.where(bad, lanes, ptrs.shape[0]), 0) % ptrs.shape[0]
         seen = tl.sum(tl.where(lanes == lane, pair_tag(pairs), 0), 0)
         one = tl.full(ranks.shape, 1, tl.int64)
         bits = tl.sum(tl.where(alarms != 0, one << ranks.to(tl.int64), 0), 0)
-        _give_up(kind, ctl, health, peers, rank, world, region, pair0 + lane, tag, seen, bits,
-                 clock(it, CPU))
+        _give_up(
+            kind,
+            ctl,
+            health,
+            peers,
+            rank,
+            world,
+            region,
+            pair0 + lane,
+            tag,
+            seen,
+            bits,
+            clock(it, CPU),
+        )
     return pair_payload(pairs), ok
 
 
@@ -214,8 +228,9 @@ def bf16x2_pack(lo, hi):
 
 
 @triton.jit
-def reduce_bf16x2(src0, src_stride, mask, tag, ctl, health, peers, rank, world, region,
-                  pair0, CPU: tl.constexpr):
+def reduce_bf16x2(
+    src0, src_stride, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: tl.constexpr
+):
     """Rank-ordered fp32 sum of bf16x2 rows that ranks 0..world-1 pushed here: source r's
     pairs sit at `src0 + r * src_stride` (pair index `pair0 + r * src_stride`).
 
@@ -225,8 +240,19 @@ def reduce_bf16x2(src0, src_stride, mask, tag, ctl, health, peers, rank, world, 
     hi = tl.zeros(src0.shape, tl.float32)
     ok = tag == tag
     for r in range(0, world):
-        v, got = poll(src0 + r * src_stride, mask, tag, ctl, health, peers, rank, world,
-                      region, pair0 + r * src_stride, CPU)
+        v, got = poll(
+            src0 + r * src_stride,
+            mask,
+            tag,
+            ctl,
+            health,
+            peers,
+            rank,
+            world,
+            region,
+            pair0 + r * src_stride,
+            CPU,
+        )
         lo += bf16x2_lo(v)
         hi += bf16x2_hi(v)
         ok = ok & got
@@ -234,14 +260,26 @@ def reduce_bf16x2(src0, src_stride, mask, tag, ctl, health, peers, rank, world, 
 
 
 @triton.jit
-def reduce_f32(src0, src_stride, mask, tag, ctl, health, peers, rank, world, region, pair0,
-               CPU: tl.constexpr):
+def reduce_f32(
+    src0, src_stride, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: tl.constexpr
+):
     """Rank-ordered fp32 sum of fp32 payloads (layout as `reduce_bf16x2`); (sum, ok)."""
     acc = tl.zeros(src0.shape, tl.float32)
     ok = tag == tag
     for r in range(0, world):
-        v, got = poll(src0 + r * src_stride, mask, tag, ctl, health, peers, rank, world,
-                      region, pair0 + r * src_stride, CPU)
+        v, got = poll(
+            src0 + r * src_stride,
+            mask,
+            tag,
+            ctl,
+            health,
+            peers,
+            rank,
+            world,
+            region,
+            pair0 + r * src_stride,
+            CPU,
+        )
         acc += v.to(tl.float32, bitcast=True)
         ok = ok & got
     return acc, ok
@@ -287,8 +325,7 @@ def ticket_finish(done, t, tag):
 def ticket_wait(done, t, tag, ctl, health, peers, rank, world, region, CPU: tl.constexpr):
     """Wait (bounded) for item t < this program's own ticket; then its stores are visible."""
     one = tl.arange(0, 1)
-    _, ok = poll(done + t + one, one == 0, tag, ctl, health, peers, rank, world, region, t,
-                 CPU)
+    _, ok = poll(done + t + one, one == 0, tag, ctl, health, peers, rank, world, region, t, CPU)
     tl.atomic_add(done + t, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
     return ok

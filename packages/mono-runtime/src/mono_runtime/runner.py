@@ -31,10 +31,14 @@ def _deadline_problem(deadline_ns: Any) -> str | None:
     return None
 
 
-def _problem(device: Any, rank: Any, world: Any, scratch_bytes: Any, peer_bytes: Any,
-             deadline_ns: Any) -> str | None:
-    for name, v, low in (("world", world, 1), ("scratch_bytes", scratch_bytes, 8),
-                         ("peer_bytes", peer_bytes, 8)):
+def _problem(
+    device: Any, rank: Any, world: Any, scratch_bytes: Any, peer_bytes: Any, deadline_ns: Any
+) -> str | None:
+    for name, v, low in (
+        ("world", world, 1),
+        ("scratch_bytes", scratch_bytes, 8),
+        ("peer_bytes", peer_bytes, 8),
+    ):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             return f"{name} must be an int >= {low}, got {v!r}"
     if world > P.MAX_RANKS:
@@ -54,8 +58,11 @@ def _agree_values(values: dict[str, int], group: Any) -> None:
     from mono_peer.agree import agree_min
 
     both = agree_min([x for v in values.values() for x in (v, -v)], group)
-    differ = [f"{name} differs between ranks ({both[2 * i]} to {-both[2 * i + 1]})"
-              for i, name in enumerate(values) if both[2 * i] != -both[2 * i + 1]]
+    differ = [
+        f"{name} differs between ranks ({both[2 * i]} to {-both[2 * i + 1]})"
+        for i, name in enumerate(values)
+        if both[2 * i] != -both[2 * i + 1]
+    ]
     agree(differ, group, "this runner")
 
 
@@ -83,8 +90,15 @@ class MonoRunner:
         self._closed = True  # until the peer buffer is mapped on every rank
         problem = _problem(device, rank, world, scratch_bytes, peer_bytes, deadline_ns)
         agree([problem] if problem else [], group, "this runner")
-        _agree_values({"world": world, "scratch_bytes": scratch_bytes,
-                       "peer_bytes": peer_bytes, "deadline_ns": deadline_ns}, group)
+        _agree_values(
+            {
+                "world": world,
+                "scratch_bytes": scratch_bytes,
+                "peer_bytes": peer_bytes,
+                "deadline_ns": deadline_ns,
+            },
+            group,
+        )
         self.device = torch.device(device)
         self.group, self.rank, self.world = group, rank, world
         self.cpu = self.device.type == "cpu"
@@ -92,8 +106,9 @@ class MonoRunner:
         problem = self._allocate(scratch_bytes)
         try:
             agree([problem] if problem else [], group, "this runner")
-            self.peer = PeerBuffer(P.PEER_HEAD + peer_bytes, group, rank, world, self.device,
-                                   backend)
+            self.peer = PeerBuffer(
+                P.PEER_HEAD + peer_bytes, group, rank, world, self.device, backend
+            )
         except BaseException:
             self._drop_local()
             raise
@@ -113,12 +128,13 @@ class MonoRunner:
             # Host-visible: pinned host memory is device-addressable at its host address
             # under unified addressing, so kernels write it and after_step reads it without
             # a copy.
-            self.health = torch.zeros(P.HEALTH_WORDS, dtype=torch.int64,
-                                      pin_memory=not self.cpu)
+            self.health = torch.zeros(P.HEALTH_WORDS, dtype=torch.int64, pin_memory=not self.cpu)
         except Exception as exc:  # out of memory, no GPU here: agreed by the caller
             self._drop_local()
-            return (f"rank {self.rank} could not allocate {scratch_bytes} scratch bytes on "
-                    f"{self.device}: {str(exc).splitlines()[0]}")
+            return (
+                f"rank {self.rank} could not allocate {scratch_bytes} scratch bytes on "
+                f"{self.device}: {str(exc).splitlines()[0]}"
+            )
         return None
 
     def _drop_local(self) -> None:
@@ -155,8 +171,13 @@ class MonoRunner:
         """What every protocol kernel takes: control words, health address (an int: it may
         be pinned host memory), scratch, ticket counters, and the interpreter switch."""
         self._live()
-        return {"ctl": self.ctl, "health": self.health.data_ptr(), "scratch": self.scratch,
-                "tickets": self.tickets, "CPU": self.cpu}
+        return {
+            "ctl": self.ctl,
+            "health": self.health.data_ptr(),
+            "scratch": self.scratch,
+            "tickets": self.tickets,
+            "CPU": self.cpu,
+        }
 
     def peer_args(self) -> dict[str, Any]:
         """Every rank's peer-buffer base address (the alarm head; data past PEER_HEAD)."""
@@ -192,8 +213,9 @@ class MonoRunner:
     # -- faults ---------------------------------------------------------------------------
     def _faulted(self) -> MonoFault:
         self._sync()  # every wait is bounded: this ends, and the records are complete
-        head, _, body = timeline(self.rank, self.health.tolist(), self.alarms.tolist(),
-                                 self.unit).partition("\n")
+        head, _, body = timeline(
+            self.rank, self.health.tolist(), self.alarms.tolist(), self.unit
+        ).partition("\n")
         self._fault = MonoFault(head, body)
         return self._fault
 
@@ -255,7 +277,7 @@ class MonoRunner:
     def tag(self, slot: int) -> int:
         """The tag a launch of `slot` would use now (host mirror of `step_tag`; syncs)."""
         self._live()
-        epoch, base = self.ctl[: 2].tolist()
+        epoch, base = self.ctl[:2].tolist()
         return P.tag_of(epoch, base, slot)
 
     # -- device-side check ----------------------------------------------------------------

@@ -68,23 +68,28 @@ def random_layer(cfg: MiniMaxM3Config, fmt: WeightFormat, seed: int, device) -> 
         "router": randn(spec["router"][0], h**-0.5),
         "bias": randn(spec["bias"][0], 0.05),
     }
-    k_of = {"w13": h, "w2": cfg.per_rank_intermediate(1), "shared_w13": h,
-            "shared_w2": cfg.per_rank_shared_intermediate(1)}
+    k_of = {
+        "w13": h,
+        "w2": cfg.per_rank_intermediate(1),
+        "shared_w13": h,
+        "shared_w2": cfg.per_rank_shared_intermediate(1),
+    }
     for name, k in k_of.items():
         (shape, dtype), (sshape, sdtype) = spec[name], spec[f"{name}_scale"]
         std = k**-0.5
         if dtype == torch.bfloat16:
             made[name], made[f"{name}_scale"] = randn(shape, std, torch.bfloat16), None
         elif dtype == torch.uint8:  # two e2m1 codes a byte, every byte a valid pair
-            made[name] = torch.randint(0, 256, shape, generator=g, device=device,
-                                       dtype=torch.uint8)
+            made[name] = torch.randint(0, 256, shape, generator=g, device=device, dtype=torch.uint8)
             e = 127 + round(math.log2(std / E2M1_RMS))
-            made[f"{name}_scale"] = torch.randint(e - 1, e + 2, sshape, generator=g,
-                                                  device=device, dtype=torch.uint8)
+            made[f"{name}_scale"] = torch.randint(
+                e - 1, e + 2, sshape, generator=g, device=device, dtype=torch.uint8
+            )
         else:  # e4m3 values of std 1, fp32 block scales near the weight's std
             made[name] = randn(shape, 1.0, torch.bfloat16).to(dtype)
-            made[f"{name}_scale"] = std * (0.75 + 0.5 * torch.rand(
-                sshape, generator=g, device=device, dtype=sdtype))
+            made[f"{name}_scale"] = std * (
+                0.75 + 0.5 * torch.rand(sshape, generator=g, device=device, dtype=sdtype)
+            )
     w = FfnWeights(fmt, **made)
     w.validate(cfg, 1)
     return w
@@ -98,8 +103,15 @@ def bytes_read(cfg: MiniMaxM3Config, w: FfnWeights, ids: torch.Tensor, rows: int
         return 0 if t is None else t[0].numel() * t.element_size()
 
     n = experts * sum(per_expert(t) for t in (w.w13, w.w13_scale, w.w2, w.w2_scale))
-    for t in (w.shared_w13, w.shared_w13_scale, w.shared_w2, w.shared_w2_scale, w.router,
-              w.bias, w.norm):
+    for t in (
+        w.shared_w13,
+        w.shared_w13_scale,
+        w.shared_w2,
+        w.shared_w2_scale,
+        w.router,
+        w.bias,
+        w.norm,
+    ):
         n += 0 if t is None else t.numel() * t.element_size()
     return n + 3 * rows * cfg.hidden_size * 2  # part, residual in; plus the output
 
@@ -112,11 +124,11 @@ def _bf16(w: FfnWeights, name: str, chunk: int = 16) -> torch.Tensor:
         return dequantize(vals, scales, fmt).to(torch.bfloat16)
     out = None
     for i in range(0, vals.shape[0], chunk):
-        part = dequantize(vals[i : i + chunk], None if scales is None else scales[i : i + chunk],
-                          fmt).to(torch.bfloat16)
+        part = dequantize(
+            vals[i : i + chunk], None if scales is None else scales[i : i + chunk], fmt
+        ).to(torch.bfloat16)
         if out is None:
-            out = torch.empty(vals.shape[0], *part.shape[1:], dtype=part.dtype,
-                              device=part.device)
+            out = torch.empty(vals.shape[0], *part.shape[1:], dtype=part.dtype, device=part.device)
         out[i : i + chunk] = part
     return out
 
@@ -128,9 +140,15 @@ class OpByOp:
     def __init__(self, cfg: MiniMaxM3Config, layers: list[FfnWeights]):
         self.cfg = cfg
         self.layers = [
-            dict(w13=_bf16(w, "w13"), w2=_bf16(w, "w2"),  # [E, 2I, H], [E, H, I]
-                 sw13=_bf16(w, "shared_w13"), sw2=_bf16(w, "shared_w2"),
-                 norm=w.norm, router=w.router, bias=w.bias)
+            dict(
+                w13=_bf16(w, "w13"),
+                w2=_bf16(w, "w2"),  # [E, 2I, H], [E, H, I]
+                sw13=_bf16(w, "shared_w13"),
+                sw2=_bf16(w, "shared_w2"),
+                norm=w.norm,
+                router=w.router,
+                bias=w.bias,
+            )
             for w in layers
         ]
         self.seam = torch.compile(self._seam)
@@ -165,7 +183,8 @@ class OpByOp:
         back[order] = y
         routed = (back.view(-1, cfg.top_k, cfg.hidden_size).float() * wt[..., None]).sum(1)
         shared = torch.nn.functional.linear(
-            self.act(torch.nn.functional.linear(x, w["sw13"])), w["sw2"])
+            self.act(torch.nn.functional.linear(x, w["sw13"])), w["sw2"]
+        )
         return (routed + shared.float()).to(torch.bfloat16), res
 
 
@@ -198,21 +217,28 @@ def _row(cfg, fmt, runner, base, layers, s, copy, l2, g) -> dict:
         except Exception as err:  # noqa: BLE001 (reported in the row, not fatal)
             note = f"op-by-op path failed: {type(err).__name__}: {err}"[:300]
     return dict(
-        format=fmt.value, layout=runner.builds[s].layout, rows=s, layers=len(layers),
-        kernel_us=t_kernel * 1e6, bytes=sum(nbytes) // len(layers), copy_tbps=copy / 1e12,
+        format=fmt.value,
+        layout=runner.builds[s].layout,
+        rows=s,
+        layers=len(layers),
+        kernel_us=t_kernel * 1e6,
+        bytes=sum(nbytes) // len(layers),
+        copy_tbps=copy / 1e12,
         limit_pct=100.0 * sum(nbytes) / copy / (t_kernel * len(layers)),
         l2_x=sum(nbytes) / l2 if l2 else None,
         opbyop_us=None if t_base is None else t_base * 1e6,
         speedup=None if t_base is None else t_base / t_kernel,
-        experts_read=sum(experts) / len(experts), note=note,
+        experts_read=sum(experts) / len(experts),
+        note=note,
     )
 
 
 def _check(rows, formats, layers) -> tuple[tuple[int, ...], list[WeightFormat]]:
     """Bad arguments fail here, before anything is allocated or compiled."""
     rows = tuple(rows)
-    if not rows or any(not isinstance(s, int) or not 1 <= s <= MiniMaxM3Config.max_rows
-                       for s in rows):
+    if not rows or any(
+        not isinstance(s, int) or not 1 <= s <= MiniMaxM3Config.max_rows for s in rows
+    ):
         raise ValueError(f"rows {rows}: each must be 1..{MiniMaxM3Config.max_rows}")
     if len(set(rows)) != len(rows):
         raise ValueError(f"rows {rows}: a row count appears twice")
@@ -225,8 +251,14 @@ def _check(rows, formats, layers) -> tuple[tuple[int, ...], list[WeightFormat]]:
     return rows, [WeightFormat(f) for f in formats]
 
 
-def bench(rows=(1, 2, 4, 8, 16), formats=("mxfp4", "fp8"), layers: int = 12,
-          device: str = "cuda", seed: int = 0, baseline: bool = True) -> list[dict]:
+def bench(
+    rows=(1, 2, 4, 8, 16),
+    formats=("mxfp4", "fp8"),
+    layers: int = 12,
+    device: str = "cuda",
+    seed: int = 0,
+    baseline: bool = True,
+) -> list[dict]:
     """One row per (format, S): kernel_us, bytes, copy_tbps, limit_pct, l2_x (bytes one
     graph reads over the L2 size; under ~4 the cache flatters the kernel), opbyop_us,
     speedup, experts_read (routed union + shared, mean over layers), note (why the
@@ -257,20 +289,30 @@ def bench(rows=(1, 2, 4, 8, 16), formats=("mxfp4", "fp8"), layers: int = 12,
     return out
 
 
-COLUMNS = (("format", "{}"), ("rows", "{}"), ("kernel_us", "{:.1f}"), ("bytes", "{:.3g}"),
-           ("limit_pct", "{:.1f}"), ("l2_x", "{:.1f}"), ("opbyop_us", "{:.1f}"),
-           ("speedup", "{:.2f}"), ("experts_read", "{:.1f}"))
+COLUMNS = (
+    ("format", "{}"),
+    ("rows", "{}"),
+    ("kernel_us", "{:.1f}"),
+    ("bytes", "{:.3g}"),
+    ("limit_pct", "{:.1f}"),
+    ("l2_x", "{:.1f}"),
+    ("opbyop_us", "{:.1f}"),
+    ("speedup", "{:.2f}"),
+    ("experts_read", "{:.1f}"),
+)
 
 
 def table(rows: list[dict]) -> str:
     """The rows as fixed-width text, one line each; notes after the table."""
     cells = [[name for name, _ in COLUMNS]] + [
-        ["-" if r[n] is None else f.format(r[n]) for n, f in COLUMNS] for r in rows]
+        ["-" if r[n] is None else f.format(r[n]) for n, f in COLUMNS] for r in rows
+    ]
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
     if rows:
-        lines.append(f"copy bandwidth {rows[0]['copy_tbps']:.2f} TB/s; "
-                     f"{rows[0]['layers']} layers a graph")
+        lines.append(
+            f"copy bandwidth {rows[0]['copy_tbps']:.2f} TB/s; {rows[0]['layers']} layers a graph"
+        )
     lines += [f"{r['format']} S={r['rows']}: {r['note']}" for r in rows if r["note"]]
     return "\n".join(lines)
 
@@ -279,8 +321,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,2,4,8,16", help="comma-separated S (1..16)")
     parser.add_argument("--formats", default="mxfp4,fp8", help="comma-separated formats")
-    parser.add_argument("--layers", type=int, default=12,
-                        help="distinct layers' weights a timed graph rotates over")
+    parser.add_argument(
+        "--layers", type=int, default=12, help="distinct layers' weights a timed graph rotates over"
+    )
     parser.add_argument("--no-baseline", action="store_true", help="skip the op-by-op path")
     parser.add_argument("--json", action="store_true", help="one JSON row a line")
     args = parser.parse_args(argv)

@@ -54,25 +54,35 @@ def check_build(b: FfnBuild) -> None:
     if b.weights is WeightFormat.FP8:
         raise FlyDslUnsupported(
             "FlyDSL FFN build reads bf16 and mxfp4-k32 experts; fp8-b128 is served by the "
-            "Triton build only")
+            "Triton build only"
+        )
     if b.rows * 16 > THREADS:
         raise FlyDslUnsupported(f"rows={b.rows}: a router task maps 16 experts x rows lanes")
     if b.inter % MX or b.cfg.hidden_size % MX:
-        raise FlyDslUnsupported(f"hidden and per-rank intermediate sizes must be multiples of "
-                                f"{MX} (a k-block)")
+        raise FlyDslUnsupported(
+            f"hidden and per-rank intermediate sizes must be multiples of {MX} (a k-block)"
+        )
 
 
 def kernel_name(b: FfnBuild, programs: int = GRID) -> str:
     c = b.cfg
-    name = (f"mono_ffn_h{c.hidden_size}_e{c.num_experts}_i{b.inter}_s{b.rows}_tp{b.tp}"
-            f"_{b.weights.value}_p{programs}")
+    name = (
+        f"mono_ffn_h{c.hidden_size}_e{c.num_experts}_i{b.inter}_s{b.rows}_tp{b.tp}"
+        f"_{b.weights.value}_p{programs}"
+    )
     return name if b.experts is Experts.ALL else f"{name}_{b.experts.value}"
 
 
 def job_kwargs(b: FfnBuild, programs: int = GRID) -> dict:
     """JSON-able arguments of ``build_job`` for build ``b`` (the compile child rebuilds it)."""
-    return {"cfg": dataclasses.asdict(b.cfg), "rows": b.rows, "tp": b.tp,
-            "weights": b.weights.value, "experts": b.experts.value, "programs": programs}
+    return {
+        "cfg": dataclasses.asdict(b.cfg),
+        "rows": b.rows,
+        "tp": b.tp,
+        "weights": b.weights.value,
+        "experts": b.experts.value,
+        "programs": programs,
+    }
 
 
 def build_job(cfg: dict, rows: int, tp: int, weights: str, experts: str, programs: int):
@@ -81,8 +91,7 @@ def build_job(cfg: dict, rows: int, tp: int, weights: str, experts: str, program
     return build(b, programs), tuple(0 for _ in ARG_NAMES)
 
 
-def compile_isa(builds, arch: str = "gfx950", programs: int = GRID,
-                processes: int | None = None):
+def compile_isa(builds, arch: str = "gfx950", programs: int = GRID, processes: int | None = None):
     """Compile every build in child processes; their ISA (``mono_runtime.flydsl.isa``)."""
     from mono_runtime.flydsl.offline import Job, compile_all
 
@@ -92,15 +101,18 @@ def compile_isa(builds, arch: str = "gfx950", programs: int = GRID,
     return compile_all(jobs, arch, processes=processes)
 
 
-def check_resident(builds, arch: str = "gfx950", programs: int = GRID,
-                   cus: int | None = None) -> None:
+def check_resident(
+    builds, arch: str = "gfx950", programs: int = GRID, cus: int | None = None
+) -> None:
     """Compile ``builds`` (child processes) and raise MonoUnsupported naming every build
     whose grid cannot be resident on ``cus`` CUs of ``arch`` (warm-up, before any launch)."""
     from mono_runtime.errors import MonoUnsupported
 
-    problems = [f"{kernel_name(b, programs)}: {why}"
-                for b, isa in zip(builds, compile_isa(builds, arch, programs), strict=True)
-                if (why := residency_problem(isa, programs, cus))]
+    problems = [
+        f"{kernel_name(b, programs)}: {why}"
+        for b, isa in zip(builds, compile_isa(builds, arch, programs), strict=True)
+        if (why := residency_problem(isa, programs, cus))
+    ]
     if problems:
         raise MonoUnsupported("FlyDSL FFN builds refused:\n  " + "\n  ".join(problems))
 
@@ -120,16 +132,33 @@ def build(b: FfnBuild, programs: int = GRID):
     try:
         from . import flydsl_kernel
     except ImportError as err:
-        raise FlyDslUnsupported(f"FlyDSL is not installed ({err}): the FlyDSL FFN build "
-                                "needs it") from err
+        raise FlyDslUnsupported(
+            f"FlyDSL is not installed ({err}): the FlyDSL FFN build needs it"
+        ) from err
     return flydsl_kernel.make_launcher(b, programs, consts(b))
 
 
 _LAUNCHERS: dict = {}
 
 
-def kernel_args(*, part, residual, out, residual_out, slots, weights, scratch, slot, final,
-                ctl, health, tickets, peers, rank, world) -> list:
+def kernel_args(
+    *,
+    part,
+    residual,
+    out,
+    residual_out,
+    slots,
+    weights,
+    scratch,
+    slot,
+    final,
+    ctl,
+    health,
+    tickets,
+    peers,
+    rank,
+    world,
+) -> list:
     """The launch's arguments in ARG_NAMES order: tensors as device addresses (bf16
     activations and the norm weight are read as bf16 pairs), a missing scale as the scratch
     address (never read), then the int32 scalars. An int is already an address (the
@@ -142,11 +171,31 @@ def kernel_args(*, part, residual, out, residual_out, slots, weights, scratch, s
         return (scratch if t is None else t).data_ptr()
 
     return [
-        addr(part), addr(residual), addr(out), addr(residual_out), addr(slots), addr(w.norm),
-        addr(w.router), addr(w.bias), addr(w.w13), addr(w.w13_scale), addr(w.w2),
-        addr(w.w2_scale), addr(w.shared_w13), addr(w.shared_w13_scale), addr(w.shared_w2),
-        addr(w.shared_w2_scale), addr(scratch), int(slot), int(final), addr(ctl), addr(health),
-        addr(tickets), addr(peers), int(rank), int(world),
+        addr(part),
+        addr(residual),
+        addr(out),
+        addr(residual_out),
+        addr(slots),
+        addr(w.norm),
+        addr(w.router),
+        addr(w.bias),
+        addr(w.w13),
+        addr(w.w13_scale),
+        addr(w.w2),
+        addr(w.w2_scale),
+        addr(w.shared_w13),
+        addr(w.shared_w13_scale),
+        addr(w.shared_w2),
+        addr(w.shared_w2_scale),
+        addr(scratch),
+        int(slot),
+        int(final),
+        addr(ctl),
+        addr(health),
+        addr(tickets),
+        addr(peers),
+        int(rank),
+        int(world),
     ]
 
 
@@ -166,13 +215,34 @@ def consts(b: FfnBuild) -> dict:
     c, p = b.cfg, b.plan
     sl, tb, pl = scratch_layout(b), table_offsets(b), peer_layout(c, b.tp)
     return dict(
-        S=b.rows, H=c.hidden_size, E=c.num_experts, K=c.top_k, I=b.inter, W=b.tp,
+        S=b.rows,
+        H=c.hidden_size,
+        E=c.num_experts,
+        K=c.top_k,
+        I=b.inter,
+        W=b.tp,
         MXFP4=b.weights is WeightFormat.MXFP4,
-        SHARED=b.experts is not Experts.ROUTED, ROUTED=b.experts is not Experts.SHARED,
-        MAXSLOTS=b.max_slots, NPUSH=p.push, PUSHC=p.push_cols, SC=p.seam_cols,
-        RG=p.router_groups, RP=p.router_parts, RK=p.router_k, NC=p.nc, IC=p.bn, ND=p.down,
-        DC=p.dc, NF=p.final, FC=p.fc,
-        O={k: v[0] for k, v in sl.items()}, T=tb, PL={k: v[0] for k, v in pl.items()},
-        ALPHA=c.swiglu_alpha, BETA=c.swiglu_beta, LIMIT=c.swiglu_limit, EPS=c.rms_norm_eps,
+        SHARED=b.experts is not Experts.ROUTED,
+        ROUTED=b.experts is not Experts.SHARED,
+        MAXSLOTS=b.max_slots,
+        NPUSH=p.push,
+        PUSHC=p.push_cols,
+        SC=p.seam_cols,
+        RG=p.router_groups,
+        RP=p.router_parts,
+        RK=p.router_k,
+        NC=p.nc,
+        IC=p.bn,
+        ND=p.down,
+        DC=p.dc,
+        NF=p.final,
+        FC=p.fc,
+        O={k: v[0] for k, v in sl.items()},
+        T=tb,
+        PL={k: v[0] for k, v in pl.items()},
+        ALPHA=c.swiglu_alpha,
+        BETA=c.swiglu_beta,
+        LIMIT=c.swiglu_limit,
+        EPS=c.rms_norm_eps,
         RSF=c.routed_scaling_factor,
     )

@@ -148,8 +148,14 @@ def wait_items(c, first, n):
     """Wait (bounded) until items first .. first + n - 1 (smaller tickets) are done; lane 0
     polls, the barrier passes its acquire on to every lane. Returns ok, in every lane."""
     if c["tid"] == 0:
-        _, ok = P.poll(c["prog"], [(c["done"], fx.Int64(first) + q) for q in range_constexpr(n)],
-                       c["tag"], P.DEVICE, c["regions"]["items"], first)
+        _, ok = P.poll(
+            c["prog"],
+            [(c["done"], fx.Int64(first) + q) for q in range_constexpr(n)],
+            c["tag"],
+            P.DEVICE,
+            c["regions"]["items"],
+            first,
+        )
         fx.ptr_store(ok.select(fx.Int32(1), fx.Int32(0)), c["lds"].tick.ptr + 2)
     fx.gpu.barrier()
     ok = fx.ptr_load(c["lds"].tick.ptr + 2) != 0
@@ -214,8 +220,9 @@ def stage_seam(c, t, s):
     for c0 in range_constexpr(0, half, THREADS):
         p = c0 + tid
         if p < half:
-            sl, sh, ok = P.reduce_bf16x2(c["prog"], ar1, 16 * half, s * half + p, c["tag"],
-                                         c["regions"]["ar1"])
+            sl, sh, ok = P.reduce_bf16x2(
+                c["prog"], ar1, 16 * half, s * half + p, c["tag"], c["regions"]["ar1"]
+            )
             r = ld_i32(c["residual"], s * half + p)
             xl = ok.select(round_bf16(sl) + lo(r), nan)
             xh = ok.select(round_bf16(sh) + hi(r), nan)
@@ -231,8 +238,11 @@ def stage_seam(c, t, s):
             xl = ld_f32(c["xs"], s * h + 2 * p)
             xh = ld_f32(c["xs"], s * h + 2 * p + 1)
             wn = ld_i32(c["norm"], p)
-            st_i32(c["xn"], s * half + p, P.bf16x2_pack(xl * rstd * (lo(wn) + 1.0),
-                                                         xh * rstd * (hi(wn) + 1.0)))
+            st_i32(
+                c["xn"],
+                s * half + p,
+                P.bf16x2_pack(xl * rstd * (lo(wn) + 1.0), xh * rstd * (hi(wn) + 1.0)),
+            )
     finish_item(c, t)
 
 
@@ -441,8 +451,9 @@ def stage_down(c, d, nslots):
             word = P.bf16x2_pack(acc, other)
             for dst in range_constexpr(k["W"]):
                 ar2 = P.peer_data(c["prog"], dst) + k["PL"]["ar2"]
-                P.publish(ar2, (c["rank"] * 16 + s) * half + (d0 + col) // 2, word, c["tag"],
-                          P.SYSTEM)
+                P.publish(
+                    ar2, (c["rank"] * 16 + s) * half + (d0 + col) // 2, word, c["tag"], P.SYSTEM
+                )
 
 
 def stage_final(c, t, f):
@@ -454,8 +465,9 @@ def stage_final(c, t, f):
     if tid < k["FC"] // 2:
         p = f * (k["FC"] // 2) + tid
         for s in range_constexpr(k["S"]):
-            sl, sh, ok = P.reduce_bf16x2(c["prog"], ar2, 16 * half, s * half + p, c["tag"],
-                                         c["regions"]["ar2"])
+            sl, sh, ok = P.reduce_bf16x2(
+                c["prog"], ar2, 16 * half, s * half + p, c["tag"], c["regions"]["ar2"]
+            )
             st_i32(c["out"], s * half + p, P.bf16x2_pack(ok.select(sl, nan), ok.select(sh, nan)))
     finish_item(c, t)
 
@@ -469,15 +481,42 @@ def stage_handshake(c, t):
     if c["tid"] == 0:
         hs = P.own_data(c["prog"]) + k["PL"]["hs"]
         for dst in range_constexpr(k["W"]):
-            P.publish(P.peer_data(c["prog"], dst) + k["PL"]["hs"], c["rank"], fx.Int32(0),
-                      c["tag"], P.SYSTEM)
-        P.poll(c["prog"], [(hs, q) for q in range_constexpr(k["W"])], c["tag"], P.SYSTEM,
-               c["regions"]["handshake"], 0)
+            P.publish(
+                P.peer_data(c["prog"], dst) + k["PL"]["hs"],
+                c["rank"],
+                fx.Int32(0),
+                c["tag"],
+                P.SYSTEM,
+            )
+        P.poll(
+            c["prog"],
+            [(hs, q) for q in range_constexpr(k["W"])],
+            c["tag"],
+            P.SYSTEM,
+            c["regions"]["handshake"],
+            0,
+        )
 
 
-_TRACED = (draw, finish_item, wait_items, slot_count, reset_if_last, block_sum, stage_push,
-           stage_seam, stage_router, stage_route, stage_up, stage_down, stage_final,
-           stage_handshake, weight_block, up_dots, down_dots)
+_TRACED = (
+    draw,
+    finish_item,
+    wait_items,
+    slot_count,
+    reset_if_last,
+    block_sum,
+    stage_push,
+    stage_seam,
+    stage_router,
+    stage_route,
+    stage_up,
+    stage_down,
+    stage_final,
+    stage_handshake,
+    weight_block,
+    up_dots,
+    down_dots,
+)
 
 
 def make_launcher(b: FfnBuild, programs: int, k: dict):
@@ -498,27 +537,69 @@ def make_launcher(b: FfnBuild, programs: int, k: dict):
         pos: fx.Array[fx.Int32, E, 16]
 
     @flyc.kernel(name=kernel_name(b, programs), known_block_size=[THREADS, 1, 1])
-    def ffn(part: Int64, residual: Int64, out: Int64, residual_out: Int64, slots: Int64,
-            norm: Int64, router: Int64, bias: Int64, w13: Int64, w13_scale: Int64,
-            w2: Int64, w2_scale: Int64, sw13: Int64, sw13_scale: Int64, sw2: Int64,
-            sw2_scale: Int64, scratch: Int64, slot: Int32, final: Int32, ctl: Int64,
-            health: Int64, tickets: Int64, peers: Int64, rank: Int32, world: Int32):
+    def ffn(
+        part: Int64,
+        residual: Int64,
+        out: Int64,
+        residual_out: Int64,
+        slots: Int64,
+        norm: Int64,
+        router: Int64,
+        bias: Int64,
+        w13: Int64,
+        w13_scale: Int64,
+        w2: Int64,
+        w2_scale: Int64,
+        sw13: Int64,
+        sw13_scale: Int64,
+        sw2: Int64,
+        sw2_scale: Int64,
+        scratch: Int64,
+        slot: Int32,
+        final: Int32,
+        ctl: Int64,
+        health: Int64,
+        tickets: Int64,
+        peers: Int64,
+        rank: Int32,
+        world: Int32,
+    ):
         # `world` is the build's TP (k["W"], checked by the runner): rank loops unroll
         tid = fx.Int32(fx.thread_idx.x)
         c = {
-            "k": k, "tid": tid, "rank": rank, "regions": regions, "static": static,
+            "k": k,
+            "tid": tid,
+            "rank": rank,
+            "regions": regions,
+            "static": static,
             "route": route,
             "programs": programs,
             "lds": fx.SharedAllocator().allocate(Lds).peek(),
             "prog": P.program(ctl, health, peers, rank, k["W"]),
             "tag": P.step_tag(ctl, slot),
-            "counter": tickets + fx.Int64(slot) * 8, "done": scratch + o["done"],
-            "part": part, "residual": residual, "out": out, "residual_out": residual_out,
-            "slots": slots, "norm": norm, "router": router, "bias": bias, "w13": w13,
-            "w13_scale": w13_scale, "w2": w2, "w2_scale": w2_scale, "sw13": sw13,
-            "sw13_scale": sw13_scale, "sw2": sw2, "sw2_scale": sw2_scale,
-            "xs": scratch + o["xs"], "xn": scratch + o["xn"], "logit": scratch + o["logit"],
-            "table": scratch + o["table"], "mid": scratch + o["mid"],
+            "counter": tickets + fx.Int64(slot) * 8,
+            "done": scratch + o["done"],
+            "part": part,
+            "residual": residual,
+            "out": out,
+            "residual_out": residual_out,
+            "slots": slots,
+            "norm": norm,
+            "router": router,
+            "bias": bias,
+            "w13": w13,
+            "w13_scale": w13_scale,
+            "w2": w2,
+            "w2_scale": w2_scale,
+            "sw13": sw13,
+            "sw13_scale": sw13_scale,
+            "sw2": sw2,
+            "sw2_scale": sw2_scale,
+            "xs": scratch + o["xs"],
+            "xn": scratch + o["xn"],
+            "logit": scratch + o["logit"],
+            "table": scratch + o["table"],
+            "mid": scratch + o["mid"],
         }
         P.fault_stall(c["prog"])
         tail = k["ND"] + k["NF"] + (final != 0).select(fx.Int32(1), fx.Int32(0))
@@ -561,15 +642,60 @@ def make_launcher(b: FfnBuild, programs: int, k: dict):
             reset_if_last(c, t, static + slot_count(c) * NC + tail)
 
     @flyc.jit
-    def launch(part: Int64, residual: Int64, out: Int64, residual_out: Int64, slots: Int64,
-               norm: Int64, router: Int64, bias: Int64, w13: Int64, w13_scale: Int64,
-               w2: Int64, w2_scale: Int64, sw13: Int64, sw13_scale: Int64, sw2: Int64,
-               sw2_scale: Int64, scratch: Int64, slot: Int32, final: Int32, ctl: Int64,
-               health: Int64, tickets: Int64, peers: Int64, rank: Int32, world: Int32,
-               stream: fx.Stream = fx.Stream(None)):  # noqa: B008
-        ffn(part, residual, out, residual_out, slots, norm, router, bias, w13, w13_scale,
-            w2, w2_scale, sw13, sw13_scale, sw2, sw2_scale, scratch, slot, final, ctl,
-            health, tickets, peers, rank, world).launch(grid=(programs,), block=(THREADS,),
-                                                stream=stream)
+    def launch(
+        part: Int64,
+        residual: Int64,
+        out: Int64,
+        residual_out: Int64,
+        slots: Int64,
+        norm: Int64,
+        router: Int64,
+        bias: Int64,
+        w13: Int64,
+        w13_scale: Int64,
+        w2: Int64,
+        w2_scale: Int64,
+        sw13: Int64,
+        sw13_scale: Int64,
+        sw2: Int64,
+        sw2_scale: Int64,
+        scratch: Int64,
+        slot: Int32,
+        final: Int32,
+        ctl: Int64,
+        health: Int64,
+        tickets: Int64,
+        peers: Int64,
+        rank: Int32,
+        world: Int32,
+        stream: fx.Stream = fx.Stream(None),  # noqa: B008
+    ):
+        ffn(
+            part,
+            residual,
+            out,
+            residual_out,
+            slots,
+            norm,
+            router,
+            bias,
+            w13,
+            w13_scale,
+            w2,
+            w2_scale,
+            sw13,
+            sw13_scale,
+            sw2,
+            sw2_scale,
+            scratch,
+            slot,
+            final,
+            ctl,
+            health,
+            tickets,
+            peers,
+            rank,
+            world,
+        ).launch(grid=(programs,), block=(THREADS,), stream=stream)
 
     return launch

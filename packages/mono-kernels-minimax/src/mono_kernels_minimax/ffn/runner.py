@@ -41,9 +41,11 @@ def _layout(split: tuple[int, int] | None) -> str:
 def _no_alias(tensors: dict[str, torch.Tensor | None]) -> None:
     """Refuse an output that shares memory with another argument (residual_out may alias
     residual: the seam reads each element before it writes it)."""
-    spans = {n: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
-             for n, t in tensors.items()
-             if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)}
+    spans = {
+        n: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+        for n, t in tensors.items()
+        if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)
+    }
     for out in ("out", "residual_out"):
         if out not in spans:
             continue
@@ -54,7 +56,7 @@ def _no_alias(tensors: dict[str, torch.Tensor | None]) -> None:
 
 
 def choose_build(device: torch.device | str, hip_version: str | None) -> str:
-    """"flydsl" on a GPU of a ROCm torch (`torch.version.hip` set), "triton" elsewhere: the
+    """ "flydsl" on a GPU of a ROCm torch (`torch.version.hip` set), "triton" elsewhere: the
     FlyDSL build is the one tuned for and compiled to AMD targets; Triton serves CUDA GPUs
     and runs under the interpreter on a CPU."""
     return "flydsl" if torch.device(device).type == "cuda" and hip_version else "triton"
@@ -90,14 +92,18 @@ class FfnRunner:
         if not widths or any(isinstance(w, bool) or not isinstance(w, int) for w in widths):
             raise ValueError(f"widths: expected a non-empty list of ints, got {widths!r}")
         self.widths = tuple(sorted(set(widths)))
-        if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int)
-                                     or programs < 1):
+        if programs is not None and (
+            isinstance(programs, bool) or not isinstance(programs, int) or programs < 1
+        ):
             raise ValueError(f"programs: expected an int >= 1, got {programs!r}")
         if self.device.type == "cpu" and not _cpu_interpreter():  # before any allocation
             raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
-        self.builds = {s: FfnBuild(cfg, s, tp, self.fmt, Experts(experts), packed=bool(pack),
-                               timeline=bool(timeline))
-                       for s in self.widths}
+        self.builds = {
+            s: FfnBuild(
+                cfg, s, tp, self.fmt, Experts(experts), packed=bool(pack), timeline=bool(timeline)
+            )
+            for s in self.widths
+        }
         self.build_name = choose_build(self.device, torch.version.hip)
         if self.build_name == "flydsl":
             for b in self.builds.values():
@@ -117,8 +123,11 @@ class FfnRunner:
         self.mono = runner
         self.cpu = self.device.type == "cpu"
         if programs is None:
-            programs = (2 if self.cpu else
-                        torch.cuda.get_device_properties(self.device).multi_processor_count)
+            programs = (
+                2
+                if self.cpu
+                else torch.cuda.get_device_properties(self.device).multi_processor_count
+            )
         self.programs = programs
         # the expert layout the build streams: mxfp4-s{bk} for the Triton build's MXFP4
         self.split = None if self.build_name == "flydsl" else self.builds[self.widths[0]].split
@@ -176,8 +185,9 @@ class FfnRunner:
 
         b = self.builds[s]
         if not b.timeline:
-            raise ValueError("timeline: this runner's builds do not stamp items "
-                             "(FfnRunner(timeline=True))")
+            raise ValueError(
+                "timeline: this runner's builds do not stamp items (FfnRunner(timeline=True))"
+            )
         nslots = int(self.region(s, "table")[:4].view(torch.int32)[0])
         return items(self.region(s, "timeline").view(torch.int64).view(-1, 4), b, nslots, final)
 
@@ -194,16 +204,20 @@ class FfnRunner:
         if self.build_name == "flydsl":
             cus = torch.cuda.get_device_properties(self.device).multi_processor_count
             arch = target_of(self.device).split(":")[1]
-            flydsl_build.check_resident(list(self.builds.values()), arch,
-                                        programs=self.programs, cus=cus)
+            flydsl_build.check_resident(
+                list(self.builds.values()), arch, programs=self.programs, cus=cus
+            )
             return
         limits = DeviceLimits.of(self.device)
         for s, b in self.builds.items():
             kernel = triton_build.ffn_kernel.warmup(
                 *triton_build.kernel_args(b, **self._args(b, s, *self._dummies(s))),
-                grid=(self.programs,), **triton_build.constexprs(b, False))
-            problem = residency_problem(Resources.of_compiled(kernel), self.programs, limits,
-                                        f"FFN width {s}")
+                grid=(self.programs,),
+                **triton_build.constexprs(b, False),
+            )
+            problem = residency_problem(
+                Resources.of_compiled(kernel), self.programs, limits, f"FFN width {s}"
+            )
             if problem:
                 raise MonoUnsupported(problem)
 
@@ -212,25 +226,40 @@ class FfnRunner:
         z = torch.zeros(s, h, dtype=torch.bfloat16, device=self.device)
         return z, z, z, z, torch.zeros(s, dtype=torch.int64, device=self.device)
 
-    def _args(self, b, s, part, residual, out, residual_out, slots, weights=None, slot=0,
-              final=False) -> dict:
+    def _args(
+        self, b, s, part, residual, out, residual_out, slots, weights=None, slot=0, final=False
+    ) -> dict:
         """The launch's arguments by name: the `kernel_args` keywords of either build."""
         la, pa = self.mono.launch_args(), self.mono.peer_args()
         region = self.mono.scratch[self.offsets[s] : self.offsets[s] + scratch_bytes(b)]
         if weights is None:
             weights = self._type_weights()
         return dict(
-            part=part, residual=residual, out=out, residual_out=residual_out, slots=slots,
-            weights=weights, scratch=region, slot=slot, final=final, ctl=la["ctl"],
+            part=part,
+            residual=residual,
+            out=out,
+            residual_out=residual_out,
+            slots=slots,
+            weights=weights,
+            scratch=region,
+            slot=slot,
+            final=final,
+            ctl=la["ctl"],
             health=la["health"],
-            tickets=la["tickets"], peers=pa["peers"], rank=pa["rank"], world=pa["world"])
+            tickets=la["tickets"],
+            peers=pa["peers"],
+            rank=pa["rank"],
+            world=pa["world"],
+        )
 
     def _type_weights(self) -> FfnWeights:
         """Placeholder tensors of the right dtypes: what a compile without a launch needs."""
         fmt = self.fmt
         spec = FfnWeights(fmt, *([None] * 11)).expected(self.cfg, self.tp)
-        made = {name: None if dtype is None else torch.empty(64, dtype=dtype, device=self.device)
-                for name, (_, dtype) in spec.items()}
+        made = {
+            name: None if dtype is None else torch.empty(64, dtype=dtype, device=self.device)
+            for name, (_, dtype) in spec.items()
+        }
         return FfnWeights(fmt, **made, split=self.split)
 
     def __call__(
@@ -254,8 +283,9 @@ class FfnRunner:
         if residual_out is None:
             residual_out = torch.empty_like(residual)
         b = self.builds[s]
-        args = self._args(b, s, part, residual, out, residual_out, slots, weights, self._slot,
-                          final)
+        args = self._args(
+            b, s, part, residual, out, residual_out, slots, weights, self._slot, final
+        )
         if self.build_name == "flydsl":
             flydsl_build.launch(b, self.programs, **args)
         else:
@@ -289,17 +319,26 @@ class FfnRunner:
                 raise ValueError(f"{name}: must be contiguous (strides {t.stride()})")
             if t.device != self.device:
                 raise ValueError(f"{name}: on {t.device}, expected {self.device}")
-        _no_alias({"part": part, "residual": residual, "slots": slots, "out": out,
-                   "residual_out": residual_out})
+        _no_alias(
+            {
+                "part": part,
+                "residual": residual,
+                "slots": slots,
+                "out": out,
+                "residual_out": residual_out,
+            }
+        )
         if not isinstance(weights, FfnWeights):
             raise ValueError(f"weights: expected FfnWeights, got {type(weights).__name__}")
         if weights.fmt != self.fmt:
             raise ValueError(
-                f"weights: format {weights.fmt.value}, this runner reads {self.fmt.value}")
+                f"weights: format {weights.fmt.value}, this runner reads {self.fmt.value}"
+            )
         weights.validate(self.cfg, self.tp, self.device)
         if weights.fmt is WeightFormat.MXFP4 and weights.split != self.split:
             have, want = (_layout(x) for x in (weights.split, self.split))
-            raise ValueError(f"weights: experts in {have}, this runner streams {want}"
-                             + (": FfnRunner.pack(weights) converts them once" if
-                                weights.split is None else ""))
+            raise ValueError(
+                f"weights: experts in {have}, this runner streams {want}"
+                + (": FfnRunner.pack(weights) converts them once" if weights.split is None else "")
+            )
         return s

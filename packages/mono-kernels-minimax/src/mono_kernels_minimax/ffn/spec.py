@@ -126,10 +126,22 @@ class FfnBuild:
     def key(self) -> tuple:
         c = self.cfg
         return (
-            "ffn", self.rows, self.tp, self.layout, self.experts.value, self.timeline,
+            "ffn",
+            self.rows,
+            self.tp,
+            self.layout,
+            self.experts.value,
+            self.timeline,
             self.packed,
-            c.hidden_size, c.num_experts, c.top_k, self.inter, c.routed_scaling_factor,
-            c.swiglu_alpha, c.swiglu_beta, c.swiglu_limit, c.rms_norm_eps,
+            c.hidden_size,
+            c.num_experts,
+            c.top_k,
+            self.inter,
+            c.routed_scaling_factor,
+            c.swiglu_alpha,
+            c.swiglu_beta,
+            c.swiglu_limit,
+            c.rms_norm_eps,
         )
 
 
@@ -172,28 +184,52 @@ class TaskPlan:
         fp8 = b.weights is WeightFormat.FP8
         shared_fp8 = b.weights.shared_format is WeightFormat.FP8
         if big:
-            tiles = dict(bn=64, ubk=128 if fp8 else 256, uks=4 if s == 1 else 2 if s <= 4 else 1,
-                         ubk0=128, uks0=8, dc=128, dbk=_step(i, 128 if fp8 else 256),
-                         dbk0=_step(i, 128), ng=min(b.max_slots, 8), stages=4)
+            tiles = dict(
+                bn=64,
+                ubk=128 if fp8 else 256,
+                uks=4 if s == 1 else 2 if s <= 4 else 1,
+                ubk0=128,
+                uks0=8,
+                dc=128,
+                dbk=_step(i, 128 if fp8 else 256),
+                dbk0=_step(i, 128),
+                ng=min(b.max_slots, 8),
+                stages=4,
+            )
             tiles = _tile_overrides(b, tiles)
         else:
-            tiles = dict(bn=min(32, i), ubk=128 if fp8 else 64, uks=2,
-                         ubk0=128 if shared_fp8 else 64, uks0=2, dc=64,
-                         dbk=128 if fp8 else min(64, i), dbk0=128 if shared_fp8 else min(64, i),
-                         ng=min(b.max_slots, 2), stages=2)
+            tiles = dict(
+                bn=min(32, i),
+                ubk=128 if fp8 else 64,
+                uks=2,
+                ubk0=128 if shared_fp8 else 64,
+                uks0=2,
+                dc=64,
+                dbk=128 if fp8 else min(64, i),
+                dbk0=128 if shared_fp8 else min(64, i),
+                ng=min(b.max_slots, 2),
+                stages=2,
+            )
         _check_tiles(b, tiles)
         fc = min(h, 256)
         return cls(
-            push=h // push_cols, push_cols=push_cols, seam_cols=min(h, 1024),
-            router_groups=b.cfg.num_experts // 16, router_parts=rp, router_k=h // rp,
-            nc=i // tiles["bn"], down=h // tiles["dc"], final=h // fc, fc=fc, **tiles,
+            push=h // push_cols,
+            push_cols=push_cols,
+            seam_cols=min(h, 1024),
+            router_groups=b.cfg.num_experts // 16,
+            router_parts=rp,
+            router_k=h // rp,
+            nc=i // tiles["bn"],
+            down=h // tiles["dc"],
+            final=h // fc,
+            fc=fc,
+            **tiles,
         )
 
     @property
     def seam_chunks(self) -> int:
         """Column chunks of a row's seam (and of its norm)."""
         return self.push * self.push_cols // self.seam_cols
-
 
 
 def _step(k: int, want: int) -> int:
@@ -239,8 +275,12 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
     need(t["stages"] >= 1 and 1 <= t["ng"] <= b.max_slots, "stages >= 1, 1 <= ng <= max_slots")
     need(i % t["bn"] == 0 and t["bn"] >= 16, f"bn must divide I = {i}, >= 16")
     need(h % t["dc"] == 0 and t["dc"] >= 16, f"dc must divide H = {h}, >= 16")
-    for bk, ks, k, f8 in (("ubk", "uks", h, fp8), ("ubk0", "uks0", h, sfp8),
-                          ("dbk", None, i, fp8), ("dbk0", None, i, sfp8)):
+    for bk, ks, k, f8 in (
+        ("ubk", "uks", h, fp8),
+        ("ubk0", "uks0", h, sfp8),
+        ("dbk", None, i, fp8),
+        ("dbk0", None, i, sfp8),
+    ):
         parts = t[ks] if ks else 1
         need(t[bk] >= 32 and k % (t[bk] * parts) == 0, f"{bk} x parts must divide K = {k}")
         if f8:
@@ -266,11 +306,16 @@ def stages(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int]]:
     p, s = b.plan, b.rows
     shared = b.experts is not Experts.ROUTED
     return [
-        ("push", p.push), ("seam", s * p.seam_chunks), ("norm", s * p.seam_chunks),
+        ("push", p.push),
+        ("seam", s * p.seam_chunks),
+        ("norm", s * p.seam_chunks),
         ("router", p.router_groups * p.router_parts),
-        ("shared-up", p.nc * p.uks0 if shared else 0), ("route", 1),
-        ("up", (nslots - (1 if shared else 0)) * p.nc * p.uks), ("down", p.down * p.ng),
-        ("final", p.final), ("handshake", int(final)),
+        ("shared-up", p.nc * p.uks0 if shared else 0),
+        ("route", 1),
+        ("up", (nslots - (1 if shared else 0)) * p.nc * p.uks),
+        ("down", p.down * p.ng),
+        ("final", p.final),
+        ("handshake", int(final)),
     ]
 
 
@@ -308,18 +353,21 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     block = 4 * 2 * p.bn * s  # one (gate, up) partial
     routed = b.max_slots - (0 if b.experts is Experts.ROUTED else 1)
     upart = block * p.nc * (p.uks0 + (routed * p.uks if p.uks > 1 else 0))
-    return _layout([
-        ("done", PAIR * (max_tickets(b) + b.max_slots)),
-        ("count", counters),
-        ("xs", 4 * s * h),
-        ("ssq", 4 * s * p.seam_chunks),
-        ("xn", 2 * DOT_ROWS * h),
-        ("logit", 4 * p.router_parts * s * e),
-        ("table", table),
-        ("mid", 2 * b.max_slots * s * b.inter),
-        ("upart", upart),
-        ("dpart", 4 * p.down * p.ng * p.dc * s),
-    ] + ([("timeline", 32 * max_tickets(b))] if b.timeline else []))
+    return _layout(
+        [
+            ("done", PAIR * (max_tickets(b) + b.max_slots)),
+            ("count", counters),
+            ("xs", 4 * s * h),
+            ("ssq", 4 * s * p.seam_chunks),
+            ("xn", 2 * DOT_ROWS * h),
+            ("logit", 4 * p.router_parts * s * e),
+            ("table", table),
+            ("mid", 2 * b.max_slots * s * b.inter),
+            ("upart", upart),
+            ("dpart", 4 * p.down * p.ng * p.dc * s),
+        ]
+        + ([("timeline", 32 * max_tickets(b))] if b.timeline else [])
+    )
 
 
 def table_offsets(b: FfnBuild) -> dict[str, int]:
@@ -343,11 +391,13 @@ def peer_layout(cfg: MiniMaxM3Config, tp: int) -> dict[str, tuple[int, int]]:
     hs   pairs[tp]: the step-end fault handshake (final launches)
     """
     row = PAIR * (cfg.hidden_size // 2)
-    return _layout([
-        ("ar1", tp * MAX_ROWS * row),
-        ("ar2", tp * MAX_ROWS * row),
-        ("hs", PAIR * tp),
-    ])
+    return _layout(
+        [
+            ("ar1", tp * MAX_ROWS * row),
+            ("ar2", tp * MAX_ROWS * row),
+            ("hs", PAIR * tp),
+        ]
+    )
 
 
 def peer_bytes(cfg: MiniMaxM3Config, tp: int) -> int:

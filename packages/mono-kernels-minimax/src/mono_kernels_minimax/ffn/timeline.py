@@ -32,8 +32,15 @@ def items(stamps: torch.Tensor, b: FfnBuild, nslots: int, final: bool) -> list[d
     out = []
     for prog, ticket, start, end in rows:
         stage = next(name for name, lo, hi in bounds if lo <= ticket < hi)
-        out.append(dict(program=prog, ticket=ticket, stage=stage, start_us=(start - t0) / 1e3,
-                        end_us=(end - t0) / 1e3))
+        out.append(
+            dict(
+                program=prog,
+                ticket=ticket,
+                stage=stage,
+                start_us=(start - t0) / 1e3,
+                end_us=(end - t0) / 1e3,
+            )
+        )
     return out
 
 
@@ -47,8 +54,10 @@ def summary(rows: list[dict]) -> str:
         last = max(r["end_us"] for r in got)
         mean = sum(r["end_us"] - r["start_us"] for r in got) / len(got)
         lines.append(f"{name:10s} {len(got):5d} {first:9.1f} {last:8.1f} {mean:8.2f}")
-    lines.append(f"span {max(r['end_us'] for r in rows):.1f} us over "
-                 f"{len({r['program'] for r in rows})} programs")
+    lines.append(
+        f"span {max(r['end_us'] for r in rows):.1f} us over "
+        f"{len({r['program'] for r in rows})} programs"
+    )
     return "\n".join(lines)
 
 
@@ -65,9 +74,14 @@ def plot(rows: list[dict], path, title: str = "") -> None:
     for name in names:
         got = [r for r in rows if r["stage"] == name]
         if got:
-            ax.barh([r["program"] for r in got], [r["end_us"] - r["start_us"] for r in got],
-                    left=[r["start_us"] for r in got], height=0.9, color=colours[name],
-                    label=name)
+            ax.barh(
+                [r["program"] for r in got],
+                [r["end_us"] - r["start_us"] for r in got],
+                left=[r["start_us"] for r in got],
+                height=0.9,
+                color=colours[name],
+                label=name,
+            )
     ax.set_xlabel("us from the launch's first item")
     ax.set_ylabel("program")
     ax.set_title(title)

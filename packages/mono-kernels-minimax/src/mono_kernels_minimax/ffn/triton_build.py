@@ -31,8 +31,9 @@ def _round_bf16(x):
 
 
 @triton.jit
-def _expert(e, E: tl.constexpr, w, ws, sw, sws, N: tl.constexpr, K: tl.constexpr,
-            FMT: tl.constexpr):
+def _expert(
+    e, E: tl.constexpr, w, ws, sw, sws, N: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr
+):
     """(weights, scales) of expert e's [N, K] matrix in a stacked tensor (e < E)."""
     eo = e.to(tl.int64)
     if FMT == 1 or FMT == 3:
@@ -44,9 +45,22 @@ def _expert(e, E: tl.constexpr, w, ws, sw, sws, N: tl.constexpr, K: tl.constexpr
 
 
 @triton.jit
-def _up_item(xn, w, ws, c, kp, NSTEP: tl.constexpr, BK: tl.constexpr, S: tl.constexpr,
-             H: tl.constexpr, I: tl.constexpr, BN: tl.constexpr, FMT: tl.constexpr,
-             STAGES: tl.constexpr, CPU: tl.constexpr):
+def _up_item(
+    xn,
+    w,
+    ws,
+    c,
+    kp,
+    NSTEP: tl.constexpr,
+    BK: tl.constexpr,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    I: tl.constexpr,
+    BN: tl.constexpr,
+    FMT: tl.constexpr,
+    STAGES: tl.constexpr,
+    CPU: tl.constexpr,
+):
     """fp32 [BN, 16] gate and up of rows c*BN.. over K part kp (NSTEP steps of BK)."""
     k0 = kp * (NSTEP * BK)
     g = st.stream_rows(w, ws, xn, c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
@@ -55,8 +69,16 @@ def _up_item(xn, w, ws, c, kp, NSTEP: tl.constexpr, BK: tl.constexpr, S: tl.cons
 
 
 @triton.jit
-def _prefetch_rows(w, row0, NROWS: tl.constexpr, K: tl.constexpr, k0, KLEN: tl.constexpr,
-                   FMT: tl.constexpr, CPU: tl.constexpr):
+def _prefetch_rows(
+    w,
+    row0,
+    NROWS: tl.constexpr,
+    K: tl.constexpr,
+    k0,
+    KLEN: tl.constexpr,
+    FMT: tl.constexpr,
+    CPU: tl.constexpr,
+):
     """L2 prefetch of columns k0 .. k0 + KLEN of rows row0.. of a [*, K] weight: exactly
     what an item streams (values only: scales are small)."""
     if FMT == 1 or FMT == 3:
@@ -76,10 +98,28 @@ def _swiglu(g, u, ALPHA: tl.constexpr, BETA: tl.constexpr, LIMIT: tl.constexpr):
 
 
 @triton.jit
-def _finish_up(g, u, j, c, kp, upart, ucount, scount, mid, done, slotdone, tag,
-               PARTS: tl.constexpr, S: tl.constexpr, I: tl.constexpr, BN: tl.constexpr,
-               NC: tl.constexpr, ALPHA: tl.constexpr, BETA: tl.constexpr,
-               LIMIT: tl.constexpr):
+def _finish_up(
+    g,
+    u,
+    j,
+    c,
+    kp,
+    upart,
+    ucount,
+    scount,
+    mid,
+    done,
+    slotdone,
+    tag,
+    PARTS: tl.constexpr,
+    S: tl.constexpr,
+    I: tl.constexpr,
+    BN: tl.constexpr,
+    NC: tl.constexpr,
+    ALPHA: tl.constexpr,
+    BETA: tl.constexpr,
+    LIMIT: tl.constexpr,
+):
     """Hand an up item's K part on. With several parts, store it (upart: this (slot, row
     block)'s parts) and let the last part to finish sum them in part order; the item that
     completes the row block applies SwiGLU-OAI and writes mid."""
@@ -97,26 +137,45 @@ def _finish_up(g, u, j, c, kp, upart, ucount, scount, mid, done, slotdone, tag,
             u = tl.zeros((BN, 16), tl.float32)
             for q in range(PARTS):
                 g += tl.load(base + q * (2 * BN * S), mask=live, other=0.0, volatile=True)
-                u += tl.load(base + q * (2 * BN * S) + BN * S, mask=live, other=0.0,
-                             volatile=True)
-            _up_block_done(g, u, j, c, scount, mid, done, slotdone, tag, S, I, BN, NC, ALPHA,
-                           BETA, LIMIT)
+                u += tl.load(base + q * (2 * BN * S) + BN * S, mask=live, other=0.0, volatile=True)
+            _up_block_done(
+                g, u, j, c, scount, mid, done, slotdone, tag, S, I, BN, NC, ALPHA, BETA, LIMIT
+            )
     else:
-        _up_block_done(g, u, j, c, scount, mid, done, slotdone, tag, S, I, BN, NC, ALPHA, BETA,
-                       LIMIT)
+        _up_block_done(
+            g, u, j, c, scount, mid, done, slotdone, tag, S, I, BN, NC, ALPHA, BETA, LIMIT
+        )
 
 
 @triton.jit
-def _up_block_done(g, u, j, c, scount, mid, done, slotdone, tag, S: tl.constexpr,
-                   I: tl.constexpr, BN: tl.constexpr, NC: tl.constexpr, ALPHA: tl.constexpr,
-                   BETA: tl.constexpr, LIMIT: tl.constexpr):
+def _up_block_done(
+    g,
+    u,
+    j,
+    c,
+    scount,
+    mid,
+    done,
+    slotdone,
+    tag,
+    S: tl.constexpr,
+    I: tl.constexpr,
+    BN: tl.constexpr,
+    NC: tl.constexpr,
+    ALPHA: tl.constexpr,
+    BETA: tl.constexpr,
+    LIMIT: tl.constexpr,
+):
     """SwiGLU-OAI of a whole row block -> mid; the slot's last block marks it done
     (`slotdone + j`), which is all a down item waits for."""
     n = tl.arange(0, BN)
     t = tl.arange(0, 16)
     h = _swiglu(g, u, ALPHA, BETA, LIMIT)
-    tl.store(mid + (j * S + t[None, :]) * I + (c * BN + n)[:, None],
-             _round_bf16(h).to(tl.bfloat16), mask=t[None, :] < S)
+    tl.store(
+        mid + (j * S + t[None, :]) * I + (c * BN + n)[:, None],
+        _round_bf16(h).to(tl.bfloat16),
+        mask=t[None, :] < S,
+    )
     tl.debug_barrier()
     if tl.atomic_add(scount + j, 1, sem="acq_rel", scope="gpu") == NC - 1:
         tl.atomic_xchg(scount + j, 0, sem="relaxed", scope="gpu")
@@ -127,14 +186,25 @@ def _up_block_done(g, u, j, c, scount, mid, done, slotdone, tag, S: tl.constexpr
 
 
 @triton.jit
-def _wait_items(done, first, N: tl.constexpr, N2: tl.constexpr, tag, ctl, health, peers,
-                rank, world, region, CPU: tl.constexpr):
+def _wait_items(
+    done,
+    first,
+    N: tl.constexpr,
+    N2: tl.constexpr,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    region,
+    CPU: tl.constexpr,
+):
     """Wait (bounded) until items first..first+N-1 (smaller tickets) are done; then their
     stores are visible to this program. N2: N rounded up to a power of two."""
     i = tl.arange(0, N2)
     m = i < N
-    _, ok = pt.poll(done + first + i, m, tag, ctl, health, peers, rank, world, region, first,
-                    CPU)
+    _, ok = pt.poll(done + first + i, m, tag, ctl, health, peers, rank, world, region, first, CPU)
     tl.atomic_add(done + first + i, 0, mask=m, sem="acquire", scope="gpu")
     tl.debug_barrier()
     return ok
@@ -144,27 +214,95 @@ def _wait_items(done, first, N: tl.constexpr, N2: tl.constexpr, tag, ctl, health
 # multiple of 16 would otherwise compile another binary: e.g. one per rank).
 @triton.jit(do_not_specialize=["slot", "final", "rank", "world"])
 def ffn_kernel(
-    part, residual, out, residual_out, slots,
-    norm, router, bias, w13, w13_scale, w2, w2_scale, sw13, sw13_scale, sw2, sw2_scale,
-    scratch, slot, final,
-    ctl, health, tickets, peers, rank, world,
-    S: tl.constexpr, H: tl.constexpr, E: tl.constexpr, K: tl.constexpr, I: tl.constexpr,
-    FMT: tl.constexpr, SFMT: tl.constexpr, SUBSET: tl.constexpr, MAXSLOTS: tl.constexpr,
-    NPUSH: tl.constexpr, PUSHC: tl.constexpr, SC: tl.constexpr, NCH: tl.constexpr,
-    NCH2: tl.constexpr, NSN2: tl.constexpr, O_SSQ: tl.constexpr,
-    RG: tl.constexpr, RP: tl.constexpr, RK: tl.constexpr, NRTR2: tl.constexpr,
-    BN: tl.constexpr, NC: tl.constexpr, UBK: tl.constexpr, UKS: tl.constexpr,
-    UBK0: tl.constexpr, UKS0: tl.constexpr, DC: tl.constexpr, ND: tl.constexpr,
-    DBK: tl.constexpr, DBK0: tl.constexpr, NG: tl.constexpr, STAGES: tl.constexpr,
-    NF: tl.constexpr, NF2: tl.constexpr, FC: tl.constexpr, W2P: tl.constexpr,
-    O_DONE: tl.constexpr, O_COUNT: tl.constexpr, MAXTICKETS: tl.constexpr, O_XS: tl.constexpr,
-    O_XN: tl.constexpr, O_LOGIT: tl.constexpr,
-    O_TABLE: tl.constexpr, O_MID: tl.constexpr, O_UPART: tl.constexpr, O_DPART: tl.constexpr,
-    T_WTAB: tl.constexpr, T_IDS: tl.constexpr, T_TOPW: tl.constexpr,
-    P_AR1: tl.constexpr, P_AR2: tl.constexpr, P_HS: tl.constexpr,
-    R_AR1: tl.constexpr, R_AR2: tl.constexpr, R_ITEMS: tl.constexpr, R_HS: tl.constexpr,
-    ALPHA: tl.constexpr, BETA: tl.constexpr, LIMIT: tl.constexpr, EPS: tl.constexpr,
-    RSF: tl.constexpr, CPU: tl.constexpr, TL: tl.constexpr, O_TL: tl.constexpr,
+    part,
+    residual,
+    out,
+    residual_out,
+    slots,
+    norm,
+    router,
+    bias,
+    w13,
+    w13_scale,
+    w2,
+    w2_scale,
+    sw13,
+    sw13_scale,
+    sw2,
+    sw2_scale,
+    scratch,
+    slot,
+    final,
+    ctl,
+    health,
+    tickets,
+    peers,
+    rank,
+    world,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    E: tl.constexpr,
+    K: tl.constexpr,
+    I: tl.constexpr,
+    FMT: tl.constexpr,
+    SFMT: tl.constexpr,
+    SUBSET: tl.constexpr,
+    MAXSLOTS: tl.constexpr,
+    NPUSH: tl.constexpr,
+    PUSHC: tl.constexpr,
+    SC: tl.constexpr,
+    NCH: tl.constexpr,
+    NCH2: tl.constexpr,
+    NSN2: tl.constexpr,
+    O_SSQ: tl.constexpr,
+    RG: tl.constexpr,
+    RP: tl.constexpr,
+    RK: tl.constexpr,
+    NRTR2: tl.constexpr,
+    BN: tl.constexpr,
+    NC: tl.constexpr,
+    UBK: tl.constexpr,
+    UKS: tl.constexpr,
+    UBK0: tl.constexpr,
+    UKS0: tl.constexpr,
+    DC: tl.constexpr,
+    ND: tl.constexpr,
+    DBK: tl.constexpr,
+    DBK0: tl.constexpr,
+    NG: tl.constexpr,
+    STAGES: tl.constexpr,
+    NF: tl.constexpr,
+    NF2: tl.constexpr,
+    FC: tl.constexpr,
+    W2P: tl.constexpr,
+    O_DONE: tl.constexpr,
+    O_COUNT: tl.constexpr,
+    MAXTICKETS: tl.constexpr,
+    O_XS: tl.constexpr,
+    O_XN: tl.constexpr,
+    O_LOGIT: tl.constexpr,
+    O_TABLE: tl.constexpr,
+    O_MID: tl.constexpr,
+    O_UPART: tl.constexpr,
+    O_DPART: tl.constexpr,
+    T_WTAB: tl.constexpr,
+    T_IDS: tl.constexpr,
+    T_TOPW: tl.constexpr,
+    P_AR1: tl.constexpr,
+    P_AR2: tl.constexpr,
+    P_HS: tl.constexpr,
+    R_AR1: tl.constexpr,
+    R_AR2: tl.constexpr,
+    R_ITEMS: tl.constexpr,
+    R_HS: tl.constexpr,
+    ALPHA: tl.constexpr,
+    BETA: tl.constexpr,
+    LIMIT: tl.constexpr,
+    EPS: tl.constexpr,
+    RSF: tl.constexpr,
+    CPU: tl.constexpr,
+    TL: tl.constexpr,
+    O_TL: tl.constexpr,
     RT: tl.constexpr,
 ):
     tag = pt.step_tag(ctl, slot)
@@ -205,8 +343,9 @@ def ffn_kernel(
         if TL:
             t_begin = pt.clock(0, CPU)
         if (t >= STATIC) & (routed == 0):
-            nslots = _slot_count(done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank,
-                                 world, R_ITEMS, CPU)
+            nslots = _slot_count(
+                done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
             total = STATIC + (nslots - HAS_SHARED) * NROUTED + tail
             routed = t * 0 + 1
             _reset_if_last(counter, t, total)
@@ -219,16 +358,28 @@ def ffn_kernel(
                 payload = tl.load(part + s * (H // 2) + p)
                 for dst in range(world):
                     dst_ar1 = pt.peer_data(peers, dst) + P_AR1 // 8
-                    pt.publish(dst_ar1 + (rank * 16 + s) * (H // 2) + p, payload, tag, p >= 0,
-                               "sys")
+                    pt.publish(
+                        dst_ar1 + (rank * 16 + s) * (H // 2) + p, payload, tag, p >= 0, "sys"
+                    )
         elif t < NORM0:
             # seam item (row s, columns [ch*SC, (ch+1)*SC)): rank-ordered sum + residual
             s = (t - NPUSH) // NCH
             ch = (t - NPUSH) % NCH
             p = ch * (SC // 2) + tl.arange(0, SC // 2)
-            lo, hi, ok = pt.reduce_bf16x2(me + P_AR1 // 8 + s * (H // 2) + p, 16 * (H // 2),
-                                          p >= 0, tag, ctl, health, peers, rank, world, R_AR1,
-                                          s * (H // 2) + ch * (SC // 2), CPU)
+            lo, hi, ok = pt.reduce_bf16x2(
+                me + P_AR1 // 8 + s * (H // 2) + p,
+                16 * (H // 2),
+                p >= 0,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                R_AR1,
+                s * (H // 2) + ch * (SC // 2),
+                CPU,
+            )
             r = tl.load(residual + s * (H // 2) + p)
             xl = tl.where(ok, _round_bf16(lo) + pt.bf16x2_lo(r), float("nan"))
             xh = tl.where(ok, _round_bf16(hi) + pt.bf16x2_hi(r), float("nan"))
@@ -241,8 +392,9 @@ def ffn_kernel(
             # norm item (row s, same columns): Gemma RMSNorm over the row's chunks' sums
             s = (t - NORM0) // NCH
             ch = (t - NORM0) % NCH
-            _wait_items(done, NPUSH + s * NCH, NCH, NCH2, tag, ctl, health, peers, rank, world,
-                        R_ITEMS, CPU)
+            _wait_items(
+                done, NPUSH + s * NCH, NCH, NCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
             total_sq = tl.sum(tl.zeros((2,), tl.float32), 0)
             for q in range(NCH):  # the chunks' sums in column order
                 total_sq += tl.load(ssq + s * NCH + q, volatile=True)
@@ -251,9 +403,12 @@ def ffn_kernel(
             xl = tl.load(xs + s * H + 2 * p, volatile=True)
             xh = tl.load(xs + s * H + 2 * p + 1, volatile=True)
             wn = tl.load(norm + p)
-            tl.store(xn32 + s * (H // 2) + p,
-                     pt.bf16x2_pack(xl * rstd * (pt.bf16x2_lo(wn) + 1.0),
-                                    xh * rstd * (pt.bf16x2_hi(wn) + 1.0)))
+            tl.store(
+                xn32 + s * (H // 2) + p,
+                pt.bf16x2_pack(
+                    xl * rstd * (pt.bf16x2_lo(wn) + 1.0), xh * rstd * (pt.bf16x2_hi(wn) + 1.0)
+                ),
+            )
             pt.ticket_finish(done, t, tag)
         elif t < SHUP:
             # router: 16 experts x one K part, fp32
@@ -262,8 +417,9 @@ def ffn_kernel(
             part_k = u % RP
             # its 16 rows x RK columns of fp32 weights are asked for while the norm lands
             st.prefetch_l2(router + g * 16 * H + part_k * RK, 4 * H, 4 * RK, 16, CPU)
-            _wait_items(done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world,
-                        R_ITEMS, CPU)
+            _wait_items(
+                done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
             rows = tl.arange(0, 16)
             ex = g * 16 + tl.arange(0, 16)
             acc = tl.zeros((16, 16), tl.float32)
@@ -272,8 +428,9 @@ def ffn_kernel(
                 x = tl.load(xn + rows[:, None] * H + k[None, :], mask=rows[:, None] < S, other=0.0)
                 wr = tl.load(router + ex[:, None] * H + k[None, :])
                 acc += tl.dot(x.to(tl.float32), tl.trans(wr), input_precision="ieee")
-            tl.store(logit + (part_k * S + rows[:, None]) * E + ex[None, :], acc,
-                     mask=rows[:, None] < S)
+            tl.store(
+                logit + (part_k * S + rows[:, None]) * E + ex[None, :], acc, mask=rows[:, None] < S
+            )
             pt.ticket_finish(done, t, tag)
         elif t < ROUTE:
             # the shared expert's up items: no routing needed, so they stream while the
@@ -283,17 +440,57 @@ def ffn_kernel(
             kp = u % UKS0
             _prefetch_rows(sw13, c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
             _prefetch_rows(sw13, I + c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
-            _wait_items(done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world,
-                        R_ITEMS, CPU)
-            g, v = _up_item(xn, sw13, sw13_scale, c, kp, H // UBK0 // UKS0, UBK0, S, H, I, BN,
-                            SFMT, STAGES, CPU)
-            _finish_up(g, v, 0, c, kp, upart + c * (UKS0 * 2 * BN * S), ucount + c, scount,
-                       mid, done, SLOTDONE, tag, UKS0, S, I, BN, NC, ALPHA, BETA, LIMIT)
+            _wait_items(
+                done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
+            g, v = _up_item(
+                xn, sw13, sw13_scale, c, kp, H // UBK0 // UKS0, UBK0, S, H, I, BN, SFMT, STAGES, CPU
+            )
+            _finish_up(
+                g,
+                v,
+                0,
+                c,
+                kp,
+                upart + c * (UKS0 * 2 * BN * S),
+                ucount + c,
+                scount,
+                mid,
+                done,
+                SLOTDONE,
+                tag,
+                UKS0,
+                S,
+                I,
+                BN,
+                NC,
+                ALPHA,
+                BETA,
+                LIMIT,
+            )
         elif t < STATIC:
-            _wait_items(done, ROUTER0, RG * RP, NRTR2, tag, ctl, health, peers, rank, world,
-                        R_ITEMS, CPU)
-            _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, S, E, K, RP,
-                   T_IDS, T_TOPW, O_TABLE, SUBSET, RSF, RT)
+            _wait_items(
+                done, ROUTER0, RG * RP, NRTR2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
+            _route(
+                logit,
+                bias,
+                slots,
+                nslots_p,
+                slot_e,
+                wtab,
+                scratch,
+                S,
+                E,
+                K,
+                RP,
+                T_IDS,
+                T_TOPW,
+                O_TABLE,
+                SUBSET,
+                RSF,
+                RT,
+            )
             pt.ticket_finish(done, t, tag)
         else:
             u = t - STATIC
@@ -305,43 +502,127 @@ def ffn_kernel(
                 kp = u % UKS
                 e = tl.load(slot_e + j, volatile=True)
                 w, ws = _expert(e, E, w13, w13_scale, sw13, sw13_scale, 2 * I, H, FMT)
-                g, v = _up_item(xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT,
-                                STAGES, CPU)
-                rp = upart + NC * UKS0 * 2 * BN * S + ((j - HAS_SHARED) * NC + c) * (
-                    UKS * 2 * BN * S)
-                _finish_up(g, v, j, c, kp, rp, ucount + j * NC + c, scount, mid, done,
-                           SLOTDONE, tag, UKS, S, I, BN, NC, ALPHA, BETA, LIMIT)
+                g, v = _up_item(
+                    xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT, STAGES, CPU
+                )
+                rp = (
+                    upart
+                    + NC * UKS0 * 2 * BN * S
+                    + ((j - HAS_SHARED) * NC + c) * (UKS * 2 * BN * S)
+                )
+                _finish_up(
+                    g,
+                    v,
+                    j,
+                    c,
+                    kp,
+                    rp,
+                    ucount + j * NC + c,
+                    scount,
+                    mid,
+                    done,
+                    SLOTDONE,
+                    tag,
+                    UKS,
+                    S,
+                    I,
+                    BN,
+                    NC,
+                    ALPHA,
+                    BETA,
+                    LIMIT,
+                )
             elif u < nup + ND * NG:
                 # down: output rows [d*DC, (d+1)*DC) over slot group q, weighted by wtab
                 d = (u - nup) // NG
                 q = (u - nup) % NG
-                _down_item(d, q, nslots, slot_e, wtab, mid, w2, w2_scale, sw2, sw2_scale, dpart,
-                           dcount, done, SLOTDONE, tag, ctl, health, peers, rank, world, me,
-                           S, H, E, I, DC, DBK, DBK0, NG, FMT, SFMT, STAGES, P_AR2, R_ITEMS, CPU)
+                _down_item(
+                    d,
+                    q,
+                    nslots,
+                    slot_e,
+                    wtab,
+                    mid,
+                    w2,
+                    w2_scale,
+                    sw2,
+                    sw2_scale,
+                    dpart,
+                    dcount,
+                    done,
+                    SLOTDONE,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    me,
+                    S,
+                    H,
+                    E,
+                    I,
+                    DC,
+                    DBK,
+                    DBK0,
+                    NG,
+                    FMT,
+                    SFMT,
+                    STAGES,
+                    P_AR2,
+                    R_ITEMS,
+                    CPU,
+                )
             elif u < nup + ND * NG + NF:
                 # final: the ranks' partials in rank order -> out
                 f = u - nup - ND * NG
                 p = f * (FC // 2) + tl.arange(0, FC // 2)
                 for s in range(S):
-                    lo, hi, ok = pt.reduce_bf16x2(me + P_AR2 // 8 + s * (H // 2) + p,
-                                                  16 * (H // 2), p >= 0, tag, ctl, health, peers,
-                                                  rank, world, R_AR2, s * (H // 2) + f * (FC // 2),
-                                                  CPU)
-                    tl.store(out + s * (H // 2) + p,
-                             pt.bf16x2_pack(tl.where(ok, lo, float("nan")),
-                                            tl.where(ok, hi, float("nan"))))
+                    lo, hi, ok = pt.reduce_bf16x2(
+                        me + P_AR2 // 8 + s * (H // 2) + p,
+                        16 * (H // 2),
+                        p >= 0,
+                        tag,
+                        ctl,
+                        health,
+                        peers,
+                        rank,
+                        world,
+                        R_AR2,
+                        s * (H // 2) + f * (FC // 2),
+                        CPU,
+                    )
+                    tl.store(
+                        out + s * (H // 2) + p,
+                        pt.bf16x2_pack(
+                            tl.where(ok, lo, float("nan")), tl.where(ok, hi, float("nan"))
+                        ),
+                    )
                 pt.ticket_finish(done, t, tag)
             else:
                 # the TP fault handshake: every final task here is done; tell every rank,
                 # hear from every rank (a rank that gave up has set its alarm here)
-                _wait_items(done, t - NF, NF, NF2, tag, ctl, health, peers, rank, world,
-                            R_ITEMS, CPU)
+                _wait_items(
+                    done, t - NF, NF, NF2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+                )
                 i = tl.arange(0, W2P)
                 for dst in range(world):
-                    pt.publish(pt.peer_data(peers, dst) + P_HS // 8 + rank + i, i, tag, i == 0,
-                               "sys")
-                pt.poll(me + P_HS // 8 + i, i < world, tag, ctl, health, peers, rank, world,
-                        R_HS, 0, CPU)
+                    pt.publish(
+                        pt.peer_data(peers, dst) + P_HS // 8 + rank + i, i, tag, i == 0, "sys"
+                    )
+                pt.poll(
+                    me + P_HS // 8 + i,
+                    i < world,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    R_HS,
+                    0,
+                    CPU,
+                )
         if TL:
             if t < total:  # the item's (program, ticket, start, end) in ns
                 stamp = (scratch + O_TL).to(tl.pointer_type(tl.int64)) + t * 4
@@ -353,18 +634,50 @@ def ffn_kernel(
             t = pt.ticket_take(counter, total)
     if (routed == 0) & (t >= STATIC):
         # this program's only draw was past the upper bound: it may still be the last taker
-        nslots = _slot_count(done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank,
-                             world, R_ITEMS, CPU)
+        nslots = _slot_count(
+            done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+        )
         _reset_if_last(counter, t, STATIC + (nslots - HAS_SHARED) * NROUTED + tail)
 
 
 @triton.jit
-def _down_item(d, q, nslots, slot_e, wtab, mid, w2, w2_scale, sw2, sw2_scale, dpart, dcount,
-               done, slotdone, tag, ctl, health, peers, rank, world, me, S: tl.constexpr,
-               H: tl.constexpr, E: tl.constexpr, I: tl.constexpr, DC: tl.constexpr,
-               DBK: tl.constexpr, DBK0: tl.constexpr, NG: tl.constexpr, FMT: tl.constexpr,
-               SFMT: tl.constexpr, STAGES: tl.constexpr, P_AR2: tl.constexpr,
-               R_ITEMS: tl.constexpr, CPU: tl.constexpr):
+def _down_item(
+    d,
+    q,
+    nslots,
+    slot_e,
+    wtab,
+    mid,
+    w2,
+    w2_scale,
+    sw2,
+    sw2_scale,
+    dpart,
+    dcount,
+    done,
+    slotdone,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    me,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    E: tl.constexpr,
+    I: tl.constexpr,
+    DC: tl.constexpr,
+    DBK: tl.constexpr,
+    DBK0: tl.constexpr,
+    NG: tl.constexpr,
+    FMT: tl.constexpr,
+    SFMT: tl.constexpr,
+    STAGES: tl.constexpr,
+    P_AR2: tl.constexpr,
+    R_ITEMS: tl.constexpr,
+    CPU: tl.constexpr,
+):
     """Down rows [d*DC, (d+1)*DC) of the slots of group q (slot j waited for alone, its
     weights asked of L2 first), weighted per row by wtab, into dpart[d, q]. The group that
     finishes column block d last sums the groups in order and sends the bf16 result to
@@ -382,17 +695,34 @@ def _down_item(d, q, nslots, slot_e, wtab, mid, w2, w2_scale, sw2, sw2_scale, dp
         wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
         if e == E:
             _prefetch_rows(sw2, d * DC, DC, I, 0, I, SFMT, CPU)
-            ok = ok & _wait_items(done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world,
-                                  R_ITEMS, CPU)
-            y = st.stream_rows(sw2, sw2_scale, mid + j * S * I, d * DC, 0, I // DBK0, I, DC,
-                               DBK0, S, SFMT, STAGES, CPU, True)
+            ok = ok & _wait_items(
+                done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
+            y = st.stream_rows(
+                sw2,
+                sw2_scale,
+                mid + j * S * I,
+                d * DC,
+                0,
+                I // DBK0,
+                I,
+                DC,
+                DBK0,
+                S,
+                SFMT,
+                STAGES,
+                CPU,
+                True,
+            )
         else:
             w, ws = _expert(e, E, w2, w2_scale, sw2, sw2_scale, H, I, FMT)
             _prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
-            ok = ok & _wait_items(done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world,
-                                  R_ITEMS, CPU)
-            y = st.stream_rows(w, ws, mid + j * S * I, d * DC, 0, I // DBK, I, DC, DBK, S, FMT,
-                               STAGES, CPU, True)
+            ok = ok & _wait_items(
+                done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
+            y = st.stream_rows(
+                w, ws, mid + j * S * I, d * DC, 0, I // DBK, I, DC, DBK, S, FMT, STAGES, CPU, True
+            )
         acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
     acc = tl.where(ok, acc, float("nan"))
     base = dpart + d * (NG * DC * S) + n[:, None] * S + t[None, :]
@@ -408,13 +738,30 @@ def _down_item(d, q, nslots, slot_e, wtab, mid, w2, w2_scale, sw2, sw2_scale, dp
         p = d * (DC // 2) + tl.arange(0, DC // 2)
         for dst in range(world):
             dst_ar2 = pt.peer_data(peers, dst) + P_AR2 // 8
-            pt.publish(dst_ar2 + (rank * 16 + t[:, None]) * (H // 2) + p[None, :], payload, tag,
-                       t[:, None] < S, "sys")
+            pt.publish(
+                dst_ar2 + (rank * 16 + t[:, None]) * (H // 2) + p[None, :],
+                payload,
+                tag,
+                t[:, None] < S,
+                "sys",
+            )
 
 
 @triton.jit
-def _slot_count(done, nslots_p, ROUTE: tl.constexpr, MAXSLOTS: tl.constexpr, tag, ctl, health,
-                peers, rank, world, region, CPU: tl.constexpr):
+def _slot_count(
+    done,
+    nslots_p,
+    ROUTE: tl.constexpr,
+    MAXSLOTS: tl.constexpr,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    region,
+    CPU: tl.constexpr,
+):
     """The route task's slot count (waits for the route item, a smaller ticket)."""
     _wait_items(done, ROUTE, 1, 1, tag, ctl, health, peers, rank, world, region, CPU)
     return tl.minimum(tl.maximum(tl.load(nslots_p, volatile=True), 0), MAXSLOTS).to(tl.int64)
@@ -429,10 +776,25 @@ def _reset_if_last(counter, t, n_items):
 
 
 @triton.jit
-def _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, S: tl.constexpr,
-           E: tl.constexpr, K: tl.constexpr, RP: tl.constexpr, T_IDS: tl.constexpr,
-           T_TOPW: tl.constexpr, O_TABLE: tl.constexpr, SUBSET: tl.constexpr, RSF: tl.constexpr,
-           RT: tl.constexpr):
+def _route(
+    logit,
+    bias,
+    slots,
+    nslots_p,
+    slot_e,
+    wtab,
+    scratch,
+    S: tl.constexpr,
+    E: tl.constexpr,
+    K: tl.constexpr,
+    RP: tl.constexpr,
+    T_IDS: tl.constexpr,
+    T_TOPW: tl.constexpr,
+    O_TABLE: tl.constexpr,
+    SUBSET: tl.constexpr,
+    RSF: tl.constexpr,
+    RT: tl.constexpr,
+):
     """Top-k of sigmoid + bias (ties -> lower id, NaN last), renormalized weights x RSF, and
     the slot table: shared expert first (unless ROUTED), then the union in ascending id.
     Tiles hold RT rows (S rounded up to a power of two): one program runs it, so every
@@ -443,8 +805,9 @@ def _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, S: tl.constexpr,
     rmask = rows < S
     lg = tl.zeros((RT, E), tl.float32)
     for p in range(RP):
-        lg += tl.load(logit + (p * S + rows[:, None]) * E + ex[None, :], mask=rmask[:, None],
-                      other=0.0)
+        lg += tl.load(
+            logit + (p * S + rows[:, None]) * E + ex[None, :], mask=rmask[:, None], other=0.0
+        )
     score = tl.sigmoid(lg)
     key = score + tl.load(bias + ex)[None, :]
     key = tl.where(key != key, float("-inf"), key)
@@ -477,8 +840,9 @@ def _route(logit, bias, slots, nslots_p, slot_e, wtab, scratch, S: tl.constexpr,
         first = 1
     pos = first + tl.cumsum(used, 0) - 1
     tl.store(slot_e + pos, ex, mask=used > 0)
-    tl.store(wtab + pos[None, :] * S + rows[:, None], wfull,
-             mask=(used[None, :] > 0) & rmask[:, None])
+    tl.store(
+        wtab + pos[None, :] * S + rows[:, None], wfull, mask=(used[None, :] > 0) & rmask[:, None]
+    )
     if SUBSET != 1:
         tl.store(slot_e, E)
         tl.store(wtab + rows, tl.where(live, 1.0, 0.0), mask=rmask)
@@ -503,33 +867,93 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
     tb = table_offsets(b)
     pl = peer_layout(c, b.tp)
     return dict(
-        S=b.rows, H=c.hidden_size, E=c.num_experts, K=c.top_k, I=b.inter,
+        S=b.rows,
+        H=c.hidden_size,
+        E=c.num_experts,
+        K=c.top_k,
+        I=b.inter,
         FMT=3 if b.weights is WeightFormat.MXFP4 and not b.split else _FMT[b.weights],
-        SFMT=_FMT[b.weights.shared_format], SUBSET=_SUB[b.experts],
-        MAXSLOTS=b.max_slots, NPUSH=p.push, PUSHC=p.push_cols, SC=p.seam_cols,
-        NCH=p.seam_chunks, NCH2=_p2(p.seam_chunks), NSN2=_p2(b.rows * p.seam_chunks),
+        SFMT=_FMT[b.weights.shared_format],
+        SUBSET=_SUB[b.experts],
+        MAXSLOTS=b.max_slots,
+        NPUSH=p.push,
+        PUSHC=p.push_cols,
+        SC=p.seam_cols,
+        NCH=p.seam_chunks,
+        NCH2=_p2(p.seam_chunks),
+        NSN2=_p2(b.rows * p.seam_chunks),
         O_SSQ=sl["ssq"][0],
-        RG=p.router_groups, RP=p.router_parts, RK=p.router_k,
+        RG=p.router_groups,
+        RP=p.router_parts,
+        RK=p.router_k,
         NRTR2=_p2(p.router_groups * p.router_parts),
-        BN=p.bn, NC=p.nc, UBK=p.ubk, UKS=p.uks, UBK0=p.ubk0, UKS0=p.uks0, DC=p.dc, ND=p.down,
-        DBK=p.dbk, DBK0=p.dbk0, NG=p.ng, STAGES=p.stages,
-        NF=p.final, NF2=_p2(p.final), FC=p.fc, W2P=_p2(b.tp),
-        O_DONE=sl["done"][0], O_COUNT=sl["count"][0], MAXTICKETS=max_tickets(b),
-        O_XS=sl["xs"][0], O_XN=sl["xn"][0], O_LOGIT=sl["logit"][0],
-        O_TABLE=sl["table"][0], O_MID=sl["mid"][0], O_UPART=sl["upart"][0],
+        BN=p.bn,
+        NC=p.nc,
+        UBK=p.ubk,
+        UKS=p.uks,
+        UBK0=p.ubk0,
+        UKS0=p.uks0,
+        DC=p.dc,
+        ND=p.down,
+        DBK=p.dbk,
+        DBK0=p.dbk0,
+        NG=p.ng,
+        STAGES=p.stages,
+        NF=p.final,
+        NF2=_p2(p.final),
+        FC=p.fc,
+        W2P=_p2(b.tp),
+        O_DONE=sl["done"][0],
+        O_COUNT=sl["count"][0],
+        MAXTICKETS=max_tickets(b),
+        O_XS=sl["xs"][0],
+        O_XN=sl["xn"][0],
+        O_LOGIT=sl["logit"][0],
+        O_TABLE=sl["table"][0],
+        O_MID=sl["mid"][0],
+        O_UPART=sl["upart"][0],
         O_DPART=sl["dpart"][0],
-        T_WTAB=tb["wtab"], T_IDS=tb["topk_ids"], T_TOPW=tb["topk_w"],
-        P_AR1=pl["ar1"][0], P_AR2=pl["ar2"][0], P_HS=pl["hs"][0],
-        R_AR1=REGIONS["ar1"], R_AR2=REGIONS["ar2"], R_ITEMS=REGIONS["items"],
+        T_WTAB=tb["wtab"],
+        T_IDS=tb["topk_ids"],
+        T_TOPW=tb["topk_w"],
+        P_AR1=pl["ar1"][0],
+        P_AR2=pl["ar2"][0],
+        P_HS=pl["hs"][0],
+        R_AR1=REGIONS["ar1"],
+        R_AR2=REGIONS["ar2"],
+        R_ITEMS=REGIONS["items"],
         R_HS=REGIONS["handshake"],
-        ALPHA=c.swiglu_alpha, BETA=c.swiglu_beta, LIMIT=c.swiglu_limit, EPS=c.rms_norm_eps,
-        RSF=c.routed_scaling_factor, CPU=bool(cpu), TL=b.timeline,
-        O_TL=sl["timeline"][0] if b.timeline else 0, RT=max(2, _p2(b.rows)),
+        ALPHA=c.swiglu_alpha,
+        BETA=c.swiglu_beta,
+        LIMIT=c.swiglu_limit,
+        EPS=c.rms_norm_eps,
+        RSF=c.routed_scaling_factor,
+        CPU=bool(cpu),
+        TL=b.timeline,
+        O_TL=sl["timeline"][0] if b.timeline else 0,
+        RT=max(2, _p2(b.rows)),
     )
 
 
-def kernel_args(b: FfnBuild, *, part, residual, out, residual_out, slots, weights, scratch,
-                slot, final, ctl, health, tickets, peers, rank, world) -> list:
+def kernel_args(
+    b: FfnBuild,
+    *,
+    part,
+    residual,
+    out,
+    residual_out,
+    slots,
+    weights,
+    scratch,
+    slot,
+    final,
+    ctl,
+    health,
+    tickets,
+    peers,
+    rank,
+    world,
+) -> list:
     """The runtime arguments in spec.ARGS order, then the runtime's (bf16 activations and
     the norm weight as int32 pairs; a missing scale is any tensor)."""
 
@@ -542,25 +966,68 @@ def kernel_args(b: FfnBuild, *, part, residual, out, residual_out, slots, weight
         return scratch if t is None else t
 
     return [
-        pairs(part), pairs(residual), pairs(out), pairs(residual_out), slots,
-        pairs(w.norm), w.router, w.bias, w.w13, sc(w.w13_scale), w.w2, sc(w.w2_scale),
-        w.shared_w13, sc(w.shared_w13_scale), w.shared_w2, sc(w.shared_w2_scale),
-        scratch, slot, int(bool(final)), ctl, health, tickets, peers, rank, world,
+        pairs(part),
+        pairs(residual),
+        pairs(out),
+        pairs(residual_out),
+        slots,
+        pairs(w.norm),
+        w.router,
+        w.bias,
+        w.w13,
+        sc(w.w13_scale),
+        w.w2,
+        sc(w.w2_scale),
+        w.shared_w13,
+        sc(w.shared_w13_scale),
+        w.shared_w2,
+        sc(w.shared_w2_scale),
+        scratch,
+        slot,
+        int(bool(final)),
+        ctl,
+        health,
+        tickets,
+        peers,
+        rank,
+        world,
     ]
 
 
 def kernel_types(fmt: WeightFormat) -> dict[str, str]:
     """Triton types of the kernel's runtime arguments for an expert format."""
-    w, s = {WeightFormat.BF16: ("*bf16", "*u8"), WeightFormat.MXFP4: ("*u8", "*u8"),
-            WeightFormat.FP8: ("*fp8e4nv", "*fp32")}[fmt]
+    w, s = {
+        WeightFormat.BF16: ("*bf16", "*u8"),
+        WeightFormat.MXFP4: ("*u8", "*u8"),
+        WeightFormat.FP8: ("*fp8e4nv", "*fp32"),
+    }[fmt]
     sw, ss = ("*fp8e4nv", "*fp32") if fmt is WeightFormat.FP8 else ("*bf16", "*u8")
     return {
-        "part": "*i32", "residual": "*i32", "out": "*i32", "residual_out": "*i32",
-        "slots": "*i64", "norm": "*i32", "router": "*fp32", "bias": "*fp32",
-        "w13": w, "w13_scale": s, "w2": w, "w2_scale": s,
-        "sw13": sw, "sw13_scale": ss, "sw2": sw, "sw2_scale": ss,
-        "scratch": "*u8", "slot": "i32", "final": "i32", "ctl": "*i64", "health": "i64",
-        "tickets": "*i64", "peers": "*i64", "rank": "i32", "world": "i32",
+        "part": "*i32",
+        "residual": "*i32",
+        "out": "*i32",
+        "residual_out": "*i32",
+        "slots": "*i64",
+        "norm": "*i32",
+        "router": "*fp32",
+        "bias": "*fp32",
+        "w13": w,
+        "w13_scale": s,
+        "w2": w,
+        "w2_scale": s,
+        "sw13": sw,
+        "sw13_scale": ss,
+        "sw2": sw,
+        "sw2_scale": ss,
+        "scratch": "*u8",
+        "slot": "i32",
+        "final": "i32",
+        "ctl": "*i64",
+        "health": "i64",
+        "tickets": "*i64",
+        "peers": "*i64",
+        "rank": "i32",
+        "world": "i32",
     }
 
 
@@ -578,9 +1045,12 @@ def compile_for(b: FfnBuild, target: str):
     consts = constexprs(b, cpu=False)
     sig = {n: types.get(n, "constexpr") for n in fn.arg_names}
     aligned = [[fn.arg_names.index(n)] for n, t in types.items() if t.startswith("*")]
-    src = ASTSource(fn=fn, signature=sig,
-                    constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()},
-                    attrs={tuple(a): [["tt.divisibility", 16]] for a in aligned})
+    src = ASTSource(
+        fn=fn,
+        signature=sig,
+        constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()},
+        attrs={tuple(a): [["tt.divisibility", 16]] for a in aligned},
+    )
     return triton.compile(src, target=gpu, options={"num_warps": 4})
 
 

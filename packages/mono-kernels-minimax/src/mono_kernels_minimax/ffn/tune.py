@@ -23,16 +23,24 @@ from .runner import FfnRunner
 from .spec import TILES_ENV, Experts
 
 
-def time_variant(tiles: str, experts: Experts, fmt: WeightFormat, rows, layers: int,
-                 device, timeline: str | None = None) -> dict[int, float]:
+def time_variant(
+    tiles: str,
+    experts: Experts,
+    fmt: WeightFormat,
+    rows,
+    layers: int,
+    device,
+    timeline: str | None = None,
+) -> dict[int, float]:
     """us per launch at each S for one variant (the environment override set meanwhile).
     With `timeline` (a folder): timeline builds; each S's last launch is summarised on
     screen and drawn to timeline-S.png there."""
     os.environ[TILES_ENV] = tiles
     cfg = rank_config()
     g = torch.Generator(device=device).manual_seed(0)
-    runner = FfnRunner(cfg, fmt, None, 0, 1, device, widths=rows, experts=experts,
-                       timeline=timeline is not None)
+    runner = FfnRunner(
+        cfg, fmt, None, 0, 1, device, widths=rows, experts=experts, timeline=timeline is not None
+    )
     try:
         ws = [runner.pack(random_layer(cfg, fmt, n, device)) for n in range(layers)]
         runner.warm()
@@ -51,8 +59,11 @@ def time_variant(tiles: str, experts: Experts, fmt: WeightFormat, rows, layers: 
             out[s] = graph_time(step, reps=10) / layers * 1e6
             runner.after_step()
             if timeline is not None:
-                _show(runner.timeline(s), f"{fmt.value} {experts.value} [{tiles}] S={s}",
-                      os.path.join(timeline, f"timeline-{fmt.value}-{experts.value}-{s}.png"))
+                _show(
+                    runner.timeline(s),
+                    f"{fmt.value} {experts.value} [{tiles}] S={s}",
+                    os.path.join(timeline, f"timeline-{fmt.value}-{experts.value}-{s}.png"),
+                )
         return out
     finally:
         runner.close()
@@ -81,8 +92,15 @@ def main(argv=None) -> int:
     for tiles in a.variants.split("|"):
         for experts in a.experts.split(","):
             try:
-                got = time_variant(tiles, Experts(experts), WeightFormat(a.format), rows,
-                                   a.layers, device, a.timeline)
+                got = time_variant(
+                    tiles,
+                    Experts(experts),
+                    WeightFormat(a.format),
+                    rows,
+                    a.layers,
+                    device,
+                    a.timeline,
+                )
                 cells = "  ".join(f"S={s}: {us:7.1f} us" for s, us in got.items())
             except Exception as err:  # noqa: BLE001 (a variant that fails is a row)
                 cells = f"ERROR {type(err).__name__}: {str(err).splitlines()[0][:160]}"

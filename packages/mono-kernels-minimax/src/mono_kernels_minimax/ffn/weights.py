@@ -85,8 +85,9 @@ class FfnWeights:
                 raise ValueError(f"weights.{name}: on {t.device}, expected {device}")
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("fmt", "split")}
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("fmt", "split")
+        }
 
     def dense(self, name: str) -> torch.Tensor:
         """fp32 dequantized view of a weight (w13, w2, shared_w13, shared_w2)."""
@@ -103,8 +104,9 @@ class FfnWeights:
         if self.fmt is not WeightFormat.MXFP4 or split == self.split:
             return self
         if self.split is not None:
-            raise ValueError(f"weights: already packed as mxfp4-s{self.split}, "
-                             f"not repacked to mxfp4-s{split}")
+            raise ValueError(
+                f"weights: already packed as mxfp4-s{self.split}, not repacked to mxfp4-s{split}"
+            )
         if split is None:
             return self
         pack_mxfp4_split(self.w13, split[0], out=self.w13)

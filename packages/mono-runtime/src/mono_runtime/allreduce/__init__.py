@@ -15,8 +15,13 @@ from .reference import allreduce_reference
 from .spec import AllreduceBuild
 
 __all__ = [
-    "ARG_TYPES", "AllreduceBuild", "allreduce", "allreduce_reference", "constexprs",
-    "default_programs", "warm",
+    "ARG_TYPES",
+    "AllreduceBuild",
+    "allreduce",
+    "allreduce_reference",
+    "constexprs",
+    "default_programs",
+    "warm",
 ]
 
 _CACHE = CompileCache()
@@ -29,27 +34,39 @@ def default_programs(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _check(runner, build: AllreduceBuild, x, residual, weight, slot, peer_offset,
-           scratch_offset) -> None:
+def _check(
+    runner, build: AllreduceBuild, x, residual, weight, slot, peer_offset, scratch_offset
+) -> None:
     def need(ok: bool, what: str) -> None:
         if not ok:
             raise ValueError(f"allreduce: {what}")
 
-    need(x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous(),
-         f"x must be contiguous 2-D bf16, got {tuple(x.shape)} {x.dtype}")
+    need(
+        x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous(),
+        f"x must be contiguous 2-D bf16, got {tuple(x.shape)} {x.dtype}",
+    )
     need(x.device == runner.device, f"x on {x.device}, runner on {runner.device}")
     for name, t, shape in (("residual", residual, x.shape), ("weight", weight, x.shape[1:])):
         if t is not None:
-            need(t.dtype == torch.bfloat16 and t.is_contiguous() and t.shape == shape
-                 and t.device == x.device, f"{name} must be contiguous bf16 {tuple(shape)}")
+            need(
+                t.dtype == torch.bfloat16
+                and t.is_contiguous()
+                and t.shape == shape
+                and t.device == x.device,
+                f"{name} must be contiguous bf16 {tuple(shape)}",
+            )
     need(0 <= slot < 256, f"slot {slot} outside 0..255")
     need(peer_offset % 8 == 0 and scratch_offset % 8 == 0, "offsets must be multiples of 8")
     data = runner.peer.nbytes - PEER_HEAD
-    need(peer_offset + build.peer_bytes <= data,
-         f"needs {build.peer_bytes} peer bytes at {peer_offset}, runner has {data}")
-    need(scratch_offset + build.scratch_bytes <= runner.scratch.numel(),
-         f"needs {build.scratch_bytes} scratch bytes at {scratch_offset}, "
-         f"runner has {runner.scratch.numel()}")
+    need(
+        peer_offset + build.peer_bytes <= data,
+        f"needs {build.peer_bytes} peer bytes at {peer_offset}, runner has {data}",
+    )
+    need(
+        scratch_offset + build.scratch_bytes <= runner.scratch.numel(),
+        f"needs {build.scratch_bytes} scratch bytes at {scratch_offset}, "
+        f"runner has {runner.scratch.numel()}",
+    )
 
 
 def allreduce(
@@ -70,8 +87,14 @@ def allreduce(
     Every rank must make the same call. Call `runner.step_begin()` once per step first."""
     from .kernel import allreduce_kernel
 
-    build = AllreduceBuild(x.shape[0] if x.dim() else 0, x.shape[-1] if x.dim() else 0,
-                           runner.world, residual is not None, weight is not None, block)
+    build = AllreduceBuild(
+        x.shape[0] if x.dim() else 0,
+        x.shape[-1] if x.dim() else 0,
+        runner.world,
+        residual is not None,
+        weight is not None,
+        block,
+    )
     _check(runner, build, x, residual, weight, slot, peer_offset, scratch_offset)
     out = torch.empty_like(x)
     rout = torch.empty_like(x) if residual is not None else None
@@ -79,32 +102,75 @@ def allreduce(
     grid = (max(1, min(build.items, programs or default_programs(x.device))),)
     args = runner.launch_args()
     allreduce_kernel[grid](
-        as32(x), as32(residual if residual is not None else x),
-        as32(weight if weight is not None else x[0]), as32(out),
-        as32(rout if rout is not None else out), build.rows, build.pairs, float(eps), slot,
-        peer_offset // 8, scratch_offset, build.rows_region(), build.sumsq_region(),
-        args["ctl"], args["health"], args["scratch"], args["tickets"], runner.peer.addresses,
-        runner.rank, runner.world, **constexprs(build, runner.cpu),
+        as32(x),
+        as32(residual if residual is not None else x),
+        as32(weight if weight is not None else x[0]),
+        as32(out),
+        as32(rout if rout is not None else out),
+        build.rows,
+        build.pairs,
+        float(eps),
+        slot,
+        peer_offset // 8,
+        scratch_offset,
+        build.rows_region(),
+        build.sumsq_region(),
+        args["ctl"],
+        args["health"],
+        args["scratch"],
+        args["tickets"],
+        runner.peer.addresses,
+        runner.rank,
+        runner.world,
+        **constexprs(build, runner.cpu),
     )
     return out, rout
 
 
 ARG_TYPES = {
-    "x32": "*i32", "res32": "*i32", "w32": "*i32", "out32": "*i32", "rout32": "*i32",
-    "rows": "i32", "pairs": "i32", "eps": "fp32", "slot": "i32", "peer_off": "i64",
-    "sumsq_off": "i64", "region": "i32", "sq_region": "i32", "ctl": "*i64", "health": "i64",
-    "scratch": "*u8", "tickets": "*i64", "peers": "*i64", "rank": "i32", "world": "i32",
+    "x32": "*i32",
+    "res32": "*i32",
+    "w32": "*i32",
+    "out32": "*i32",
+    "rout32": "*i32",
+    "rows": "i32",
+    "pairs": "i32",
+    "eps": "fp32",
+    "slot": "i32",
+    "peer_off": "i64",
+    "sumsq_off": "i64",
+    "region": "i32",
+    "sq_region": "i32",
+    "ctl": "*i64",
+    "health": "i64",
+    "scratch": "*u8",
+    "tickets": "*i64",
+    "peers": "*i64",
+    "rank": "i32",
+    "world": "i32",
 }
 """The kernel's runtime arguments and their Triton types (for compiles without a GPU)."""
 
 
 def constexprs(build: AllreduceBuild, cpu: bool = False) -> dict[str, object]:
-    return {"RESIDUAL": build.residual, "NORM": build.norm, "BLOCK": build.block,
-            "NB": build.blocks, "NB_P2": triton_next_pow2(build.blocks), "CPU": cpu}
+    return {
+        "RESIDUAL": build.residual,
+        "NORM": build.norm,
+        "BLOCK": build.block,
+        "NB": build.blocks,
+        "NB_P2": triton_next_pow2(build.blocks),
+        "CPU": cpu,
+    }
 
 
-def warm(runner, widths: Iterable[int], hidden: int, residual: bool = False,
-         norm: bool = False, block: int = 256) -> dict[AllreduceBuild, Resources | None]:
+def warm(
+    runner,
+    widths: Iterable[int],
+    hidden: int,
+    residual: bool = False,
+    norm: bool = False,
+    block: int = 256,
+) -> dict[AllreduceBuild, Resources | None]:
     """Compile the kernel for every width now (before memory profiling and graph capture),
     launching nothing; the compiled resources on a GPU, None under the interpreter (which
     compiles nothing). Rows, slot and rank are not specialized: one binary per variant."""
@@ -119,10 +185,29 @@ def warm(runner, widths: Iterable[int], hidden: int, residual: bool = False,
         x32, w32 = x.view(torch.int32), x[0].view(torch.int32)
         args = runner.launch_args()
         kernel = allreduce_kernel.warmup(
-            x32, x32, w32, x32, x32, build.rows, build.pairs, 1e-6, 0, 0, 0,
-            build.rows_region(), build.sumsq_region(), args["ctl"], args["health"],
-            args["scratch"], args["tickets"], runner.peer.addresses, runner.rank,
-            runner.world, **constexprs(build), grid=(1,))
+            x32,
+            x32,
+            w32,
+            x32,
+            x32,
+            build.rows,
+            build.pairs,
+            1e-6,
+            0,
+            0,
+            0,
+            build.rows_region(),
+            build.sumsq_region(),
+            args["ctl"],
+            args["health"],
+            args["scratch"],
+            args["tickets"],
+            runner.peer.addresses,
+            runner.rank,
+            runner.world,
+            **constexprs(build),
+            grid=(1,),
+        )
         return Resources.of_compiled(kernel)
 
     return _CACHE.warm(builds, allreduce_kernel, target_of(runner.device), compile_one)

@@ -19,11 +19,41 @@ _NAN2 = tl.constexpr(0x7FC07FC0)  # two bf16 NaNs in one int32 payload
 
 
 @triton.jit
-def _sum_block(x32, res32, rows, pairs, row, cols, m, tag, par, peer_off, ctl, health, peers,
-               rank, world, region, pair0, RESIDUAL: tl.constexpr, CPU: tl.constexpr):
+def _sum_block(
+    x32,
+    res32,
+    rows,
+    pairs,
+    row,
+    cols,
+    m,
+    tag,
+    par,
+    peer_off,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    region,
+    pair0,
+    RESIDUAL: tl.constexpr,
+    CPU: tl.constexpr,
+):
     lo, hi, ok = T.reduce_bf16x2(
         T.peer_data(peers, rank) + peer_off + (par * world * rows + row) * pairs + cols,
-        rows * pairs, m, tag, ctl, health, peers, rank, world, region, pair0, CPU)
+        rows * pairs,
+        m,
+        tag,
+        ctl,
+        health,
+        peers,
+        rank,
+        world,
+        region,
+        pair0,
+        CPU,
+    )
     if RESIDUAL:
         r = tl.load(res32 + row * pairs + cols, mask=m, other=0)
         lo += T.bf16x2_lo(r)
@@ -31,13 +61,46 @@ def _sum_block(x32, res32, rows, pairs, row, cols, m, tag, par, peer_off, ctl, h
     return tl.where(ok, T.bf16x2_pack(lo, hi), _NAN2), ok
 
 
-@triton.jit(do_not_specialize=["rows", "slot", "peer_off", "sumsq_off", "region", "sq_region",
-                               "rank", "world"])
-def allreduce_kernel(x32, res32, w32, out32, rout32, rows, pairs, eps, slot, peer_off,
-                     sumsq_off, region, sq_region, ctl, health, scratch, tickets, peers,
-                     rank, world, RESIDUAL: tl.constexpr, NORM: tl.constexpr,
-                     BLOCK: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr,
-                     CPU: tl.constexpr):
+@triton.jit(
+    do_not_specialize=[
+        "rows",
+        "slot",
+        "peer_off",
+        "sumsq_off",
+        "region",
+        "sq_region",
+        "rank",
+        "world",
+    ]
+)
+def allreduce_kernel(
+    x32,
+    res32,
+    w32,
+    out32,
+    rout32,
+    rows,
+    pairs,
+    eps,
+    slot,
+    peer_off,
+    sumsq_off,
+    region,
+    sq_region,
+    ctl,
+    health,
+    scratch,
+    tickets,
+    peers,
+    rank,
+    world,
+    RESIDUAL: tl.constexpr,
+    NORM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NB: tl.constexpr,
+    NB_P2: tl.constexpr,
+    CPU: tl.constexpr,
+):
     tag = T.step_tag(ctl, slot)
     par = slot & 1
     sum_items = rows * NB
@@ -58,8 +121,27 @@ def allreduce_kernel(x32, res32, w32, out32, rout32, rows, pairs, eps, slot, pee
             mine = ((par * world + rank) * rows + row) * pairs + cols
             for p in range(0, world):
                 T.publish(T.peer_data(peers, p) + peer_off + mine, x, tag, m, "sys")
-            z, ok = _sum_block(x32, res32, rows, pairs, row, cols, m, tag, par, peer_off, ctl,
-                               health, peers, rank, world, region, pair0, RESIDUAL, CPU)
+            z, ok = _sum_block(
+                x32,
+                res32,
+                rows,
+                pairs,
+                row,
+                cols,
+                m,
+                tag,
+                par,
+                peer_off,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                region,
+                pair0,
+                RESIDUAL,
+                CPU,
+            )
             if RESIDUAL:
                 tl.store(rout32 + row * pairs + cols, z, mask=m)
             if NORM:
@@ -71,15 +153,46 @@ def allreduce_kernel(x32, res32, w32, out32, rout32, rows, pairs, eps, slot, pee
                 tl.store(out32 + row * pairs + cols, z, mask=m)
         else:
             nb = tl.arange(0, NB_P2)
-            parts, got = T.poll(sq + row * NB + nb, nb < NB, tag, ctl, health, peers, rank,
-                                world, sq_region, row * NB, CPU)
+            parts, got = T.poll(
+                sq + row * NB + nb,
+                nb < NB,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                sq_region,
+                row * NB,
+                CPU,
+            )
             ss = tl.sum(tl.where(nb < NB, parts.to(tl.float32, bitcast=True), 0.0), 0)
             width = tl.cast(pairs * 2, tl.float32)
             rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(ss, width) + eps))
-            z, ok = _sum_block(x32, res32, rows, pairs, row, cols, m, tag, par, peer_off, ctl,
-                               health, peers, rank, world, region, pair0, RESIDUAL, CPU)
+            z, ok = _sum_block(
+                x32,
+                res32,
+                rows,
+                pairs,
+                row,
+                cols,
+                m,
+                tag,
+                par,
+                peer_off,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                region,
+                pair0,
+                RESIDUAL,
+                CPU,
+            )
             w = tl.load(w32 + cols, mask=m, other=0)
-            o = T.bf16x2_pack(T.bf16x2_lo(z) * rstd * T.bf16x2_lo(w),
-                              T.bf16x2_hi(z) * rstd * T.bf16x2_hi(w))
+            o = T.bf16x2_pack(
+                T.bf16x2_lo(z) * rstd * T.bf16x2_lo(w), T.bf16x2_hi(z) * rstd * T.bf16x2_hi(w)
+            )
             tl.store(out32 + row * pairs + cols, tl.where(ok & got, o, _NAN2), mask=m)
         t = T.ticket_take(tickets + slot, n_items)

@@ -65,8 +65,13 @@ class AllreduceBuild:
         return P.region_id(f"{self.name} rows", self._where)
 
     def sumsq_region(self) -> int:
-        return P.region_id(f"{self.name} sumsq", lambda pair: (
-            f"row {pair // self.blocks} block {pair % self.blocks} sum of squares", None))
+        return P.region_id(
+            f"{self.name} sumsq",
+            lambda pair: (
+                f"row {pair // self.blocks} block {pair % self.blocks} sum of squares",
+                None,
+            ),
+        )
 
     def _where(self, pair: int) -> tuple[str, int]:
         col = pair % self.pairs

@@ -68,11 +68,11 @@ class KernelIsa:
 
 def _body(text: str, name: str) -> tuple[str, ...]:
     start = re.search(rf"^{re.escape(name)}:\s*$", text, re.M)
-    end = re.search(r"^\.Lfunc_end\d+:", text[start.end():], re.M) if start else None
+    end = re.search(r"^\.Lfunc_end\d+:", text[start.end() :], re.M) if start else None
     if start is None or end is None:
         raise ValueError(f"ISA has no body for kernel {name!r}")
     out = []
-    for raw in text[start.end(): start.end() + end.start()].splitlines():
+    for raw in text[start.end() : start.end() + end.start()].splitlines():
         line = raw.split(";", 1)[0].strip()
         if line and not line.startswith((".p2align", ".cfi")):
             out.append(line)
@@ -126,7 +126,8 @@ def parse_isa(text: str) -> KernelIsa:
         wave_size=int(scalars.get("wavefront_size", 64)),
     )
     name = scalars["name"]
-    kargs = tuple(KernelArg(int(a["offset"]), int(a["size"]), a.get("value_kind", ""))
-                  for a in args)  # type: ignore[index]
+    kargs = tuple(
+        KernelArg(int(a["offset"]), int(a["size"]), a.get("value_kind", "")) for a in args
+    )  # type: ignore[index]
     arch = arch_m.group(1) if arch_m else ""
     return KernelIsa(name, arch, text, _body(text, name), resources, kargs)

@@ -54,11 +54,15 @@ def compile_jobs(jobs: list[Job], arch: str = "gfx950", timeout_s: float = 600) 
         try:
             proc = subprocess.run(
                 [sys.executable, "-m", "mono_runtime.flydsl._child", json.dumps(spec)],
-                env=env, capture_output=True, text=True, timeout=timeout_s,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
             )
         except subprocess.TimeoutExpired as e:
-            raise FlyCompileError(f"FlyDSL compile of {len(jobs)} job(s) for {arch} ran past "
-                                  f"{timeout_s:.0f} s") from e
+            raise FlyCompileError(
+                f"FlyDSL compile of {len(jobs)} job(s) for {arch} ran past {timeout_s:.0f} s"
+            ) from e
         started = [ln for ln in proc.stdout.splitlines() if ln.startswith("MONO-JOB ")]
         if proc.returncode != 0:
             which = jobs[len(started) - 1] if started else jobs[0]
@@ -70,8 +74,10 @@ def compile_jobs(jobs: list[Job], arch: str = "gfx950", timeout_s: float = 600) 
         for i, job in enumerate(jobs):
             found = sorted((root / "dump" / str(i)).glob("*/*final_isa.s"))
             if len(found) != 1:
-                raise FlyCompileError(f"{job}: expected one final ISA, found {len(found)}:\n"
-                                      f"{_tail(proc.stderr + proc.stdout)}")
+                raise FlyCompileError(
+                    f"{job}: expected one final ISA, found {len(found)}:\n"
+                    f"{_tail(proc.stderr + proc.stdout)}"
+                )
             out.append(parse_isa(found[0].read_text()))
         return out
 
@@ -83,8 +89,9 @@ def compile_all(
     n = max(1, min(processes or os.cpu_count() or 1, len(jobs)))
     shards = [list(range(k, len(jobs), n)) for k in range(n)]
     with ThreadPoolExecutor(n) as pool:
-        results = list(pool.map(
-            lambda idx: compile_jobs([jobs[i] for i in idx], arch, timeout_s), shards))
+        results = list(
+            pool.map(lambda idx: compile_jobs([jobs[i] for i in idx], arch, timeout_s), shards)
+        )
     out: list[KernelIsa | None] = [None] * len(jobs)
     for idx, got in zip(shards, results, strict=True):
         for i, isa in zip(idx, got, strict=True):

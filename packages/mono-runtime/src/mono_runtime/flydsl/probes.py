@@ -15,8 +15,9 @@ def build_trivial(threads: int = 64):
 
     @flyc.kernel(name=f"mono_trivial_t{threads}", known_block_size=[threads, 1, 1])
     def trivial(out: Int64):
-        ptr = fx.inttoptr(fx.PointerType.get(T.i32, fx.AddressSpace.Global, 4),
-                          out + fx.Int64(fx.block_idx.x) * 4)
+        ptr = fx.inttoptr(
+            fx.PointerType.get(T.i32, fx.AddressSpace.Global, 4), out + fx.Int64(fx.block_idx.x) * 4
+        )
         fx.generic_store(ptr, fx.Int32(fx.block_idx.x))
 
     @flyc.jit
@@ -26,8 +27,9 @@ def build_trivial(threads: int = 64):
     return launch, (0,)
 
 
-def build_protocol_probe(world: int = 4, programs: int = 256, threads: int = 256,
-                         poll_with_prefetch: bool = False):
+def build_protocol_probe(
+    world: int = 4, programs: int = 256, threads: int = 256, poll_with_prefetch: bool = False
+):
     """One kernel that uses every protocol helper the way a mono kernel does: a ticket loop
     over ``2 * programs`` items in which item t waits for item t - 1 (device scope), the
     injected stall, a push of 1.5 from this rank into every peer (system scope) and the
@@ -51,8 +53,7 @@ def build_protocol_probe(world: int = 4, programs: int = 256, threads: int = 256
     pushed = proto.region_id("probe.push")
 
     @flyc.kernel(name=f"mono_protocol_probe_w{world}", known_block_size=[threads, 1, 1])
-    def probe(ctl: Int64, health: Int64, peers: Int64, rank: Int32, scratch: Int64,
-              out: Int64):
+    def probe(ctl: Int64, health: Int64, peers: Int64, rank: Int32, scratch: Int64, out: Int64):
         tid = fx.thread_idx.x
         bid = fx.block_idx.x
         prog = P.program(ctl, health, peers, rank, world)
@@ -70,8 +71,13 @@ def build_protocol_probe(world: int = 4, programs: int = 256, threads: int = 256
         P.fault_stall(prog)
         for r in range_constexpr(world):
             if tid == r:
-                P.publish(P.peer_data(prog, r), fx.Int64(bid) + fx.Int64(rank) * programs,
-                          fx.Float32(1.5), tag, P.SYSTEM)
+                P.publish(
+                    P.peer_data(prog, r),
+                    fx.Int64(bid) + fx.Int64(rank) * programs,
+                    fx.Float32(1.5),
+                    tag,
+                    P.SYSTEM,
+                )
         if tid == 0:
             if const_expr(poll_with_prefetch):
                 P.loads_issued(prog)
@@ -80,9 +86,17 @@ def build_protocol_probe(world: int = 4, programs: int = 256, threads: int = 256
             fx.generic_store(P.word_ptr(out, items + bid, fx.Int32), total.bitcast(fx.Int32))
 
     @flyc.jit
-    def launch(ctl: Int64, health: Int64, peers: Int64, rank: Int32, scratch: Int64,
-               out: Int64, stream: fx.Stream = fx.Stream(None)):  # noqa: B008
+    def launch(
+        ctl: Int64,
+        health: Int64,
+        peers: Int64,
+        rank: Int32,
+        scratch: Int64,
+        out: Int64,
+        stream: fx.Stream = fx.Stream(None),  # noqa: B008
+    ):
         probe(ctl, health, peers, rank, scratch, out).launch(
-            grid=(programs,), block=(threads,), stream=stream)
+            grid=(programs,), block=(threads,), stream=stream
+        )
 
     return launch, (0, 0, 0, 0, 0, 0)

@@ -50,6 +50,7 @@ def traced(fn):
 
 # --- words ---------------------------------------------------------------------------------
 
+
 def word_ptr(addr, index, dtype=fx.Int64):
     """Global pointer to element ``index`` (of Int64 / Int32) at byte address ``addr``."""
     nbytes = dtype.width // 8
@@ -59,13 +60,21 @@ def word_ptr(addr, index, dtype=fx.Int64):
 
 
 def load64(addr, index, scope):
-    return fx.generic_load(word_ptr(addr, index), dtype=fx.Int64,
-                           memory_order=fx.AtomicOrdering.Monotonic, syncscope=scope)
+    return fx.generic_load(
+        word_ptr(addr, index),
+        dtype=fx.Int64,
+        memory_order=fx.AtomicOrdering.Monotonic,
+        syncscope=scope,
+    )
 
 
 def store64(addr, index, word, scope):
-    fx.generic_store(word_ptr(addr, index), fx.Int64(word),
-                     memory_order=fx.AtomicOrdering.Monotonic, syncscope=scope)
+    fx.generic_store(
+        word_ptr(addr, index),
+        fx.Int64(word),
+        memory_order=fx.AtomicOrdering.Monotonic,
+        syncscope=scope,
+    )
 
 
 def plain64(addr, index):
@@ -183,8 +192,16 @@ def program(ctl, health, peers, rank, world):
     if not 1 <= world <= P.MAX_RANKS:
         raise ProtocolError(f"world {world} outside 1..{P.MAX_RANKS}")
     bases = [plain64(peers, r) for r in range_constexpr(world)]
-    return Program(fx.Int64(ctl), fx.Int64(health), fx.Int64(peers), bases,
-                   plain64(peers, rank), fx.Int32(rank), world, plain64(ctl, P.CTL_DEADLINE))
+    return Program(
+        fx.Int64(ctl),
+        fx.Int64(health),
+        fx.Int64(peers),
+        bases,
+        plain64(peers, rank),
+        fx.Int32(rank),
+        world,
+        plain64(ctl, P.CTL_DEADLINE),
+    )
 
 
 def peer_data(prog, r):
@@ -255,7 +272,8 @@ def poll(prog, specs, tag, scope, region, pair0=0):
     if prog.in_flight:
         raise ProtocolError(
             f"poll of region {P.region_name(region)} with {', '.join(prog.in_flight)} loads "
-            "in flight: loads retire in order, so the poll would wait for them; use them first")
+            "in flight: loads retire in order, so the poll would wait for them; use them first"
+        )
     if len(specs) > POLL_BATCH:
         head, ok = poll(prog, specs[:POLL_BATCH], tag, scope, region, pair0)
         tail, ok2 = poll(prog, specs[POLL_BATCH:], tag, scope, region, pair0 + POLL_BATCH)
@@ -284,8 +302,10 @@ def poll(prog, specs, tag, scope, region, pair0=0):
     for k in range_constexpr(n - 2, -1, -1):
         bad = v[2 * k + 1] != tag
         seen, at = bad.select(v[2 * k + 1], seen), bad.select(fx.Int32(pair0 + k), at)
-    kind = (tag == 0).select(fx.Int32(P.KIND_ERA), (raised != 0).select(
-        fx.Int32(P.KIND_ALARM), fx.Int32(P.KIND_DEADLINE)))
+    kind = (tag == 0).select(
+        fx.Int32(P.KIND_ERA),
+        (raised != 0).select(fx.Int32(P.KIND_ALARM), fx.Int32(P.KIND_DEADLINE)),
+    )
     _give_up_if(ok == 0, lambda: give_up(prog, kind, region, at, tag, seen, raised))
     return [v[2 * k] for k in range_constexpr(n)], ok
 
@@ -298,12 +318,20 @@ def give_up(prog, kind, region, pair, wanted, seen, alarms):
     own = word_ptr(prog.own, prog.rank, fx.Int32)
     old = fx.atomic_max(own, level, syncscope=SYSTEM, ordering=fx.AtomicOrdering.AcqRel)
     for p in range_constexpr(prog.world):
-        fx.atomic_max(word_ptr(prog.bases[p], prog.rank, fx.Int32), level, syncscope=SYSTEM,
-                      ordering=fx.AtomicOrdering.Release)
+        fx.atomic_max(
+            word_ptr(prog.bases[p], prog.rank, fx.Int32),
+            level,
+            syncscope=SYSTEM,
+            ordering=fx.AtomicOrdering.Release,
+        )
     if (kind != P.KIND_ALARM) | (old == 0):
         # the record is claimed on the device (ctl GIVEUPS): host memory sees only stores
-        k = fx.atomic_add(word_ptr(prog.ctl, P.CTL_GIVEUPS), fx.Int64(1), syncscope=DEVICE,
-                          ordering=fx.AtomicOrdering.AcqRel)
+        k = fx.atomic_add(
+            word_ptr(prog.ctl, P.CTL_GIVEUPS),
+            fx.Int64(1),
+            syncscope=DEVICE,
+            ordering=fx.AtomicOrdering.AcqRel,
+        )
         if k < P.RECORDS:
             rec = prog.health + (fx.Int64(P.HEALTH_HEAD) + k * P.RECORD_WORDS) * 8
             store64(rec, P.R_REGION, fx.Int64(region), SYSTEM)
@@ -341,8 +369,9 @@ def ticket_take(counter, n_items, programs):
     """Draw the next ticket (int64 counter, device scope, acq_rel). Draw until a ticket >=
     ``n_items`` comes back; the program that draws ``n_items + programs - 1`` is the last
     taker and resets the counter for the next launch."""
-    t = fx.atomic_add(word_ptr(counter, 0), fx.Int64(1), syncscope=DEVICE,
-                      ordering=fx.AtomicOrdering.AcqRel)
+    t = fx.atomic_add(
+        word_ptr(counter, 0), fx.Int64(1), syncscope=DEVICE, ordering=fx.AtomicOrdering.AcqRel
+    )
     if t == fx.Int64(n_items) + fx.Int64(programs) - 1:
         store64(counter, 0, 0, DEVICE)
     return t

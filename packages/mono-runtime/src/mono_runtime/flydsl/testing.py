@@ -56,10 +56,13 @@ def wait_loops(isa: KernelIsa) -> list[WaitLoop]:
         except ValueError:
             continue
         if start < i and any(ln.startswith("s_sleep") for ln in body[start:i]):
-            after = tuple(body[i + 1: i + 41])
-            loops.append(WaitLoop(m.group(1), tuple(body[start + 1: i]), after))
-    inner = [loop for loop in loops
-             if not any(f"{other.label}:" in loop.body for other in loops if other is not loop)]
+            after = tuple(body[i + 1 : i + 41])
+            loops.append(WaitLoop(m.group(1), tuple(body[start + 1 : i]), after))
+    inner = [
+        loop
+        for loop in loops
+        if not any(f"{other.label}:" in loop.body for other in loops if other is not loop)
+    ]
     # a loop can have several back branches (a latch block and a continue): keep the longest
     by_label: dict[str, WaitLoop] = {}
     for loop in inner:
@@ -100,7 +103,8 @@ def giveup_claims(isa: KernelIsa) -> list[int]:
 def system_stores(isa: KernelIsa) -> tuple[list[int], list[int]]:
     """Lines of 64-bit system-scope stores: (behind a system release, the others)."""
     body = isa.body
-    stores = [k for k, ln in enumerate(body)
-              if ln.startswith("global_store_dwordx2") and scope(ln) == SYS]
+    stores = [
+        k for k, ln in enumerate(body) if ln.startswith("global_store_dwordx2") and scope(ln) == SYS
+    ]
     behind = [k for k in stores if release_before(body, k) == SYS]
     return behind, [k for k in stores if k not in behind]

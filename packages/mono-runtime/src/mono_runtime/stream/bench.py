@@ -28,20 +28,43 @@ CHOSEN = {
 
 
 def _grid(items):
-    return [GemvTiles(bn=bn, bk=bk, split=sp, stages=st, warps=wp, asm=asm)
-            for bn, bk, sp, st, wp, asm in items]
+    return [
+        GemvTiles(bn=bn, bk=bk, split=sp, stages=st, warps=wp, asm=asm)
+        for bn, bk, sp, st, wp, asm in items
+    ]
 
 
 VARIANTS = {  # what the first H200 runs compared (docs/PERFORMANCE.md)
-    BF16: _grid(((128, 128, 4, 4, 4, True), (64, 128, 4, 4, 4, True),
-                       (64, 128, 8, 4, 4, True), (32, 128, 8, 4, 4, True),
-                       (64, 256, 4, 3, 4, True), (128, 128, 4, 4, 8, True))),
-    FP8_B128: _grid(((128, 128, 4, 4, 4, True), (64, 128, 4, 5, 4, True),
-                               (64, 128, 8, 5, 4, True), (32, 128, 8, 5, 4, True))),
-    MXFP4_SPLIT: _grid((
-        (128, 256, 4, 3, 4, True), (128, 256, 4, 3, 4, False), (64, 256, 4, 4, 4, True),
-        (64, 256, 8, 4, 4, True), (32, 256, 8, 4, 4, True), (64, 128, 8, 4, 4, True),
-        (64, 64, 8, 6, 4, True), (128, 256, 4, 4, 8, True))),
+    BF16: _grid(
+        (
+            (128, 128, 4, 4, 4, True),
+            (64, 128, 4, 4, 4, True),
+            (64, 128, 8, 4, 4, True),
+            (32, 128, 8, 4, 4, True),
+            (64, 256, 4, 3, 4, True),
+            (128, 128, 4, 4, 8, True),
+        )
+    ),
+    FP8_B128: _grid(
+        (
+            (128, 128, 4, 4, 4, True),
+            (64, 128, 4, 5, 4, True),
+            (64, 128, 8, 5, 4, True),
+            (32, 128, 8, 5, 4, True),
+        )
+    ),
+    MXFP4_SPLIT: _grid(
+        (
+            (128, 256, 4, 3, 4, True),
+            (128, 256, 4, 3, 4, False),
+            (64, 256, 4, 4, 4, True),
+            (64, 256, 8, 4, 4, True),
+            (32, 256, 8, 4, 4, True),
+            (64, 128, 8, 4, 4, True),
+            (64, 64, 8, 6, 4, True),
+            (128, 256, 4, 4, 8, True),
+        )
+    ),
 }
 
 
@@ -73,8 +96,13 @@ def check(fmt, w, ws, x, tiles) -> float:
     return ((y.double() - ref).norm() / ref.norm()).item()
 
 
-def measure(rows=(1, 4, 16), shapes=((4096, 6144), (16384, 8192)), total_bytes=400 << 20,
-            variants=False, device="cuda") -> dict:
+def measure(
+    rows=(1, 4, 16),
+    shapes=((4096, 6144), (16384, 8192)),
+    total_bytes=400 << 20,
+    variants=False,
+    device="cuda",
+) -> dict:
     """Rows of figures: every format (and cuBLAS bf16) at each (N, K) of `shapes`; with
     `variants`, every tile variant at the first shape only."""
     device = torch.device(device)
@@ -96,8 +124,15 @@ def _shape(out, rows, n, k, total_bytes, variants, copy, g, device) -> None:
             for s in rows:
                 x = torch.randn(s, k, generator=g, device=device).to(torch.bfloat16)
                 parts = torch.empty(tiles.split, 16, n, dtype=torch.float32, device=device)
-                row = {"format": fmt.name.lower(), "tiles": tiles.__dict__, "rows": s,
-                       "n": n, "k": k, "layers": layers, "bytes": per}
+                row = {
+                    "format": fmt.name.lower(),
+                    "tiles": tiles.__dict__,
+                    "rows": s,
+                    "n": n,
+                    "k": k,
+                    "layers": layers,
+                    "bytes": per,
+                }
                 try:
                     row["rel_err"] = check(fmt, *ws_list[0], x, tiles)
 
@@ -116,13 +151,22 @@ def _shape(out, rows, n, k, total_bytes, variants, copy, g, device) -> None:
         layers = max(2, total_bytes // weight_bytes(BF16, n, k))
         ws_list = [random_weight(BF16, n, k, 128, g)[0] for _ in range(layers)]
         x = torch.randn(s, k, generator=g, device=device).to(torch.bfloat16)
-        t = graph_time(lambda x=x, ws_list=ws_list: [torch.matmul(x, w.T) for w in ws_list],
-                       reps=10, warmup=2)
+        t = graph_time(
+            lambda x=x, ws_list=ws_list: [torch.matmul(x, w.T) for w in ws_list], reps=10, warmup=2
+        )
         t /= layers
         per = weight_bytes(BF16, n, k)
-        row = {"format": "cublas-bf16", "rows": s, "n": n, "k": k, "layers": layers,
-               "bytes": per,
-               "us": t * 1e6, "tbps": per / t / 1e12, "pct_copy": 100 * per / t / copy}
+        row = {
+            "format": "cublas-bf16",
+            "rows": s,
+            "n": n,
+            "k": k,
+            "layers": layers,
+            "bytes": per,
+            "us": t * 1e6,
+            "tbps": per / t / 1e12,
+            "pct_copy": 100 * per / t / copy,
+        }
         out["rows"].append(row)
         print(_line(row), flush=True)
         del ws_list
@@ -130,14 +174,21 @@ def _shape(out, rows, n, k, total_bytes, variants, copy, g, device) -> None:
 
 def _line(row: dict) -> str:
     t = row.get("tiles")
-    tiles = ("bn{bn} bk{bk} sp{split} st{stages} w{warps}{a}".format(
-        **t, a=" asm" if t["asm"] and row["format"] == "mxfp4" else "") if t else "")
+    tiles = (
+        "bn{bn} bk{bk} sp{split} st{stages} w{warps}{a}".format(
+            **t, a=" asm" if t["asm"] and row["format"] == "mxfp4" else ""
+        )
+        if t
+        else ""
+    )
     tiles = f"{row['n']}x{row['k']} {tiles}"
     if "error" in row:
         return f"{row['format']:12s} S={row['rows']:2d} {tiles:42s} ERROR {row['error']}"
     err = f" err {row['rel_err']:.1e}" if "rel_err" in row else ""
-    return (f"{row['format']:12s} S={row['rows']:2d} {tiles:42s} {row['us']:8.2f} us "
-            f"{row['tbps']:5.2f} TB/s {row['pct_copy']:5.1f}% of copy{err}")
+    return (
+        f"{row['format']:12s} S={row['rows']:2d} {tiles:42s} {row['us']:8.2f} us "
+        f"{row['tbps']:5.2f} TB/s {row['pct_copy']:5.1f}% of copy{err}"
+    )
 
 
 def main(argv=None) -> int:

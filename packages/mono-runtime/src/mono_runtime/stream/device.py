@@ -54,8 +54,13 @@ def mx_nibbles(byte, CPU: tl.constexpr, ASM: tl.constexpr):
     numbers in fp32 under the interpreter (whose bf16 casts flush the subnormal 2^-127)."""
     if ASM and not CPU:
         lo, hi = tl.inline_asm_elementwise(
-            _MX_DECODE_PTX, "=r,=r,=r,=r,r", [byte], dtype=(tl.bfloat16, tl.bfloat16),
-            is_pure=True, pack=4)
+            _MX_DECODE_PTX,
+            "=r,=r,=r,=r,r",
+            [byte],
+            dtype=(tl.bfloat16, tl.bfloat16),
+            is_pure=True,
+            pack=4,
+        )
     else:
         b = byte.to(tl.int32)
         lo = ((b & 7) << 6) | ((b & 8) << 12)
@@ -89,8 +94,7 @@ def _scaled(vals, sc, BN: tl.constexpr, HALF: tl.constexpr, CPU: tl.constexpr):
 
 
 @triton.jit
-def _mma(acc, w, x, k0, KROW: tl.constexpr, BK: tl.constexpr, S: tl.constexpr,
-         CPU: tl.constexpr):
+def _mma(acc, w, x, k0, KROW: tl.constexpr, BK: tl.constexpr, S: tl.constexpr, CPU: tl.constexpr):
     """acc [BN, 16] + the weight tile w [BN, BK] (the dot's M side) times activation
     columns k0.. (rows >= S as zero). bf16 operands, fp32 sums; fp32 operands under the
     interpreter, which mis-reads bf16 dot operands."""
@@ -103,9 +107,21 @@ def _mma(acc, w, x, k0, KROW: tl.constexpr, BK: tl.constexpr, S: tl.constexpr,
 
 
 @triton.jit
-def stream_step(acc, w, ws, x, row0, k0, KROW: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, S: tl.constexpr, FMT: tl.constexpr, CPU: tl.constexpr,
-                ASM: tl.constexpr):
+def stream_step(
+    acc,
+    w,
+    ws,
+    x,
+    row0,
+    k0,
+    KROW: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    S: tl.constexpr,
+    FMT: tl.constexpr,
+    CPU: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """acc [BN, 16] + W[row0 : row0 + BN, k0 : k0 + BK] @ X[:, k0 : k0 + BK]^T."""
     r = row0 + tl.arange(0, BN)
     if FMT == 1:
@@ -148,9 +164,22 @@ def stream_step(acc, w, ws, x, row0, k0, KROW: tl.constexpr, BN: tl.constexpr,
 
 
 @triton.jit
-def stream_rows(w, ws, x, row0, k_begin, NSTEP: tl.constexpr, KROW: tl.constexpr,
-                BN: tl.constexpr, BK: tl.constexpr, S: tl.constexpr, FMT: tl.constexpr,
-                STAGES: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr):
+def stream_rows(
+    w,
+    ws,
+    x,
+    row0,
+    k_begin,
+    NSTEP: tl.constexpr,
+    KROW: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    S: tl.constexpr,
+    FMT: tl.constexpr,
+    STAGES: tl.constexpr,
+    CPU: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """fp32 [BN, 16]: weight rows row0.. of W (KROW logical columns, layout FMT) times the
     activation rows X[:16, k_begin : k_begin + NSTEP * BK] (bf16, row stride KROW), over a
     fixed-count, software-pipelined loop. FP8 tiles must not straddle a 128-row block."""
@@ -178,4 +207,10 @@ def prefetch_l2(base, stride, row_bytes, NROWS: tl.constexpr, CPU: tl.constexpr)
         addr = base.to(tl.pointer_type(tl.int8)) + (lane // PIECES).to(tl.int64) * stride + off
         tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2;"
-            " mov.u32 $0, 0; }", "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+            " mov.u32 $0, 0; }",
+            "=r,l,r",
+            [addr, size],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )

@@ -39,37 +39,71 @@ class GemvTiles:
 
 
 @triton.jit
-def gemv_kernel(w, ws, x, y, N: tl.constexpr, KROW: tl.constexpr, S: tl.constexpr,
-                BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, FMT: tl.constexpr,
-                STAGES: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr):
+def gemv_kernel(
+    w,
+    ws,
+    x,
+    y,
+    N: tl.constexpr,
+    KROW: tl.constexpr,
+    S: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    FMT: tl.constexpr,
+    STAGES: tl.constexpr,
+    CPU: tl.constexpr,
+    ASM: tl.constexpr,
+):
     pid = tl.program_id(0)
     rb = pid // SPLIT
     part = pid % SPLIT
     NSTEP: tl.constexpr = KROW // BK // SPLIT
-    acc = stream_rows(w, ws, x, rb * BN, part * (NSTEP * BK), NSTEP, KROW, BN, BK, S, FMT,
-                      STAGES, CPU, ASM)
+    acc = stream_rows(
+        w, ws, x, rb * BN, part * (NSTEP * BK), NSTEP, KROW, BN, BK, S, FMT, STAGES, CPU, ASM
+    )
     n = rb * BN + tl.arange(0, BN)
     t = tl.arange(0, 16)
     tl.store(y + part * (16 * N) + t[None, :] * N + n[:, None], acc, mask=t[None, :] < S)
 
 
-def gemv(w: torch.Tensor, ws: torch.Tensor | None, x: torch.Tensor, fmt: StreamFormat,
-         tiles: GemvTiles = GemvTiles(), partials: torch.Tensor | None = None) -> torch.Tensor:
+def gemv(
+    w: torch.Tensor,
+    ws: torch.Tensor | None,
+    x: torch.Tensor,
+    fmt: StreamFormat,
+    tiles: GemvTiles = GemvTiles(),
+    partials: torch.Tensor | None = None,
+) -> torch.Tensor:
     """fp32 [S, N]: x (bf16 [S, K], S <= 16) times W in `fmt`'s layout (mxfp4-s{tiles.bk})."""
     fmt = StreamFormat(fmt)
     s, k = x.shape
     n = w.shape[0]
     if not 1 <= s <= 16 or x.dtype != torch.bfloat16 or not x.is_contiguous():
-        raise ValueError(f"x: expected contiguous bf16 [S <= 16, K], got {x.dtype} "
-                         f"{tuple(x.shape)}")
+        raise ValueError(
+            f"x: expected contiguous bf16 [S <= 16, K], got {x.dtype} {tuple(x.shape)}"
+        )
     tiles.check(fmt, n, k)
     cpu = x.device.type == "cpu"
     if partials is None:
         partials = torch.empty(tiles.split, 16, n, dtype=torch.float32, device=x.device)
     gemv_kernel[(n // tiles.bn * tiles.split,)](
-        w, w if ws is None else ws, x, partials, N=n, KROW=k, S=s, BN=tiles.bn, BK=tiles.bk,
-        SPLIT=tiles.split, FMT=int(fmt), STAGES=tiles.stages, CPU=cpu,
-        ASM=tiles.asm and not cpu, num_warps=tiles.warps)
+        w,
+        w if ws is None else ws,
+        x,
+        partials,
+        N=n,
+        KROW=k,
+        S=s,
+        BN=tiles.bn,
+        BK=tiles.bk,
+        SPLIT=tiles.split,
+        FMT=int(fmt),
+        STAGES=tiles.stages,
+        CPU=cpu,
+        ASM=tiles.asm and not cpu,
+        num_warps=tiles.warps,
+    )
     return partials[:, :s].sum(0) if tiles.split > 1 else partials[0, :s]
 
 

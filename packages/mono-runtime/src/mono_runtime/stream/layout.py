@@ -50,8 +50,9 @@ def _codes(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values & 0x0F, values >> 4
 
 
-def pack_mxfp4_split(values: torch.Tensor, bk: int, out: torch.Tensor | None = None,
-                     rows_per_pass: int = 4096) -> torch.Tensor:
+def pack_mxfp4_split(
+    values: torch.Tensor, bk: int, out: torch.Tensor | None = None, rows_per_pass: int = 4096
+) -> torch.Tensor:
     """``mxfp4-k32`` codes ``uint8[..., K/2]`` -> ``mxfp4-s{bk}`` (same shape).
 
     `out` may be `values` itself (in place): rows are converted `rows_per_pass` at a time,
@@ -59,8 +60,9 @@ def pack_mxfp4_split(values: torch.Tensor, bk: int, out: torch.Tensor | None = N
     _check_split(values, bk)
     out = torch.empty_like(values) if out is None else out
     if out.shape != values.shape or out.dtype != torch.uint8:
-        raise ValueError(f"out: {tuple(out.shape)} {out.dtype}, expected {tuple(values.shape)} "
-                         "torch.uint8")
+        raise ValueError(
+            f"out: {tuple(out.shape)} {out.dtype}, expected {tuple(values.shape)} torch.uint8"
+        )
     flat, dst = values.reshape(-1, values.shape[-1]), out.view(-1, values.shape[-1])
     half = bk // 2
     for r0 in range(0, flat.shape[0], rows_per_pass):
@@ -68,7 +70,8 @@ def pack_mxfp4_split(values: torch.Tensor, bk: int, out: torch.Tensor | None = N
         lo, hi = _codes(rows)
         codes = torch.stack((lo, hi), -1).reshape(rows.shape[0], -1, bk)  # k order
         dst[r0 : r0 + rows_per_pass] = (codes[..., :half] | (codes[..., half:] << 4)).reshape(
-            rows.shape[0], -1)
+            rows.shape[0], -1
+        )
     return out
 
 
@@ -113,8 +116,9 @@ def unpack_fp8_b128(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return values.float() * s[..., :n, :k]
 
 
-def dequantize(values: torch.Tensor, scales: torch.Tensor | None, fmt: StreamFormat,
-               bk: int = 0) -> torch.Tensor:
+def dequantize(
+    values: torch.Tensor, scales: torch.Tensor | None, fmt: StreamFormat, bk: int = 0
+) -> torch.Tensor:
     """fp32 ``[..., N, K]`` of a weight stored in `fmt`'s streamed layout (`bk`: the
     ``mxfp4-s{bk}`` step; scales None for bf16)."""
     if fmt == BF16:
