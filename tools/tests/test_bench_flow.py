@@ -88,11 +88,66 @@ def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(monkeypatch, tm
     assert "layers a timed graph" not in data["settings"]  # rows without the rotation columns
 
 
+def _gemv_rows(rows):
+    """stream.bench.measure's rows at one shape: every format, one failed, cuBLAS last."""
+    out = []
+    for fmt, per in (("bf16", 8_000_000), ("fp8", 4_000_000), ("mxfp4", 2_000_000)):
+        for s in rows:
+            row = dict(format=fmt, rows=s, n=2048, k=2048, layers=50, bytes=per)
+            if fmt == "fp8" and s == 4:
+                row["error"] = "CompilationError: no"
+            else:
+                row.update(rel_err=1e-3 * s, us=per / 4e6, tbps=4.0, pct_copy=100.0)
+            out.append(row)
+    out += [
+        dict(format="cublas-bf16", rows=s, n=2048, k=2048, us=4.0 * s, bytes=8_000_000)
+        for s in rows
+    ]
+    return out
+
+
+def test_bench_gemv_table_json_and_plot(monkeypatch, tmp_path, capsys, on_a_gpu):
+    seen = {}
+
+    def measure(rows):
+        seen["rows"] = rows
+        return {"copy_bytes_per_s": 4e12, "rows": _gemv_rows(rows)}
+
+    _fake_module(monkeypatch, "mono_runtime.stream.bench", measure=measure)
+    argv = ["bench", "gemv", "--rows", "1,4", "--format", "fp8,mxfp4", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert seen == {"rows": (1, 4)}
+    data = json.loads((tmp_path / "bench-gemv.json").read_text())
+    cases = [(p["case"][1], p["rows"]) for p in data["points"]]
+    assert cases == [("fp8", 1), ("mxfp4", 1), ("mxfp4", 4)]  # no bf16; fp8 S=4 failed
+    assert {p["case"][0] for p in data["points"]} == {"2048x2048"}
+    mx = data["points"][2]
+    assert mx["baselines_us"] == {"cuBLAS bf16": 16.0}  # cuBLAS at the same shape and S
+    assert mx["kernel_pct_of_limit"] == 100.0 and mx["kernel_gbps"] == 4000.0
+    assert data["settings"]["failures"] == {"2048x2048 fp8 S=4": "CompilationError: no"}
+    assert data["settings"]["relative error vs float64 (largest)"]["2048x2048 mxfp4"] == 4e-3
+    assert data["copy_gbps"] == 4000.0 and data["case_names"] == ["N x K", "format"]
+    assert (tmp_path / "bench-gemv.png").exists()
+    out = capsys.readouterr().out
+    assert "N x K" in out and "8.00x" in out  # cuBLAS 4 us over mxfp4's 0.5 us at S=1
+
+
+def test_bench_flags_are_refused_before_the_machine_is_looked_at(monkeypatch, capsys):
+    monkeypatch.setattr(command, "detect", lambda: pytest.fail("detect ran"))
+    assert main(["bench", "gemv", "--rows", "32"]) == 2
+    assert "the GEMV serves at most 16 rows" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
         (["bench", "kda", "--rows", "16"], "K1 serves at most 8 rows"),
-        (["bench", "kda", "--format", "fp8"], "K1 reads bf16 weights only"),
+        (["bench", "kda", "--format", "fp8"], "--format applies to `mono bench ffn|gemv` only"),
+        (["bench", "ffn", "--format", "bf16"], "the FFN kernel reads mxfp4 or fp8"),
+        (["bench", "ffn", "--format", "fp8,mxfp4"], "the FFN kernel takes one format a run"),
+        (["bench", "gemv", "--rows", "1,32"], "--rows [32]: the GEMV serves at most 16 rows"),
+        (["bench", "gemv", "--ranks", "1"], "--ranks applies to"),
+        (["bench", "gemv", "--format", "mxfp4,mxfp4"], "a format appears twice"),
         (["bench", "ffn", "--rows", "32"], "serves at most 16 rows"),
         (["bench", "ffn", "--ranks", "2"], "--ranks applies to `mono bench allreduce` only"),
         (["bench", "allreduce", "--format", "fp8"], "--format applies to"),

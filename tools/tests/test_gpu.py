@@ -1,6 +1,6 @@
 """On a GPU: `mono qualify --ranks 1` passes (graph replay and the builds against their
-references included) and `mono bench ffn|kda|allreduce --rows 1,2` write their table, JSON
-and plot."""
+references included), and `mono bench ffn|kda|allreduce --rows 1,2` and `mono bench gemv`
+write their table, JSON and plot."""
 
 import importlib.util
 import json
@@ -58,3 +58,21 @@ def test_bench_rows_1_2(tmp_path, kernel, module):
         assert point["kernel_pct_of_limit"] > 0
     assert data["copy_gbps"] > 100
     assert (tmp_path / f"bench-{kernel}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+def test_bench_gemv_formats_and_cublas(tmp_path):
+    argv = ("bench", "gemv", "--rows", "1,16", "--format", "bf16,mxfp4", "--out", str(tmp_path))
+    out = _mono(*argv, timeout=580)
+    print(out.stdout[-4000:], out.stderr[-3000:])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    data = json.loads((tmp_path / "bench-gemv.json").read_text())
+    shapes = {p["case"][0] for p in data["points"]}
+    assert len(shapes) == 2  # a projection's shape and a layer-size one
+    assert {p["case"][1] for p in data["points"]} == {"bf16", "mxfp4"}
+    assert {p["rows"] for p in data["points"]} == {1, 16}
+    for point in data["points"]:
+        assert point["kernel_us"] > 0 and point["baselines_us"]["cuBLAS bf16"] > 0
+        assert 0 < point["kernel_pct_of_limit"] < 150
+    assert (tmp_path / "bench-gemv.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,21 +1,67 @@
-"""Run `mono bench ffn|kda|allreduce`: measure on the GPU, then a table on screen, JSON and a
-PNG plot in the output folder."""
+"""Run `mono bench ffn|kda|allreduce|gemv`: measure on the GPU, then a table on screen, JSON
+and a PNG plot in the output folder. Every flag is checked against the kernel's entry in
+KERNELS before anything runs."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+from dataclasses import dataclass
 
 from mono_tools import outputs, table
 from mono_tools.errors import UsageError
 from mono_tools.machine import detect, require_gpu
 
-KERNELS = {  # name -> (module with measure(args, machine) -> BenchResult, default rows)
-    "ffn": ("mono_tools.bench.ffn", (1, 2, 4, 8, 16)),
-    "kda": ("mono_tools.bench.kda", (1, 2, 4, 8)),
-    "allreduce": ("mono_tools.bench.allreduce", (1, 2, 4, 8, 16)),
-}
 MAX_ROWS = 1024
+WEIGHT_FORMATS = ("bf16", "fp8", "mxfp4")  # what --format can name at all
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """What `mono bench NAME` runs and which flags it takes."""
+
+    module: str  # has measure(args, machine) -> BenchResult
+    rows: tuple[int, ...]  # the default --rows
+    max_rows: int
+    what: str  # how a refusal names it
+    formats: tuple[str, ...] = ()  # what --format may name; () refuses --format
+    several_formats: bool = False
+    ranks: bool = False  # takes --ranks
+
+    def problem(self, args: argparse.Namespace) -> str | None:
+        """Why these flags do not fit this kernel, or None."""
+        too_many = [r for r in args.rows or () if r > self.max_rows]
+        if too_many:
+            return f"--rows {too_many}: {self.what} serves at most {self.max_rows} rows"
+        if args.ranks is not None and not self.ranks:
+            return f"--ranks applies to `mono bench {_taking('ranks')}` only"
+        if args.format is None:
+            return None
+        if not self.formats:
+            return f"--format applies to `mono bench {_taking('formats')}` only"
+        if not set(args.format) <= set(self.formats):
+            return (
+                f"--format {','.join(args.format)}: {self.what} reads {' or '.join(self.formats)}"
+            )
+        if len(args.format) > 1 and not self.several_formats:
+            return f"--format {','.join(args.format)}: {self.what} takes one format a run"
+        return None
+
+
+KERNELS = {
+    "ffn": Kernel("mono_tools.bench.ffn", (1, 2, 4, 8, 16), 16, "the FFN kernel", ("mxfp4", "fp8")),
+    "kda": Kernel("mono_tools.bench.kda", (1, 2, 4, 8), 8, "K1"),  # x rows: one dot tile
+    "allreduce": Kernel(
+        "mono_tools.bench.allreduce", (1, 2, 4, 8, 16), MAX_ROWS, "the all-reduce", ranks=True
+    ),
+    "gemv": Kernel(
+        "mono_tools.bench.gemv", (1, 4, 16), 16, "the GEMV", WEIGHT_FORMATS, several_formats=True
+    ),
+}
+
+
+def _taking(what: str) -> str:
+    return "|".join(name for name, k in KERNELS.items() if getattr(k, what))
 
 
 def parse_rows(text: str) -> tuple[int, ...]:
@@ -36,6 +82,19 @@ def parse_rows(text: str) -> tuple[int, ...]:
     return tuple(sorted(rows))
 
 
+def parse_formats(text: str) -> tuple[str, ...]:
+    """`mxfp4` or `bf16,mxfp4` -> the names, each a known weight format, once."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in WEIGHT_FORMATS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {(unknown or [text])[0]!r} (choose from {', '.join(WEIGHT_FORMATS)})"
+        )
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: a format appears twice")
+    return tuple(names)
+
+
 def add_parser(commands) -> None:
     p = commands.add_parser(
         "bench",
@@ -46,30 +105,35 @@ def add_parser(commands) -> None:
     )
     p.add_argument("kernel", choices=tuple(KERNELS))
     p.add_argument("--rows", type=parse_rows, help="row counts, e.g. 1,2,4,8,16")
-    p.add_argument("--format", choices=("mxfp4", "fp8"), help="expert weight format (ffn)")
+    p.add_argument(
+        "--format",
+        type=parse_formats,
+        metavar="FORMAT[,FORMAT]",
+        help="weight format(s): ffn mxfp4 (default) or fp8; gemv any of bf16,fp8,mxfp4 "
+        "(default all)",
+    )
     p.add_argument("--out", default="mono-bench", metavar="DIR", help="default: ./mono-bench")
     p.add_argument("--ranks", type=int, help="allreduce: ranks, one per GPU (default: all)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    kernel = KERNELS[args.kernel]
+    problem = kernel.problem(args)
+    if problem:
+        raise UsageError(problem)
+    args.rows = args.rows or kernel.rows
     machine = detect()
     require_gpu(machine, f"mono bench {args.kernel}")
-    module_name, default_rows = KERNELS[args.kernel]
-    args.rows = args.rows or default_rows
-    if args.ranks is not None and args.kernel != "allreduce":
-        raise UsageError("--ranks applies to `mono bench allreduce` only")
-    if args.format is not None and args.kernel == "allreduce":
-        raise UsageError("--format applies to `mono bench ffn` and `mono bench kda`")
     folder = outputs.out_folder(args.out)
-    result = importlib.import_module(module_name).measure(args, machine)
+    result = importlib.import_module(kernel.module).measure(args, machine)
 
     headers, rows = result.table()
     print(
         f"mono bench {args.kernel} on {result.device}: copy bandwidth "
         f"{result.copy_gbps:.0f} GB/s; {result.settings}"
     )
-    print(table.render(headers, rows, right=set(range(len(headers)))))
+    print(table.render(headers, rows, right=set(range(len(result.case_names), len(headers)))))
     json_path = folder / f"bench-{args.kernel}.json"
     png_path = folder / f"bench-{args.kernel}.png"
     outputs.write_json(json_path, result.as_dict())

@@ -9,24 +9,20 @@ import argparse
 import importlib.util
 
 from mono_tools.bench.results import BenchResult, Point, rotation
-from mono_tools.errors import CommandFailed, UsageError
+from mono_tools.errors import CommandFailed
 from mono_tools.machine import Machine
 
-MAX_ROWS = 16  # the FFN builds serve widths 1..16
 BASELINE = "op-by-op (cuBLAS + grouped GEMM + torch.compile)"
 
 
 def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
-    too_many = [r for r in args.rows if r > MAX_ROWS]
-    if too_many:
-        raise UsageError(f"--rows {too_many}: the FFN kernel serves at most {MAX_ROWS} rows")
     if importlib.util.find_spec("mono_kernels_minimax.ffn.bench") is None:
         raise CommandFailed(
             "this install has no FFN benchmark (mono_kernels_minimax.ffn.bench is absent)"
         )
     from mono_kernels_minimax.ffn import bench
 
-    fmt = args.format or "mxfp4"
+    (fmt,) = args.format or ("mxfp4",)  # one format a run (bench.command.KERNELS)
     rows = bench.bench(rows=tuple(args.rows), formats=(fmt,))
     notes = {f"rows {r['rows']}": r["note"] for r in rows if r.get("note")}
     return BenchResult(

@@ -7,19 +7,12 @@ from __future__ import annotations
 import argparse
 
 from mono_tools.bench.results import BenchResult, Point, rotation
-from mono_tools.errors import UsageError
 from mono_tools.machine import Machine
 
-MAX_ROWS = 8  # K1 serves S <= 8 rows (its x rows live in one program's shared memory)
 BASELINE = "op-by-op (cuBLAS + torch.compile)"
 
 
 def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
-    if args.format is not None:
-        raise UsageError("--format: K1 reads bf16 weights only; leave it out for kda")
-    too_many = [r for r in args.rows if r > MAX_ROWS]
-    if too_many:
-        raise UsageError(f"--rows {too_many}: K1 serves at most {MAX_ROWS} rows a step")
     from mono_kernels_kimi.kda import bench
 
     # r requests, one token each; the no-prefetch variant is not reported here: no compile

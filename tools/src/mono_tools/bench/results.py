@@ -1,7 +1,8 @@
 """The figures of one `mono bench` run and their three views: a table, JSON and (plot.py) a PNG.
 
-Every time is per call, in microseconds, under graph replay. The memory limit of a row count
-is the bytes that call must move over the copy bandwidth measured in the same run.
+Every time is per call, in microseconds, under graph replay. The memory limit of a point is
+the bytes that call must move over the copy bandwidth measured in the same run; a baseline's
+"% limit" is measured against the same bytes (the least the point's job can move).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ class Point:
     kernel_us: float
     baselines_us: dict[str, float]  # op-by-op path(s), by name; the first is the main one
     bytes_moved: int  # bytes one call must read and write at least
+    case: tuple[str, ...] = ()  # what else tells points apart (BenchResult.case_names)
 
     def floor_us(self, copy_gbps: float) -> float:
         return self.bytes_moved / (copy_gbps * 1e3)  # GB/s -> bytes per us
@@ -22,15 +24,20 @@ class Point:
     def pct_of_limit(self, us: float, copy_gbps: float) -> float:
         return 100.0 * self.floor_us(copy_gbps) / us if us > 0 else 0.0
 
+    def gbps(self, us: float) -> float:
+        """The bytes the call must move over its time `us`: its effective bandwidth."""
+        return self.bytes_moved / (us * 1e3) if us > 0 else 0.0
+
 
 @dataclass
 class BenchResult:
-    kernel: str  # ffn | kda | allreduce
+    kernel: str  # ffn | kda | allreduce | gemv
     kernel_label: str  # what the kernel line is called (e.g. "mono FFN (triton)")
     device: str
     copy_gbps: float  # measured device-to-device copy bandwidth, bytes read + written
     points: list[Point] = field(default_factory=list)
     settings: dict = field(default_factory=dict)  # format, ranks, shapes: what was measured
+    case_names: tuple[str, ...] = ()  # the columns of Point.case (gemv: shape, format)
 
     @property
     def baseline_names(self) -> list[str]:
@@ -41,15 +48,17 @@ class BenchResult:
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         names = self.baseline_names
-        headers = ["rows", "kernel us", *[f"{n} us" for n in names], "speedup"]
-        headers += ["floor us", "kernel % limit", *[f"{n} % limit" for n in names[:1]]]
+        headers = [*self.case_names, "rows", "kernel us", *[f"{n} us" for n in names]]
+        headers += ["speedup", "floor us", "kernel GB/s", "kernel % limit"]
+        headers += [f"{n} % limit" for n in names[:1]]
         rows = []
         for p in self.points:
             main = p.baselines_us.get(names[0]) if names else None
-            cells = [str(p.rows), f"{p.kernel_us:.1f}"]
+            cells = [*p.case, str(p.rows), f"{p.kernel_us:.1f}"]
             cells += [f"{p.baselines_us[n]:.1f}" if n in p.baselines_us else "-" for n in names]
             cells.append(f"{main / p.kernel_us:.2f}x" if main else "-")
             cells.append(f"{p.floor_us(self.copy_gbps):.1f}")
+            cells.append(f"{p.gbps(p.kernel_us):.0f}")
             cells.append(f"{p.pct_of_limit(p.kernel_us, self.copy_gbps):.0f}%")
             if names:
                 cells.append(f"{p.pct_of_limit(main, self.copy_gbps):.0f}%" if main else "-")
@@ -60,6 +69,7 @@ class BenchResult:
         data = asdict(self)
         for point, raw in zip(self.points, data["points"], strict=True):
             raw["floor_us"] = point.floor_us(self.copy_gbps)
+            raw["kernel_gbps"] = point.gbps(point.kernel_us)
             raw["kernel_pct_of_limit"] = point.pct_of_limit(point.kernel_us, self.copy_gbps)
             raw["baselines_pct_of_limit"] = {
                 n: point.pct_of_limit(us, self.copy_gbps) for n, us in point.baselines_us.items()
