@@ -14,6 +14,7 @@ import torch
 from . import protocol as P
 from .errors import MonoFault
 from .health import timeline
+from .kernel.layer_runner import LayerRunner
 from .planner import agree
 
 DEFAULT_DEADLINE_NS = 5_000_000_000
@@ -66,13 +67,17 @@ def _agree_values(values: dict[str, int], group: Any) -> None:
     agree(differ, group, "this runner")
 
 
-class MonoRunner:
+class MonoRunner(LayerRunner):
     """Collective: every rank of `group` (a gloo group, or None for one rank) builds it
     at the same point, with the same sizes and deadline. `deadline_ns` (at most 60 s) bounds
     every in-kernel wait (on a CPU device it counts polls: deadline_ns // CPU_NS_PER_POLL).
 
     All or nothing: the arguments, then each rank's allocation, then the peer buffer are
-    agreed in turn, so a failure on any rank raises on every rank and keeps nothing."""
+    agreed in turn, so a failure on any rank raises on every rank and keeps nothing.
+    The lifecycle (closed until built, every method raising after `close()`) is
+    LayerRunner's."""
+
+    _closed_why = "its peer buffer is unmapped"
 
     def __init__(
         self,
@@ -87,7 +92,6 @@ class MonoRunner:
     ) -> None:
         from mono_peer import PeerBuffer
 
-        self._closed = True  # until the peer buffer is mapped on every rank
         problem = _problem(device, rank, world, scratch_bytes, peer_bytes, deadline_ns)
         agree([problem] if problem else [], group, "this runner")
         _agree_values(
@@ -112,7 +116,7 @@ class MonoRunner:
         except BaseException:
             self._drop_local()
             raise
-        self._closed = False
+        self._opened()  # the peer buffer is mapped on every rank
         self.set_deadline(deadline_ns)
         self._steps = 0  # since the last rezero
         self._fault: MonoFault | None = None
@@ -141,14 +145,6 @@ class MonoRunner:
         """Release this rank's device state (a failed construction keeps nothing)."""
         self.ctl = self.tickets = self.scratch = self.health = None
 
-    def _live(self) -> None:
-        if self._closed:
-            raise RuntimeError("MonoRunner is closed (its peer buffer is unmapped)")
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     @property
     def alarms(self) -> torch.Tensor:
         """int32 [world]: the alarm words at this rank's head (a view of the peer buffer)."""
@@ -162,9 +158,7 @@ class MonoRunner:
         return self.peer.local + 4 * self.rank
 
     # -- per step -------------------------------------------------------------------------
-    def step_begin(self) -> None:
-        """Once per forward, before its first launch; a CUDA graph captures it."""
-        self._live()
+    def _step_begin(self) -> None:
         self.ctl[P.CTL_EPOCH : P.CTL_EPOCH + 1].add_(1)
 
     def launch_args(self) -> dict[str, Any]:
@@ -184,14 +178,11 @@ class MonoRunner:
         self._live()
         return {"peers": self.peer.addresses, "rank": self.rank, "world": self.world}
 
-    def after_step(self) -> None:
-        """Once per executed step, eagerly on every rank (also under graph replay).
-
-        Normal case: one read of a host-visible word, no device sync. Raises MonoFault
+    def _after_step(self) -> None:
+        """Normal case: one read of a host-visible word, no device sync. Raises MonoFault
         once this rank's kernels recorded a give-up (ranks whose peer gave up record one
         at their next poll, so every rank raises); every REZERO_EVERY steps it quiesces
         collectively and erases the buffers (PROTOCOL.md section 3)."""
-        self._live()
         if self._fault is not None:
             raise self._fault
         if not self.cpu and torch.cuda.is_current_stream_capturing():
@@ -219,10 +210,9 @@ class MonoRunner:
         self._fault = MonoFault(head, body)
         return self._fault
 
-    def reset(self) -> None:
-        """Collective, no launch in flight: clear scratch, tickets, peer buffer (alarms
-        included) and health, restart the tag era. Makes a faulted runner usable again."""
-        self._live()
+    def _reset(self) -> None:
+        """Clear scratch, tickets, peer buffer (alarms included) and health, restart the
+        tag era."""
         self._rezero()
         self._fault = None
 
@@ -258,10 +248,8 @@ class MonoRunner:
         self.deadline_ns = deadline_ns
         self.ctl[P.CTL_DEADLINE] = self._units(deadline_ns)
 
-    def inject(self, rank: int | None, delay_ns: int = 0) -> None:
-        """Fault injection: `rank` stalls `delay_ns` (or until an alarm) before its first
-        peer store in every launch; None turns it off. Same call on every rank."""
-        self._live()
+    def _inject(self, rank: int | None, delay_ns: int) -> None:
+        """The stall lasts `delay_ns` or until an alarm."""
         if rank is not None and not 0 <= rank < self.world:
             raise ValueError(f"inject: rank {rank} not in [0, {self.world})")
         self.ctl[P.CTL_FAULT_RANK] = 0 if rank is None else rank + 1
@@ -290,14 +278,5 @@ class MonoRunner:
 
         guard_nan(x, self.peer.addresses, self.rank, self.world)
 
-    def close(self) -> None:
-        """Idempotent; frees the peer buffer. Every method raises afterwards."""
-        if not self._closed:
-            self._closed = True
-            self.peer.close()
-
-    def __enter__(self) -> MonoRunner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _release(self) -> None:
+        self.peer.close()

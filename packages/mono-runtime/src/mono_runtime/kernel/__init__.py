@@ -1,0 +1,19 @@
+"""A kernel as a first-class idea: its argument spec (`spec`), the Build interface of its
+variants on each backend (`build`), the registry that `mono qualify` and `mono bench`
+iterate (`registry`), and the LayerRunner base of the runners that launch it
+(`layer_runner`). The kernel packages implement them; the runtime knows no model."""
+
+from .build import INTERPRETER, Build, Compiled, target_name
+from .layer_runner import LayerRunner
+from .spec import RUNTIME_ARGS, Arg, KernelSpec
+
+__all__ = [
+    "INTERPRETER",
+    "RUNTIME_ARGS",
+    "Arg",
+    "Build",
+    "Compiled",
+    "KernelSpec",
+    "LayerRunner",
+    "target_name",
+]
