@@ -86,7 +86,7 @@ def test_fp8_block_layout():
 def test_build_key_and_layouts():
     cfg = MiniMaxM3Config()
     b = FfnBuild(cfg, 16, 4)
-    assert b.layout == "mxfp4-s256/s256" and b.inter == 768 and b.max_slots == 65
+    assert b.layout == "mxfp4-rot" and b.inter == 768 and b.max_slots == 65
     assert FfnBuild(cfg, 16, 4, packed=False).layout == "mxfp4-k32"
     assert b.key() != FfnBuild(cfg, 16, 4, packed=False).key()
     assert FfnBuild(cfg, 1, 4).max_slots == 5
@@ -207,11 +207,11 @@ def test_pack_converts_in_place_and_dense_reads_either_layout():
     w = random_weights(cfg, 1, WeightFormat.MXFP4, seed=4)
     before = {n: w.dense(n) for n in ("w13", "w2")}
     raw13 = w.w13.clone()
-    p = w.packed((64, 32))
-    assert p.split == (64, 32)
+    p = w.packed(True)
+    assert p.rot
     assert p.w13 is w.w13 and not torch.equal(p.w13, raw13), "converted in place"
     for n in ("w13", "w2"):
         assert torch.equal(p.dense(n), before[n])
-    assert p.packed((64, 32)) is p
+    assert p.packed(True) is p
     with pytest.raises(ValueError, match="already packed"):
-        p.packed((128, 32))
+        p.packed(False)

@@ -4,6 +4,7 @@ float64 on the dequantized weight, the packed MXFP4 layout's round trip, bad til
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 
@@ -23,8 +24,8 @@ def _weight(fmt, n, k, bk, g):
     # scales across the exact range, including its ends (58 and 254)
     scales = torch.randint(100, 140, (n, k // 32), generator=g, dtype=torch.uint8)
     scales[0, 0], scales[1, 0] = 58, 150
-    if fmt == L.MXFP4_SPLIT:
-        return L.pack_mxfp4_split(codes, bk), scales
+    if fmt == L.MXFP4_ROT:
+        return L.pack_mxfp4_rot(codes), scales
     return codes, scales
 
 
@@ -37,7 +38,7 @@ def check_gemv(fmt, bk, s):
     n, k = 128, 256
     w, ws = _weight(fmt, n, k, bk, g)
     x = torch.randn(s, k, generator=g).to(torch.bfloat16)
-    ref = x.double() @ L.dequantize(w, ws, fmt, bk).double().T
+    ref = x.double() @ L.dequantize(w, ws, fmt).double().T
     y = gemv(w, ws, x, fmt, GemvTiles(bn=64, bk=bk, split=2))
     assert y.shape == (s, n)
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
@@ -48,8 +49,8 @@ def check_gemv(fmt, bk, s):
     [
         (L.BF16, 128),
         (L.FP8_B128, 128),
-        (L.MXFP4_SPLIT, 128),
-        (L.MXFP4_SPLIT, 32),
+        (L.MXFP4_ROT, 128),
+        (L.MXFP4_ROT, 32),
         (L.MXFP4_K32, 64),
     ],
 )
@@ -66,29 +67,61 @@ def test_gemv_matches_float64(fmt, bk, s):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
 
 
-def test_split_layout_round_trip_in_place():
+def _rotr(q: int, n: int) -> int:
+    return ((q >> n) | (q << (32 - n))) & 0xFFFFFFFF
+
+
+def _device_decode(word: int) -> list[tuple[int, int]]:
+    """The PTX decode of one mxfp4-rot word, op for op (device._MX_ROT_PTX without the
+    scale): four outputs of two 16-bit lanes, low lane first."""
+    m = 0x81C081C0
+    outs = [
+        word & m,
+        _rotr(word, 4) & m,
+        _rotr(word, 10) & m,
+        (_rotr(word, 14) & 0x00400040) | (_rotr(word, 6) & 0x81808180),
+    ]
+    return [(o & 0xFFFF, o >> 16) for o in outs]
+
+
+def test_rot_layout_is_what_the_device_decode_reads():
+    """Column 8 i + e of a group is lane e % 2 of output i of word e // 2, with the sign at
+    bit 15 and the magnitude at bits 8..6 (bf16 of the value x 2^-126)."""
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 16, (2, 64), generator=g, dtype=torch.uint8)  # k order
+    k32 = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    rot = L.pack_mxfp4_rot(k32)
+    for row in range(2):
+        for grp in range(2):
+            raw = rot[row, grp * 16 : grp * 16 + 16].tolist()
+            words = [int.from_bytes(bytes(raw[4 * w : 4 * w + 4]), "little") for w in range(4)]
+            for i in range(4):
+                for e in range(8):
+                    lane = _device_decode(words[e // 2])[i][e % 2]
+                    c = int(codes[row, grp * 32 + 8 * i + e])
+                    assert lane == ((c & 8) << 12) | ((c & 7) << 6), (row, grp, i, e)
+                    v = struct.unpack("<f", struct.pack("<I", lane << 16))[0] * 2.0**126
+                    assert v == float(L.decode_e2m1(torch.tensor(c)))
+
+
+def test_rot_layout_round_trip_in_place():
     g = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 256, (3, 5, 128), generator=g, dtype=torch.uint8)
     keep = codes.clone()
-    for bk in (32, 64, 256):
-        packed = L.pack_mxfp4_split(codes.clone(), bk)
-        assert torch.equal(L.unpack_mxfp4_split(packed, bk), keep)
-    same = L.pack_mxfp4_split(codes, 64, out=codes, rows_per_pass=2)
-    assert same is codes and torch.equal(L.unpack_mxfp4_split(codes, 64), keep)
-    # the split layout: byte j of a chunk holds k0 + j (low) and k0 + bk/2 + j (high)
-    w = L.unpack_mxfp4_k32(keep, torch.full((3, 5, 8), 127, dtype=torch.uint8))
-    lo = L.decode_e2m1(codes[..., :32] & 15)
-    hi = L.decode_e2m1(codes[..., :32] >> 4)
-    assert torch.equal(lo, w[..., :32]) and torch.equal(hi, w[..., 32:64])
+    packed = L.pack_mxfp4_rot(codes.clone())
+    assert not torch.equal(packed, keep) and torch.equal(L.unpack_mxfp4_rot(packed), keep)
+    same = L.pack_mxfp4_rot(codes, out=codes, rows_per_pass=2)
+    assert same is codes and torch.equal(codes, packed)
+    assert torch.equal(L.unpack_mxfp4_rot(codes), keep)
 
 
 def test_bad_tiles_and_layouts_are_refused():
-    with pytest.raises(ValueError, match="bk=48"):
-        L.pack_mxfp4_split(torch.zeros(2, 64, dtype=torch.uint8), 48)
     with pytest.raises(ValueError, match="not a multiple"):
-        L.pack_mxfp4_split(torch.zeros(2, 48, dtype=torch.uint8), 64)
+        L.pack_mxfp4_rot(torch.zeros(2, 24, dtype=torch.uint8))
     with pytest.raises(ValueError, match="uint8"):
-        L.pack_mxfp4_split(torch.zeros(2, 64), 64)
+        L.pack_mxfp4_rot(torch.zeros(2, 64))
+    with pytest.raises(ValueError, match="out:"):
+        L.pack_mxfp4_rot(torch.zeros(2, 64, dtype=torch.uint8), out=torch.zeros(2, 32))
     from mono_runtime.stream.gemv import GemvTiles, gemv
 
     w = torch.zeros(128, 256, dtype=torch.bfloat16)

@@ -9,12 +9,22 @@ from typing import Any
 
 from .builds import Resources
 
+TARGETS = ("sm90", "gfx950")
+
 
 def compile_for(
-    fn: Any, types: dict[str, str], constexprs: dict[str, Any], arch: int = 90, num_warps: int = 4
+    fn: Any,
+    types: dict[str, str],
+    constexprs: dict[str, Any],
+    arch: int = 90,
+    num_warps: int = 4,
+    target: str | None = None,
 ) -> Any:
-    """`fn` compiled for cuda sm_`arch`: `types` names each runtime argument's Triton type
-    ("*i32", "i64", "fp32"...), `constexprs` each constexpr's value."""
+    """`fn` compiled for cuda sm_`arch` (or `target`, one of TARGETS): `types` names each
+    runtime argument's Triton type ("*i32", "i64", "fp32"...), `constexprs` each
+    constexpr's value. Pointers are taken as 16-byte aligned, as torch allocations are at
+    launch: without it Triton cannot vectorize loads, and the binary is not the one that
+    runs."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -22,12 +32,24 @@ def compile_for(
     missing = [n for n in fn.arg_names if n not in types and n not in constexprs]
     if missing:
         raise ValueError(f"compile_for: no type or value for {missing}")
+    if target is None:
+        gpu = GPUTarget("cuda", arch, 32)
+    elif target == "sm90":
+        gpu = GPUTarget("cuda", 90, 32)
+    elif target == "gfx950":
+        gpu = GPUTarget("hip", "gfx950", 64)
+    else:
+        raise ValueError(f"compile_for: target {target!r} is not one of {TARGETS}")
     signature = {n: types.get(n, "constexpr") for n in fn.arg_names}
     consts = {(fn.arg_names.index(n),): v for n, v in constexprs.items()}
-    source = ASTSource(fn=fn, signature=signature, constexprs=consts)
-    return triton.compile(
-        source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps}
+    aligned = [fn.arg_names.index(n) for n, t in types.items() if t.startswith("*")]
+    source = ASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs=consts,
+        attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
     )
+    return triton.compile(source, target=gpu, options={"num_warps": num_warps})
 
 
 def resources_of(kernel: Any, arch: str = "sm_90a") -> Resources:

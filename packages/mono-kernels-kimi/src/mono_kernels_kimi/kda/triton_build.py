@@ -629,7 +629,7 @@ def launch(build: K1Build, args: dict, num_warps: int | None = None) -> None:
 
 
 # Pointer element types of the kernel's tensor arguments (the rest are i32/fp32 scalars).
-_POINTERS = {
+POINTERS = {
     "prefix": "*bf16",
     "delta": "*bf16",
     "blocks": "*bf16",
@@ -649,20 +649,23 @@ _POINTERS = {
     "out": "*bf16",
     "scratch": "*u8",
 }
-_FLOATS = ("eps", "out_eps", "o_norm_eps", "lower_bound")
+FLOATS = ("eps", "out_eps", "o_norm_eps", "lower_bound")
+
+
+def kernel_types() -> dict[str, str]:
+    """Triton types of K1's runtime arguments, in spec.ARGS order (a model's bf16 o_norm)."""
+    return {name: POINTERS.get(name, "fp32" if name in FLOATS else "i32") for name in spec.ARGS}
 
 
 def compile_for(build: K1Build, target: str):
-    """Compile K1 ahead of time for `target` ("sm90" or "gfx950") without a GPU; returns
-    triton's CompiledKernel (asm, n_regs, n_spills, metadata). Run it in a subprocess:
-    a backend abort would take the caller down."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    """Compile K1 ahead of time for `target` ("sm90" or "gfx950") without a GPU, with the
+    specialization of a real launch (16-byte aligned pointers); returns triton's
+    CompiledKernel (asm, n_regs, n_spills, metadata). Run it in a subprocess: a backend
+    abort would take the caller down."""
+    from mono_runtime.compile_check import compile_for as compile_kernel
 
-    gpu = {"sm90": GPUTarget("cuda", 90, 32), "gfx950": GPUTarget("hip", "gfx950", 64)}[target]
     consts = constexprs(build, offsets(build))
     consts["INTERPRET"] = False
-    sig = {name: _POINTERS.get(name, "fp32" if name in _FLOATS else "i32") for name in spec.ARGS}
-    sig.update({name: "constexpr" for name in consts})
-    src = ASTSource(fn=k1_kernel, signature=sig, constexprs=consts)
-    return triton.compile(src, target=gpu, options={"num_warps": build.num_warps})
+    return compile_kernel(
+        k1_kernel, kernel_types(), consts, num_warps=build.num_warps, target=target
+    )

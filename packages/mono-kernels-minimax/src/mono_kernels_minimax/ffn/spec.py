@@ -99,8 +99,7 @@ class FfnBuild:
     # -- plan ---------------------------------------------------------------------------
     @property
     def layout(self) -> str:
-        split = self.split
-        return self.weights.layout if split is None else f"mxfp4-s{split[0]}/s{split[1]}"
+        return "mxfp4-rot" if self.rot else self.weights.layout
 
     @property
     def inter(self) -> int:
@@ -116,12 +115,9 @@ class FfnBuild:
         return TaskPlan.of(self)
 
     @property
-    def split(self) -> tuple[int, int] | None:
-        """(bk of w13, bk of w2) of the mxfp4-s{bk} layouts the build streams (MXFP4)."""
-        if self.weights is not WeightFormat.MXFP4 or not self.packed:
-            return None
-        p = self.plan
-        return (p.ubk, p.dbk)
+    def rot(self) -> bool:
+        """Whether the build streams MXFP4 experts in the packed ``mxfp4-rot`` layout."""
+        return self.weights is WeightFormat.MXFP4 and self.packed
 
     def key(self) -> tuple:
         c = self.cfg

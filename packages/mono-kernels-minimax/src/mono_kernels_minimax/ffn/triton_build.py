@@ -872,7 +872,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         E=c.num_experts,
         K=c.top_k,
         I=b.inter,
-        FMT=3 if b.weights is WeightFormat.MXFP4 and not b.split else _FMT[b.weights],
+        FMT=3 if b.weights is WeightFormat.MXFP4 and not b.rot else _FMT[b.weights],
         SFMT=_FMT[b.weights.shared_format],
         SUBSET=_SUB[b.experts],
         MAXSLOTS=b.max_slots,
@@ -1033,25 +1033,13 @@ def kernel_types(fmt: WeightFormat) -> dict[str, str]:
 
 def compile_for(b: FfnBuild, target: str):
     """Compile build `b` ahead of time for `target` ("sm90" or "gfx950") without a GPU, with
-    the 16-byte pointer alignment a real launch's arguments get (torch allocations), so
-    its resources are those of the binary that runs. Run it in a subprocess: a backend
-    abort would take the caller down."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    the specialization of a real launch (16-byte aligned pointers). Run it in a subprocess:
+    a backend abort would take the caller down."""
+    from mono_runtime.compile_check import compile_for as compile_kernel
 
-    gpu = {"sm90": GPUTarget("cuda", 90, 32), "gfx950": GPUTarget("hip", "gfx950", 64)}[target]
-    fn = ffn_kernel
-    types = kernel_types(b.weights)
-    consts = constexprs(b, cpu=False)
-    sig = {n: types.get(n, "constexpr") for n in fn.arg_names}
-    aligned = [[fn.arg_names.index(n)] for n, t in types.items() if t.startswith("*")]
-    src = ASTSource(
-        fn=fn,
-        signature=sig,
-        constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()},
-        attrs={tuple(a): [["tt.divisibility", 16]] for a in aligned},
+    return compile_kernel(
+        ffn_kernel, kernel_types(b.weights), constexprs(b, cpu=False), target=target
     )
-    return triton.compile(src, target=gpu, options={"num_warps": 4})
 
 
 def launch(b: FfnBuild, grid: int, cpu: bool, **args):

@@ -12,9 +12,9 @@ Shapes on a rank of TP ``tp`` (I = per-rank routed intermediate, Is = per-rank s
 
 K13 = H (bf16, fp8) or H/2 bytes (mxfp4); K2 likewise over I.
 
-MXFP4 experts arrive in the checkpoint's ``mxfp4-k32`` layout (``split`` None); the
-Triton build streams ``mxfp4-s{bk}`` (mono_runtime.stream.layout), into which
-`FfnRunner.pack` converts w13 and w2 once, in place (``split`` = (bk of w13, bk of w2)).
+MXFP4 experts arrive in the checkpoint's ``mxfp4-k32`` layout (``rot`` False); the
+Triton build streams ``mxfp4-rot`` (mono_runtime.stream.layout), into which
+`FfnRunner.pack` converts w13 and w2 once, in place (``rot`` True).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 import torch
-from mono_runtime.stream.layout import pack_mxfp4_split, unpack_mxfp4_split
+from mono_runtime.stream.layout import pack_mxfp4_rot, unpack_mxfp4_rot
 
 from ..config import MiniMaxM3Config
 from ..formats import FP8_BLOCK, MX_BLOCK, WeightFormat, dequantize, quantize
@@ -42,7 +42,7 @@ class FfnWeights:
     shared_w13_scale: torch.Tensor | None
     shared_w2: torch.Tensor
     shared_w2_scale: torch.Tensor | None
-    split: tuple[int, int] | None = None  # mxfp4-s{bk} K steps of (w13, w2); None: k32
+    rot: bool = False  # MXFP4 w13 and w2 in mxfp4-rot (False: the checkpoint's k32)
 
     def expected(self, cfg: MiniMaxM3Config, tp: int) -> dict[str, tuple]:
         """(shape, dtype) of every tensor for `cfg` at TP `tp` in this bundle's format."""
@@ -85,33 +85,27 @@ class FfnWeights:
                 raise ValueError(f"weights.{name}: on {t.device}, expected {device}")
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
-        return {
-            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("fmt", "split")
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("fmt", "rot")}
 
     def dense(self, name: str) -> torch.Tensor:
         """fp32 dequantized view of a weight (w13, w2, shared_w13, shared_w2)."""
         fmt = self.fmt.shared_format if name.startswith("shared") else self.fmt
         values = getattr(self, name)
-        if fmt is WeightFormat.MXFP4 and self.split is not None:
-            values = unpack_mxfp4_split(values, self.split[0 if name == "w13" else 1])
+        if fmt is WeightFormat.MXFP4 and self.rot and name in ("w13", "w2"):
+            values = unpack_mxfp4_rot(values)
         return dequantize(values, getattr(self, f"{name}_scale"), fmt)
 
-    def packed(self, split: tuple[int, int] | None) -> FfnWeights:
-        """This bundle with w13 and w2 in ``mxfp4-s{bk}`` (`split` = their bk; None: the
-        checkpoint layout), converted in place: the engine's tensors are replaced, never
-        copied. Only MXFP4 experts have a split layout."""
-        if self.fmt is not WeightFormat.MXFP4 or split == self.split:
+    def packed(self, rot: bool) -> FfnWeights:
+        """This bundle with w13 and w2 in ``mxfp4-rot`` (`rot`; False: the checkpoint
+        layout), converted in place: the engine's tensors are replaced, never copied. Only
+        MXFP4 experts have a packed layout, and packing is one way."""
+        if self.fmt is not WeightFormat.MXFP4 or rot == self.rot:
             return self
-        if self.split is not None:
-            raise ValueError(
-                f"weights: already packed as mxfp4-s{self.split}, not repacked to mxfp4-s{split}"
-            )
-        if split is None:
-            return self
-        pack_mxfp4_split(self.w13, split[0], out=self.w13)
-        pack_mxfp4_split(self.w2, split[1], out=self.w2)
-        return replace(self, split=tuple(split))
+        if self.rot:
+            raise ValueError("weights: already packed as mxfp4-rot; the kernel wants mxfp4-k32")
+        pack_mxfp4_rot(self.w13, out=self.w13)
+        pack_mxfp4_rot(self.w2, out=self.w2)
+        return replace(self, rot=True)
 
 
 def _format_shapes(name, lead, n, k, fmt):

@@ -12,18 +12,18 @@ from .layout import (
     BF16,
     FP8_B128,
     MXFP4_K32,
-    MXFP4_SPLIT,
+    MXFP4_ROT,
     StreamFormat,
-    pack_mxfp4_split,
-    unpack_mxfp4_split,
+    pack_mxfp4_rot,
+    unpack_mxfp4_rot,
 )
 
 __all__ = [
     "BF16",
     "FP8_B128",
     "MXFP4_K32",
-    "MXFP4_SPLIT",
+    "MXFP4_ROT",
     "StreamFormat",
-    "pack_mxfp4_split",
-    "unpack_mxfp4_split",
+    "pack_mxfp4_rot",
+    "unpack_mxfp4_rot",
 ]

@@ -18,12 +18,21 @@ import torch
 
 from ..timing import copy_bandwidth, graph_time
 from .gemv import GemvTiles, gemv
-from .layout import BF16, FP8_B128, MXFP4_SPLIT, StreamFormat, dequantize, pack_mxfp4_split
+from .layout import (
+    BF16,
+    FP8_B128,
+    MXFP4_K32,
+    MXFP4_ROT,
+    StreamFormat,
+    dequantize,
+    pack_mxfp4_rot,
+)
 
 CHOSEN = {
     BF16: GemvTiles(bn=64, bk=128, split=4, stages=4, warps=4),
     FP8_B128: GemvTiles(bn=64, bk=128, split=4, stages=5, warps=4),
-    MXFP4_SPLIT: GemvTiles(bn=64, bk=256, split=4, stages=4, warps=4),
+    MXFP4_ROT: GemvTiles(bn=128, bk=256, split=4, stages=4, warps=4),
+    MXFP4_K32: GemvTiles(bn=64, bk=256, split=4, stages=4, warps=4),
 }
 
 
@@ -34,7 +43,7 @@ def _grid(items):
     ]
 
 
-VARIANTS = {  # what the first H200 runs compared (docs/PERFORMANCE.md)
+VARIANTS = {  # (bn, bk, split, stages, warps, asm); the H200 runs in docs/PERFORMANCE.md
     BF16: _grid(
         (
             (128, 128, 4, 4, 4, True),
@@ -53,18 +62,20 @@ VARIANTS = {  # what the first H200 runs compared (docs/PERFORMANCE.md)
             (32, 128, 8, 5, 4, True),
         )
     ),
-    MXFP4_SPLIT: _grid(
+    MXFP4_ROT: _grid(
         (
-            (128, 256, 4, 3, 4, True),
-            (128, 256, 4, 3, 4, False),
+            (128, 256, 4, 4, 4, True),
+            (128, 256, 4, 4, 4, False),
+            (128, 256, 8, 4, 4, True),
+            (128, 128, 4, 6, 4, True),
             (64, 256, 4, 4, 4, True),
-            (64, 256, 8, 4, 4, True),
-            (32, 256, 8, 4, 4, True),
-            (64, 128, 8, 4, 4, True),
-            (64, 64, 8, 6, 4, True),
+            (64, 512, 4, 3, 4, True),
+            (128, 512, 2, 3, 4, True),
+            (256, 256, 2, 3, 8, True),
             (128, 256, 4, 4, 8, True),
         )
     ),
+    MXFP4_K32: _grid(((64, 256, 4, 4, 4, True), (128, 256, 4, 4, 4, True))),
 }
 
 
@@ -76,7 +87,7 @@ def weight_bytes(fmt: StreamFormat, n: int, k: int) -> int:
     return n * k // 2 + n * k // 32
 
 
-def random_weight(fmt: StreamFormat, n: int, k: int, bk: int, g: torch.Generator):
+def random_weight(fmt: StreamFormat, n: int, k: int, g: torch.Generator):
     """(values, scales) of one N x K weight in `fmt`'s streamed layout, O(1/sqrt(K)) values."""
     dev = g.device
     if fmt == BF16:
@@ -86,12 +97,12 @@ def random_weight(fmt: StreamFormat, n: int, k: int, bk: int, g: torch.Generator
         return v, torch.full((-(-n // 128), -(-k // 128)), k**-0.5, device=dev)
     codes = torch.randint(0, 256, (n, k // 2), generator=g, device=dev, dtype=torch.uint8)
     scales = torch.randint(118, 123, (n, k // 32), generator=g, device=dev, dtype=torch.uint8)
-    return pack_mxfp4_split(codes, bk, out=codes), scales
+    return (codes if fmt == MXFP4_K32 else pack_mxfp4_rot(codes, out=codes)), scales
 
 
 def check(fmt, w, ws, x, tiles) -> float:
     """Relative error of the engine's GEMV against float64 on the dequantized weight."""
-    ref = x.double() @ dequantize(w, ws, fmt, tiles.bk).double().T
+    ref = x.double() @ dequantize(w, ws, fmt).double().T
     y = gemv(w, ws, x, fmt, tiles)
     return ((y.double() - ref).norm() / ref.norm()).item()
 
@@ -115,12 +126,12 @@ def measure(
 
 
 def _shape(out, rows, n, k, total_bytes, variants, copy, g, device) -> None:
-    for fmt in (BF16, FP8_B128, MXFP4_SPLIT):
+    for fmt in (BF16, FP8_B128, MXFP4_ROT, MXFP4_K32):
         per = weight_bytes(fmt, n, k)
         layers = max(2, total_bytes // per)
         tiles_list = VARIANTS[fmt] if variants else [CHOSEN[fmt]]
         for tiles in tiles_list:
-            ws_list = [random_weight(fmt, n, k, tiles.bk, g) for _ in range(layers)]
+            ws_list = [random_weight(fmt, n, k, g) for _ in range(layers)]
             for s in rows:
                 x = torch.randn(s, k, generator=g, device=device).to(torch.bfloat16)
                 parts = torch.empty(tiles.split, 16, n, dtype=torch.float32, device=device)
@@ -149,7 +160,7 @@ def _shape(out, rows, n, k, total_bytes, variants, copy, g, device) -> None:
             del ws_list
     for s in rows:  # cuBLAS bf16 GEMV on the same shape, rotating over layers likewise
         layers = max(2, total_bytes // weight_bytes(BF16, n, k))
-        ws_list = [random_weight(BF16, n, k, 128, g)[0] for _ in range(layers)]
+        ws_list = [random_weight(BF16, n, k, g)[0] for _ in range(layers)]
         x = torch.randn(s, k, generator=g, device=device).to(torch.bfloat16)
         t = graph_time(
             lambda x=x, ws_list=ws_list: [torch.matmul(x, w.T) for w in ws_list], reps=10, warmup=2

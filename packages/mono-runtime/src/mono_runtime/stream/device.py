@@ -6,13 +6,20 @@ operand), over NSTEP fixed K steps that Triton software-pipelines (`tl.range`, S
 deep). FMT is a `layout.StreamFormat` code. The result is fp32 ``[BN, 16]``: weight row
 by token row.
 
-MXFP4 decode (``mxfp4-s{BK}``): each nibble's 3 magnitude bits go to bf16 bits 8..6 and its
-sign to bit 15, which is the e2m1 value times 2^-126 (0.5 lands on the subnormal 2^-127);
-the tile is then multiplied by the e8m0 scale times 2^(126 - MX_LIFT) in bf16 and the
-fp32 result by 2^MX_LIFT: every product is exact for e8m0 codes 58..254 (scales 2^-69 to
-2^127; a code of 255, OCP's NaN, gives inf as the checkpoint reading does). On the GPU the
-decode is one inline-PTX block per 4 bytes (`prmt` into 16-bit lanes, masks and shifts on
-two lanes per op); under the interpreter the same bits come from plain integer ops.
+MXFP4 decode (``mxfp4-rot``, see `layout`): a 32-bit word of eight codes gives four bf16
+pairs, each a rotation and a mask (the last two of each), which are the e2m1 values times
+2^-126 (0.5 lands on the subnormal 2^-127); each pair is multiplied by the e8m0 scale times
+2^(126 - MX_LIFT) in bf16 and the fp32 result by 2^MX_LIFT: every product is exact for
+e8m0 codes 58..254 (scales 2^-69 to 2^127; a code of 255, OCP's NaN, gives inf as the
+checkpoint reading does). On the GPU the decode and the scaling are one inline-PTX block
+per word (13 instructions per 8 values) and Triton loads the words straight into the dot's
+register operand (ldmatrix): no shared-memory round trip for the decoded tile. Under the
+interpreter the same bits come from plain integer ops and fp32 products, rounded once.
+
+The checkpoint's ``mxfp4-k32`` goes through Triton's own scaled dot (`tl.dot_scaled`,
+e2m1 x bf16): on sm_90 the compiler decodes and scales in the dot-operand registers, in
+the interpreter with the same bf16 products. Its `fast_math` scale is the bf16 of bits
+s << 7: exact for codes 1..254, inf for 255 as above (code 0 reads as 0, not 2^-127).
 """
 
 from __future__ import annotations
@@ -22,21 +29,16 @@ import triton.language as tl
 
 MX_LIFT = tl.constexpr(63)  # the power of two the bf16 scale leaves to the fp32 result (see above)
 
-_MX_DECODE_PTX = tl.constexpr("""
+_MX_ROT_PTX = tl.constexpr("""
 {
-.reg .b32 t0, t1, a, b;
-prmt.b32 t0, $4, 0, 0x4140;
-prmt.b32 t1, $4, 0, 0x4342;
-and.b32 a, t0, 0x00070007; shl.b32 a, a, 6; and.b32 b, t0, 0x00080008; shl.b32 b, b, 12;
-or.b32 $0, a, b;
-and.b32 a, t1, 0x00070007; shl.b32 a, a, 6; and.b32 b, t1, 0x00080008; shl.b32 b, b, 12;
-or.b32 $1, a, b;
-and.b32 a, t0, 0x00700070; shl.b32 a, a, 2; and.b32 b, t0, 0x00800080; shl.b32 b, b, 8;
-or.b32 $2, a, b;
-and.b32 a, t1, 0x00700070; shl.b32 a, a, 2; and.b32 b, t1, 0x00800080; shl.b32 b, b, 8;
-or.b32 $3, a, b;
+.reg .b32 t, u;
+and.b32 t, $4, 0x81C081C0; mul.rn.bf16x2 $0, t, $5;
+shf.r.wrap.b32 t, $4, $4, 4; and.b32 t, t, 0x81C081C0; mul.rn.bf16x2 $1, t, $5;
+shf.r.wrap.b32 t, $4, $4, 10; and.b32 t, t, 0x81C081C0; mul.rn.bf16x2 $2, t, $5;
+shf.r.wrap.b32 t, $4, $4, 14; shf.r.wrap.b32 u, $4, $4, 6;
+and.b32 t, t, 0x00400040; and.b32 u, u, 0x81808180; or.b32 t, t, u; mul.rn.bf16x2 $3, t, $5;
 }
-""")
+""")  # layout.ROTATIONS: outputs 0..3 of a word, times the bf16x2 scale
 
 
 @triton.jit
@@ -49,29 +51,67 @@ def bf16_of_bits(bits, CPU: tl.constexpr):
 
 
 @triton.jit
-def mx_nibbles(byte, CPU: tl.constexpr, ASM: tl.constexpr):
-    """(low, high) nibbles of uint8 e2m1 pairs as value x 2^-126: bf16 on the GPU, the same
-    numbers in fp32 under the interpreter (whose bf16 casts flush the subnormal 2^-127)."""
+def _rotr(q, n: tl.constexpr):
+    return (q >> n) | (q << (32 - n))
+
+
+@triton.jit
+def _lanes(t, s, BN: tl.constexpr, G: tl.constexpr):
+    """[BN, G, 4] uint32 words -> [BN, G, 8] bf16: their 16-bit lanes (low lane first) read
+    as bf16, times the scales s [BN, G, 1], through exact fp32 products rounded once (the
+    interpreter's bf16 casts flush subnormals)."""
+    lanes = tl.reshape(tl.join(t & 0xFFFF, t >> 16), (BN, G, 8))
+    return ((lanes << 16).to(tl.float32, bitcast=True) * s).to(tl.bfloat16)
+
+
+@triton.jit
+def mx_rot_tile(
+    w,
+    ws,
+    r,
+    k0,
+    KROW: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    CPU: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """bf16 [BN, BK]: rows r, columns k0.. of an ``mxfp4-rot`` weight, decoded and scaled
+    (without 2^MX_LIFT). Each of the four outputs of a word is [BN, G, 8]; joined and
+    permuted, output i's eight values are columns 8 i .. 8 i + 7 of their group."""
+    G: tl.constexpr = BK // 32
+    g = tl.arange(0, G)
+    sc = mx_scale(tl.load(ws + r[:, None] * (KROW // 32) + (k0 // 32 + g)[None, :]), CPU)
     if ASM and not CPU:
-        lo, hi = tl.inline_asm_elementwise(
-            _MX_DECODE_PTX,
-            "=r,=r,=r,=r,r",
-            [byte],
-            dtype=(tl.bfloat16, tl.bfloat16),
+        q = tl.load(
+            w.to(tl.pointer_type(tl.int16))
+            + r[:, None, None] * (KROW // 4)
+            + (k0 // 4 + g[None, :, None] * 8 + tl.arange(0, 8)[None, None, :])
+        )
+        s2 = tl.broadcast_to(sc[:, :, None], (BN, G, 8))
+        p0, p1, p2, p3 = tl.inline_asm_elementwise(
+            _MX_ROT_PTX,
+            "=r,=r,=r,=r,r,r",
+            [q, s2],
+            dtype=(tl.bfloat16,) * 4,
             is_pure=True,
-            pack=4,
+            pack=2,
         )
     else:
-        b = byte.to(tl.int32)
-        lo = ((b & 7) << 6) | ((b & 8) << 12)
-        hi = ((b & 0x70) << 2) | ((b & 0x80) << 8)
-        if CPU:
-            lo = (lo << 16).to(tl.float32, bitcast=True)
-            hi = (hi << 16).to(tl.float32, bitcast=True)
-        else:
-            lo = lo.to(tl.int16).to(tl.bfloat16, bitcast=True)
-            hi = hi.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return lo, hi
+        q = tl.load(
+            w.to(tl.pointer_type(tl.uint32))
+            + r[:, None, None] * (KROW // 8)
+            + (k0 // 8 + g[None, :, None] * 4 + tl.arange(0, 4)[None, None, :])
+        )
+        m = 0x81C081C0
+        t3 = (_rotr(q, 14) & 0x00400040) | (_rotr(q, 6) & 0x81808180)
+        s2 = sc[:, :, None].to(tl.float32)
+        p0 = _lanes(q & m, s2, BN, G)
+        p1 = _lanes(_rotr(q, 4) & m, s2, BN, G)
+        p2 = _lanes(_rotr(q, 10) & m, s2, BN, G)
+        p3 = _lanes(t3, s2, BN, G)
+    t = tl.join(tl.join(p0, p1), tl.join(p2, p3))  # [BN, G, 8, 2, 2]: [.., e, x, y] = p_{2y+x}
+    return tl.reshape(tl.permute(t, (0, 1, 4, 3, 2)), (BN, BK))
 
 
 @triton.jit
@@ -80,17 +120,6 @@ def mx_scale(s, CPU: tl.constexpr):
     e = s.to(tl.int32) + (126 - MX_LIFT)  # biased bf16 exponent of the lifted scale
     bits = tl.where(e >= 255, 0x7F80, tl.where(e <= 0, 0, e << 7))
     return bf16_of_bits(bits, CPU)
-
-
-@triton.jit
-def _scaled(vals, sc, BN: tl.constexpr, HALF: tl.constexpr, CPU: tl.constexpr):
-    """vals [BN, HALF] times one scale per 32 columns (sc [BN, HALF // 32]), in bf16."""
-    v = tl.reshape(vals, (BN, HALF // 32, 32))
-    if CPU:  # fp32 values (see mx_nibbles): exact fp32 products, rounded once
-        t = (v * sc[:, :, None].to(tl.float32)).to(tl.bfloat16)
-    else:
-        t = v * sc[:, :, None]
-    return tl.reshape(t, (BN, HALF))
 
 
 @triton.jit
@@ -125,32 +154,15 @@ def stream_step(
     """acc [BN, 16] + W[row0 : row0 + BN, k0 : k0 + BK] @ X[:, k0 : k0 + BK]^T."""
     r = row0 + tl.arange(0, BN)
     if FMT == 1:
-        j = tl.arange(0, BK // 2)
-        byte = tl.load(w + r[:, None] * (KROW // 2) + (k0 // 2 + j)[None, :])
-        lo, hi = mx_nibbles(byte, CPU, ASM)
-        if BK >= 64:  # each half spans BK / 64 scale groups
-            g = tl.arange(0, BK // 64)
-            sp = ws + r[:, None] * (KROW // 32) + (k0 // 32 + g)[None, :]
-            lo = _scaled(lo, mx_scale(tl.load(sp), CPU), BN, BK // 2, CPU)
-            hi = _scaled(hi, mx_scale(tl.load(sp + BK // 64), CPU), BN, BK // 2, CPU)
-        else:  # BK = 32: both halves in one group
-            sc = mx_scale(tl.load(ws + r * (KROW // 32) + k0 // 32), CPU)[:, None]
-            if CPU:
-                lo = (lo * sc.to(tl.float32)).to(tl.bfloat16)
-                hi = (hi * sc.to(tl.float32)).to(tl.bfloat16)
-            else:
-                lo = lo * sc
-                hi = hi * sc
-        acc = _mma(acc, lo, x, k0, KROW, BK // 2, S, CPU)
-        acc = _mma(acc, hi, x, k0 + BK // 2, KROW, BK // 2, S, CPU)
-    elif FMT == 3:  # the checkpoint's mxfp4-k32: nibbles interleaved along k
-        j = tl.arange(0, BK // 2)
-        byte = tl.load(w + r[:, None] * (KROW // 2) + (k0 // 2 + j)[None, :])
-        lo, hi = mx_nibbles(byte, CPU, ASM)
+        acc = _mma(acc, mx_rot_tile(w, ws, r, k0, KROW, BN, BK, CPU, ASM), x, k0, KROW, BK, S, CPU)
+    elif FMT == 3:  # the checkpoint's mxfp4-k32, decoded and scaled by Triton's scaled dot
+        byte = tl.load(w + r[:, None] * (KROW // 2) + (k0 // 2 + tl.arange(0, BK // 2))[None, :])
         g = k0 // 32 + tl.arange(0, BK // 32)
-        sc = mx_scale(tl.load(ws + r[:, None] * (KROW // 32) + g[None, :]), CPU)
-        t = _scaled(tl.reshape(tl.join(lo, hi), (BN, BK)), sc, BN, BK, CPU)
-        acc = _mma(acc, t, x, k0, KROW, BK, S, CPU)
+        sc = tl.load(ws + r[:, None] * (KROW // 32) + g[None, :])
+        n = tl.arange(0, 16)
+        k = k0 + tl.arange(0, BK)
+        xt = tl.load(x + n[None, :] * KROW + k[:, None], mask=n[None, :] < S, other=0.0)
+        acc = tl.dot_scaled(byte, sc, "e2m1", xt, None, "bf16", acc, fast_math=True)
     elif FMT == 2:
         k = k0 + tl.arange(0, BK)
         t = tl.load(w + r[:, None] * KROW + k[None, :]).to(tl.bfloat16)
@@ -186,7 +198,7 @@ def stream_rows(
     acc = tl.zeros((BN, 16), tl.float32)
     for i in tl.range(0, NSTEP, num_stages=STAGES):
         acc = stream_step(acc, w, ws, x, row0, k_begin + i * BK, KROW, BN, BK, S, FMT, CPU, ASM)
-    if FMT == 1 or FMT == 3:
+    if FMT == 1:
         acc = acc * (2.0**MX_LIFT)
     return acc
 

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .device import stream_rows
-from .layout import BF16, FP8_B128, MXFP4_SPLIT, StreamFormat
+from .layout import BF16, FP8_B128, MXFP4_K32, MXFP4_ROT, StreamFormat
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class GemvTiles:
             raise ValueError(f"tiles {self}: N={n}, K={k} must divide into bn x (bk * split)")
         if fmt == FP8_B128 and (self.bk > 128 or self.bn > 128):
             raise ValueError(f"tiles {self}: fp8-b128 needs bk <= 128 inside one 128 block")
-        if fmt == MXFP4_SPLIT and self.bk < 32:
-            raise ValueError(f"tiles {self}: mxfp4 needs bk >= 32")
+        if fmt in (MXFP4_ROT, MXFP4_K32) and self.bk < 32:
+            raise ValueError(f"tiles {self}: mxfp4 needs bk >= 32 (one scale group)")
 
 
 @triton.jit
@@ -75,7 +75,7 @@ def gemv(
     tiles: GemvTiles = GemvTiles(),
     partials: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """fp32 [S, N]: x (bf16 [S, K], S <= 16) times W in `fmt`'s layout (mxfp4-s{tiles.bk})."""
+    """fp32 [S, N]: x (bf16 [S, K], S <= 16) times W in `fmt`'s layout."""
     fmt = StreamFormat(fmt)
     s, k = x.shape
     n = w.shape[0]
@@ -107,4 +107,4 @@ def gemv(
     return partials[:, :s].sum(0) if tiles.split > 1 else partials[0, :s]
 
 
-__all__ = ["BF16", "FP8_B128", "MXFP4_SPLIT", "GemvTiles", "gemv"]
+__all__ = ["BF16", "FP8_B128", "MXFP4_K32", "MXFP4_ROT", "GemvTiles", "gemv"]

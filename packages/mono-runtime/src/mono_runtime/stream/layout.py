@@ -2,14 +2,19 @@
 
 - ``bf16``: ``w[N, K]`` row-major.
 - ``fp8-b128``: e4m3 ``w[N, K]`` with fp32 scales ``[ceil(N/128), ceil(K/128)]``.
-- ``mxfp4-s{BK}`` (kernel-owned): e2m1 codes ``uint8[N, K/2]`` whose byte ``j`` of each
-  ``BK/2``-byte chunk holds ``k0 + j`` in its low nibble and ``k0 + BK/2 + j`` in its high
-  nibble, where ``k0`` is the chunk's first column; e8m0 scales ``uint8[N, K/32]`` as in
-  the checkpoint. A K step of BK columns then decodes into two contiguous halves that feed
-  two dots directly: no interleave of nibbles on the device.
+- ``mxfp4-rot`` (kernel-owned): e2m1 codes ``uint8[N, K/2]``, each 32-column scale group
+  16 bytes = four little-endian 32-bit words, with every code's four bits placed where
+  the device decode wants them. Column ``8 i + e`` of a group (``i`` < 4, ``e`` < 8) is
+  16-bit lane ``e % 2`` of word ``e // 2`` after that word is rotated right by
+  ``ROTATIONS[i]`` and masked: its sign at bit 15 of the lane and its magnitude at bits
+  8..6, which read as bf16 are the e2m1 value times 2^-126. So one word gives eight values
+  in nine integer instructions (a mask, three rotations and five masks), two values per
+  register, already in the order the dot wants them. e8m0 scales ``uint8[N, K/32]`` as in
+  the checkpoint.
+- ``mxfp4-k32``: the checkpoint's MXFP4 (the even k in the low nibble), streamed as is.
 
-The checkpoint's MXFP4 (``mxfp4-k32``: the even k in the low nibble) converts to
-``mxfp4-s{BK}`` in place, so packing at load never doubles expert memory.
+``mxfp4-k32`` converts to ``mxfp4-rot`` in place (each group stays in its 16 bytes), so
+packing at load never doubles expert memory.
 """
 
 from __future__ import annotations
@@ -26,61 +31,98 @@ class StreamFormat(enum.IntEnum):
     """The device code of a streamed weight format (a constexpr of every build)."""
 
     BF16 = 0
-    MXFP4 = 1  # mxfp4-s{BK}
+    MXFP4 = 1  # mxfp4-rot
     FP8 = 2
-    MXFP4_K32 = 3  # the checkpoint's layout, streamed as it is (an interleave per step)
+    MXFP4_K32 = 3  # the checkpoint's layout, streamed as it is
 
 
 BF16 = StreamFormat.BF16
-MXFP4_SPLIT = StreamFormat.MXFP4
+MXFP4_ROT = StreamFormat.MXFP4
 FP8_B128 = StreamFormat.FP8
 MXFP4_K32 = StreamFormat.MXFP4_K32
 
+# Output i of a word's decode: for each target bit of a lane (sign 15, magnitude 8, 7, 6),
+# the right rotation of the word that brings its source bit there. Outputs 0-2 rotate the
+# whole word once; output 3 takes bit 6 from one rotation and bits 7, 8, 15 from another
+# (four translates of one mask cannot tile 32 bits).
+TARGET_BITS = (6, 7, 8, 15)  # e2m1 code bits 0 (mantissa), 1, 2 (exponent), 3 (sign)
+ROTATIONS = ((0, 0, 0, 0), (4, 4, 4, 4), (10, 10, 10, 10), (14, 6, 6, 6))
 
-def _check_split(values: torch.Tensor, bk: int) -> None:
+
+def _source_bits() -> torch.Tensor:
+    """int64 [4 outputs, 2 lanes, 4 code bits]: the word bit that holds each code bit."""
+    src = torch.empty(4, 2, 4, dtype=torch.int64)
+    for i, rot in enumerate(ROTATIONS):
+        for lane in range(2):
+            for b, t in enumerate(TARGET_BITS):
+                src[i, lane, b] = (t + 16 * lane + rot[b]) % 32
+    if sorted(src.flatten().tolist()) != list(range(32)):
+        raise AssertionError("mxfp4-rot: the rotations do not place 32 distinct bits")
+    return src
+
+
+SOURCE_BITS = _source_bits()
+
+
+def _check_codes(values: torch.Tensor) -> None:
     if values.dtype != torch.uint8:
         raise ValueError(f"values: dtype {values.dtype}, expected torch.uint8")
-    if bk < MX_GROUP or bk & (bk - 1):
-        raise ValueError(f"bk={bk}: a power of two >= {MX_GROUP}")
-    if (2 * values.shape[-1]) % bk:
-        raise ValueError(f"values: K = {2 * values.shape[-1]} is not a multiple of bk={bk}")
+    if (2 * values.shape[-1]) % MX_GROUP:
+        raise ValueError(f"values: K = {2 * values.shape[-1]} is not a multiple of {MX_GROUP}")
 
 
 def _codes(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values & 0x0F, values >> 4
 
 
-def pack_mxfp4_split(
-    values: torch.Tensor, bk: int, out: torch.Tensor | None = None, rows_per_pass: int = 4096
+def _rot_of_codes(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 [R, K/2] mxfp4-rot bytes of k-ordered 4-bit codes [R, K]."""
+    r = codes.shape[0]
+    c = codes.reshape(r, -1, 4, 4, 2).to(torch.int64)  # group, i, word (e // 2), lane (e % 2)
+    bits = (c[..., None] >> torch.arange(4, device=c.device)) & 1  # [..., code bit]
+    src = SOURCE_BITS.to(c.device)[:, None, :, :]  # [i, 1 (word), lane, code bit]
+    words = (bits << src).sum((2, 4, 5))  # over i, lane and code bit: [R, G, word]
+    as_bytes = (words[..., None] >> (8 * torch.arange(4, device=c.device))) & 0xFF
+    return as_bytes.to(torch.uint8).reshape(r, -1)
+
+
+def _codes_of_rot(values: torch.Tensor) -> torch.Tensor:
+    """k-ordered 4-bit codes [R, K] (uint8) of mxfp4-rot bytes [R, K/2]."""
+    r = values.shape[0]
+    b = values.reshape(r, -1, 4, 4).to(torch.int64)
+    words = (b << (8 * torch.arange(4, device=b.device))).sum(-1)  # [R, G, word]
+    src = SOURCE_BITS.to(b.device)  # [i, lane, code bit]
+    bits = (words[:, :, None, :, None, None] >> src[:, None, :, :]) & 1  # [R, G, i, w, L, b]
+    codes = (bits << torch.arange(4, device=b.device)).sum(-1)
+    return codes.to(torch.uint8).reshape(r, -1)
+
+
+def pack_mxfp4_rot(
+    values: torch.Tensor, out: torch.Tensor | None = None, rows_per_pass: int = 4096
 ) -> torch.Tensor:
-    """``mxfp4-k32`` codes ``uint8[..., K/2]`` -> ``mxfp4-s{bk}`` (same shape).
+    """``mxfp4-k32`` codes ``uint8[..., K/2]`` -> ``mxfp4-rot`` (same shape).
 
     `out` may be `values` itself (in place): rows are converted `rows_per_pass` at a time,
     so the extra memory is one pass's temporary, not a second copy of the weight."""
-    _check_split(values, bk)
+    _check_codes(values)
     out = torch.empty_like(values) if out is None else out
     if out.shape != values.shape or out.dtype != torch.uint8:
         raise ValueError(
             f"out: {tuple(out.shape)} {out.dtype}, expected {tuple(values.shape)} torch.uint8"
         )
     flat, dst = values.reshape(-1, values.shape[-1]), out.view(-1, values.shape[-1])
-    half = bk // 2
     for r0 in range(0, flat.shape[0], rows_per_pass):
-        rows = flat[r0 : r0 + rows_per_pass]
-        lo, hi = _codes(rows)
-        codes = torch.stack((lo, hi), -1).reshape(rows.shape[0], -1, bk)  # k order
-        dst[r0 : r0 + rows_per_pass] = (codes[..., :half] | (codes[..., half:] << 4)).reshape(
-            rows.shape[0], -1
-        )
+        lo, hi = _codes(flat[r0 : r0 + rows_per_pass])
+        codes = torch.stack((lo, hi), -1).reshape(lo.shape[0], -1)  # k order
+        dst[r0 : r0 + rows_per_pass] = _rot_of_codes(codes)
     return out
 
 
-def unpack_mxfp4_split(values: torch.Tensor, bk: int) -> torch.Tensor:
-    """``mxfp4-s{bk}`` -> ``mxfp4-k32`` (the inverse of `pack_mxfp4_split`, bit for bit)."""
-    _check_split(values, bk)
-    lo, hi = _codes(values.reshape(*values.shape[:-1], -1, bk // 2))
-    codes = torch.cat((lo, hi), -1).reshape(*values.shape[:-1], -1)  # k order
-    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous()
+def unpack_mxfp4_rot(values: torch.Tensor) -> torch.Tensor:
+    """``mxfp4-rot`` -> ``mxfp4-k32`` (the inverse of `pack_mxfp4_rot`, bit for bit)."""
+    _check_codes(values)
+    codes = _codes_of_rot(values.reshape(-1, values.shape[-1]))
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).reshape(values.shape).contiguous()
 
 
 # e2m1 magnitudes indexed by the low 3 bits of a code (bit 3 is the sign).
@@ -117,14 +159,14 @@ def unpack_fp8_b128(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(
-    values: torch.Tensor, scales: torch.Tensor | None, fmt: StreamFormat, bk: int = 0
+    values: torch.Tensor, scales: torch.Tensor | None, fmt: StreamFormat
 ) -> torch.Tensor:
-    """fp32 ``[..., N, K]`` of a weight stored in `fmt`'s streamed layout (`bk`: the
-    ``mxfp4-s{bk}`` step; scales None for bf16)."""
+    """fp32 ``[..., N, K]`` of a weight stored in `fmt`'s streamed layout (scales None for
+    bf16)."""
     if fmt == BF16:
         return values.float()
-    if fmt == MXFP4_SPLIT:
-        return unpack_mxfp4_k32(unpack_mxfp4_split(values, bk), scales)
+    if fmt == MXFP4_ROT:
+        return unpack_mxfp4_k32(unpack_mxfp4_rot(values), scales)
     if fmt == MXFP4_K32:
         return unpack_mxfp4_k32(values, scales)
     return unpack_fp8_b128(values, scales)
