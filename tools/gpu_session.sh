@@ -36,6 +36,12 @@ wait
 step bench-ffn 130 $MONO bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
 step bench-kda 90 $MONO bench kda --rows 1,8 --out "$LOG/bench"
 step bench-allreduce 50 $MONO bench allreduce --rows 1,4,16 --out "$LOG/bench"
+# Tuning tables: every engine GEMV variant (formats x tiles, incl. mxfp4-rot against the
+# checkpoint layout), then the FFN on both MXFP4 layouts with timelines.
+step gemv-variants 200 python3 -m mono_runtime.stream.bench --variants --rows 1,16 \
+    --json "$LOG/bench/gemv-variants.json"
+step tune-ffn 250 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
+    --layouts rot,k32 --timeline "$LOG/bench"
 cp "$LOG"/bench/bench-*.png "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
 cat "$LOG/status.txt"
@@ -44,7 +50,7 @@ for name in ffn k1 rest; do
     grep -E "^(FAILED|ERROR) " "$LOG/$name.txt" | head -20
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify bench-ffn bench-kda bench-allreduce; do
+for name in qualify bench-ffn bench-kda bench-allreduce gemv-variants tune-ffn; do
     echo "== $name"
     tail -22 "$LOG/$name.txt"
 done

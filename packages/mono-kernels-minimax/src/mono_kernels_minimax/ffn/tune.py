@@ -1,12 +1,14 @@
 """Time many FFN build variants in one GPU run: a table for tuning, not a guess.
 
-Each variant is (MONO_FFN_TILES overrides, experts subset); each is built, packed and timed
+Each variant is (MONO_FFN_TILES overrides, experts subset, MXFP4 layout: the packed
+``rot`` or the checkpoint's ``k32``); each is built, packed and timed
 under graph replay over `layers` distinct layers, like `bench`, with no op-by-op path.
 Subsets isolate stages: `shared` runs the seam, router, route and the shared expert only;
 `routed` the routed experts only. From a shell:
 
     python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \\
-        --variants "|stages=2|uks=2,uks0=4" --experts all,shared,routed [--timeline DIR]
+        --variants "|stages=2|uks=2,uks0=4" --experts all,shared,routed \\
+        --layouts rot,k32 [--timeline DIR]
 """
 
 from __future__ import annotations
@@ -31,15 +33,26 @@ def time_variant(
     layers: int,
     device,
     timeline: str | None = None,
+    pack: bool = True,
 ) -> dict[int, float]:
     """us per launch at each S for one variant (the environment override set meanwhile).
     With `timeline` (a folder): timeline builds; each S's last launch is summarised on
     screen and drawn to timeline-S.png there."""
     os.environ[TILES_ENV] = tiles
+    layout = "rot" if pack else "k32"
     cfg = rank_config()
     g = torch.Generator(device=device).manual_seed(0)
     runner = FfnRunner(
-        cfg, fmt, None, 0, 1, device, widths=rows, experts=experts, timeline=timeline is not None
+        cfg,
+        fmt,
+        None,
+        0,
+        1,
+        device,
+        widths=rows,
+        experts=experts,
+        timeline=timeline is not None,
+        pack=pack,
     )
     try:
         ws = [runner.pack(random_layer(cfg, fmt, n, device)) for n in range(layers)]
@@ -62,7 +75,9 @@ def time_variant(
                 _show(
                     runner.timeline(s),
                     f"{fmt.value} {experts.value} [{tiles}] S={s}",
-                    os.path.join(timeline, f"timeline-{fmt.value}-{experts.value}-{s}.png"),
+                    os.path.join(
+                        timeline, f"timeline-{fmt.value}-{layout}-{experts.value}-{s}.png"
+                    ),
                 )
         return out
     finally:
@@ -85,26 +100,32 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="", help="'|'-separated MONO_FFN_TILES strings")
     p.add_argument("--experts", default="all")
     p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--layouts", default="rot", help="MXFP4 layouts: rot (packed), k32")
     p.add_argument("--timeline", metavar="DIR", help="timeline builds; pictures in DIR")
     a = p.parse_args(argv)
     rows = [int(r) for r in a.rows.split(",")]
     device = torch.device("cuda", torch.cuda.current_device())
-    for tiles in a.variants.split("|"):
-        for experts in a.experts.split(","):
-            try:
-                got = time_variant(
-                    tiles,
-                    Experts(experts),
-                    WeightFormat(a.format),
-                    rows,
-                    a.layers,
-                    device,
-                    a.timeline,
-                )
-                cells = "  ".join(f"S={s}: {us:7.1f} us" for s, us in got.items())
-            except Exception as err:  # noqa: BLE001 (a variant that fails is a row)
-                cells = f"ERROR {type(err).__name__}: {str(err).splitlines()[0][:160]}"
-            print(f"{a.format:6s} {experts:7s} [{tiles or 'default'}]  {cells}", flush=True)
+    for layout in a.layouts.split(","):
+        if layout not in ("rot", "k32"):
+            p.error(f"--layouts: {layout!r} is not rot or k32")
+        for tiles in a.variants.split("|"):
+            for experts in a.experts.split(","):
+                try:
+                    got = time_variant(
+                        tiles,
+                        Experts(experts),
+                        WeightFormat(a.format),
+                        rows,
+                        a.layers,
+                        device,
+                        a.timeline,
+                        pack=layout == "rot",
+                    )
+                    cells = "  ".join(f"S={s}: {us:7.1f} us" for s, us in got.items())
+                except Exception as err:  # noqa: BLE001 (a variant that fails is a row)
+                    cells = f"ERROR {type(err).__name__}: {str(err).splitlines()[0][:160]}"
+                name = f"{a.format} {layout}" if a.format == "mxfp4" else a.format
+                print(f"{name:10s} {experts:7s} [{tiles or 'default'}]  {cells}", flush=True)
     return 0
 
 
