@@ -135,7 +135,7 @@ def _finish_up(
             tl.atomic_xchg(ucount, 0, sem="relaxed", scope="gpu")
             g = tl.zeros((BN, 16), tl.float32)
             u = tl.zeros((BN, 16), tl.float32)
-            for q in range(PARTS):
+            for q in tl.static_range(PARTS):  # unrolled: the loads fly together, summed in order
                 g += tl.load(base + q * (2 * BN * S), mask=live, other=0.0, volatile=True)
                 u += tl.load(base + q * (2 * BN * S) + BN * S, mask=live, other=0.0, volatile=True)
             _up_block_done(
@@ -352,15 +352,20 @@ def ffn_kernel(
         if t >= total:
             pass  # drawn before this program knew the slot count: no task, no more draws
         elif t < NPUSH:
-            # push: pairs of columns [t*PUSHC, (t+1)*PUSHC) of every row to every rank
+            # push: pairs of columns [t*PUSHC, (t+1)*PUSHC) of every row to every rank, all
+            # rows in one block (a loop over rows would wait out one load latency per row)
             p = t * (PUSHC // 2) + tl.arange(0, PUSHC // 2)
-            for s in range(S):
-                payload = tl.load(part + s * (H // 2) + p)
-                for dst in range(world):
-                    dst_ar1 = pt.peer_data(peers, dst) + P_AR1 // 8
-                    pt.publish(
-                        dst_ar1 + (rank * 16 + s) * (H // 2) + p, payload, tag, p >= 0, "sys"
-                    )
+            rows = tl.arange(0, 16)[:, None]
+            payload = tl.load(part + rows * (H // 2) + p[None, :], mask=rows < S, other=0)
+            for dst in range(world):
+                dst_ar1 = pt.peer_data(peers, dst) + P_AR1 // 8
+                pt.publish(
+                    dst_ar1 + (rank * 16 + rows) * (H // 2) + p[None, :],
+                    payload,
+                    tag,
+                    rows < S,
+                    "sys",
+                )
         elif t < NORM0:
             # seam item (row s, columns [ch*SC, (ch+1)*SC)): rank-ordered sum + residual
             s = (t - NPUSH) // NCH
@@ -396,7 +401,7 @@ def ffn_kernel(
                 done, NPUSH + s * NCH, NCH, NCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
             total_sq = tl.sum(tl.zeros((2,), tl.float32), 0)
-            for q in range(NCH):  # the chunks' sums in column order
+            for q in tl.static_range(NCH):  # the chunks' sums in column order (unrolled)
                 total_sq += tl.load(ssq + s * NCH + q, volatile=True)
             rstd = 1.0 / tl.sqrt_rn(total_sq / H + EPS)
             p = ch * (SC // 2) + tl.arange(0, SC // 2)
@@ -423,8 +428,8 @@ def ffn_kernel(
             rows = tl.arange(0, 16)
             ex = g * 16 + tl.arange(0, 16)
             acc = tl.zeros((16, 16), tl.float32)
-            for k0 in range(part_k * RK, (part_k + 1) * RK, 128):
-                k = k0 + tl.arange(0, 128)
+            for c in tl.static_range(RK // 128):  # unrolled: every chunk's loads fly together
+                k = part_k * RK + c * 128 + tl.arange(0, 128)
                 x = tl.load(xn + rows[:, None] * H + k[None, :], mask=rows[:, None] < S, other=0.0)
                 wr = tl.load(router + ex[:, None] * H + k[None, :])
                 acc += tl.dot(x.to(tl.float32), tl.trans(wr), input_precision="ieee")
@@ -731,7 +736,7 @@ def _down_item(
     if tl.atomic_add(dcount + d, 1, sem="acq_rel", scope="gpu") == NG - 1:
         tl.atomic_xchg(dcount + d, 0, sem="relaxed", scope="gpu")
         tot = tl.zeros((DC, 16), tl.float32)
-        for g in range(NG):
+        for g in tl.static_range(NG):  # unrolled, summed in group order
             tot += tl.load(base + g * (DC * S), mask=live, other=0.0, volatile=True)
         lo, hi = tl.split(tl.reshape(tl.trans(tot), (16, DC // 2, 2)))
         payload = pt.bf16x2_pack(lo, hi)
@@ -804,7 +809,7 @@ def _route(
     ex = tl.arange(0, E)
     rmask = rows < S
     lg = tl.zeros((RT, E), tl.float32)
-    for p in range(RP):
+    for p in tl.static_range(RP):  # unrolled: the parts' loads fly together, summed in order
         lg += tl.load(
             logit + (p * S + rows[:, None]) * E + ex[None, :], mask=rmask[:, None], other=0.0
         )
