@@ -53,7 +53,7 @@ class FakeMono:
         self.peer = SimpleNamespace(bytes=torch.zeros(peer_n, dtype=torch.uint8, device=DEV))
         self.args = dict(
             ctl=torch.zeros(P.CTL_WORDS, dtype=torch.int64, device=DEV),
-            health=torch.zeros(P.HEALTH_WORDS, dtype=torch.int64, device=DEV),
+            health=1 << 40,  # an address, as MonoRunner's (pinned host memory)
             tickets=torch.zeros(P.SLOTS, dtype=torch.int64, device=DEV),
         )
         self.peers = torch.zeros(tp, dtype=torch.int64, device=DEV)

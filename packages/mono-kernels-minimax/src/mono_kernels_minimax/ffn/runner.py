@@ -1,14 +1,18 @@
 """FfnRunner: one rank's FFN monokernels, one compiled build and scratch region per width.
 
 Built collectively (every rank of the TP group, same arguments): it owns a MonoRunner
-(control words, health, peer buffer) unless given one to share. Epoch scheme: the runtime's
-(PROTOCOL.md): `step_begin()` bumps the shared epoch once per forward (graph-capturable)
-and each launch of the step takes the next tag slot, which also names its ticket counter;
-every rank issuing the same launches derives the same tags. Call `after_step()` once per
-executed step (it raises MonoFault on every rank after any give-up).
+(control words, health, peer buffer) unless given one to share (then its owner closes
+it). A LayerRunner (mono_runtime.kernel): every method raises after `close()`. Epoch
+scheme: the runtime's (PROTOCOL.md): `step_begin()` bumps the shared epoch once per
+forward (graph-capturable) and each launch of the step takes the next tag slot, which
+also names its ticket counter; every rank issuing the same launches derives the same
+tags. Call `after_step()` once per executed step (it raises MonoFault on every rank after
+any give-up).
 
 Build: `choose_build` picks FlyDSL on a ROCm GPU and Triton elsewhere (CUDA GPUs, the CPU
 interpreter); both read the same spec, so the runner's API and arguments are the same.
+Each width's build is a mono_runtime Build (ffn.build): the runner warms and launches
+through it, and it refuses, with the reason, a target it does not serve.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from typing import Any
 import torch
 from mono_runtime import protocol as P
 from mono_runtime.errors import MonoUnsupported
+from mono_runtime.kernel import LayerRunner, target_name
 from mono_runtime.runner import MonoRunner
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..config import MiniMaxM3Config
 from ..formats import WeightFormat
-from . import flydsl_build, triton_build
+from .build import BY_BACKEND
 from .spec import Experts, FfnBuild, peer_bytes, scratch_bytes, scratch_layout, table_offsets
 from .weights import FfnWeights
 
@@ -34,8 +39,8 @@ def _cpu_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _layout(split: tuple[int, int] | None) -> str:
-    return "mxfp4-k32" if split is None else f"mxfp4-s{split[0]} (w13) / s{split[1]} (w2)"
+def _layout(rot: bool) -> str:
+    return "mxfp4-rot" if rot else "mxfp4-k32"
 
 
 def _no_alias(tensors: dict[str, torch.Tensor | None]) -> None:
@@ -62,7 +67,7 @@ def choose_build(device: torch.device | str, hip_version: str | None) -> str:
     return "flydsl" if torch.device(device).type == "cuda" and hip_version else "triton"
 
 
-class FfnRunner:
+class FfnRunner(LayerRunner):
     def __init__(
         self,
         cfg: MiniMaxM3Config,
@@ -79,7 +84,7 @@ class FfnRunner:
         pack: bool = True,
         timeline: bool = False,
     ) -> None:
-        """`pack`: MXFP4 experts are streamed in the kernel's mxfp4-s{bk} layout, which
+        """`pack`: MXFP4 experts are streamed in the kernel's mxfp4-rot layout, which
         `pack(weights)` converts them to once, in place; False streams the checkpoint's
         mxfp4-k32 as it is (slower; for an engine whose other paths read those tensors).
         `timeline`: builds that stamp each item's start and end (`timeline(s)`)."""
@@ -105,17 +110,18 @@ class FfnRunner:
             for s in self.widths
         }
         self.build_name = choose_build(self.device, torch.version.hip)
-        if self.build_name == "flydsl":
-            for b in self.builds.values():
-                try:
-                    flydsl_build.check_build(b)
-                except flydsl_build.FlyDslUnsupported as e:
-                    raise MonoUnsupported(f"ROCm FFN runner: {e}") from e
+        self.kernels = {s: BY_BACKEND[self.build_name](b) for s, b in self.builds.items()}
+        target = target_name(self.device)
+        for kernel in self.kernels.values():
+            reason = kernel.supports(target)
+            if reason:
+                raise MonoUnsupported(f"FFN runner on {target}: {reason}")
         self.offsets, off = {}, 0
         for s, b in self.builds.items():
             self.offsets[s] = off
             off += scratch_bytes(b)
         need_peer = peer_bytes(cfg, tp)
+        self._owns_mono = runner is None
         if runner is None:
             runner = MonoRunner(self.device, group, rank, tp, off, need_peer, deadline_ns)
         elif runner.scratch.numel() < off or runner.peer.bytes.numel() < P.PEER_HEAD + need_peer:
@@ -130,42 +136,44 @@ class FfnRunner:
             )
         self.programs = programs
         # the expert layout the build streams: mxfp4-s{bk} for the Triton build's MXFP4
-        self.split = None if self.build_name == "flydsl" else self.builds[self.widths[0]].split
+        self.rot = self.build_name != "flydsl" and self.builds[self.widths[0]].rot
         self._slot = 0
+        self._opened()
 
     def pack(self, weights: FfnWeights) -> FfnWeights:
         """`weights` in the expert layout this runner streams, converted once, in place (the
         engine's tensors are rewritten, not copied); call it at load, before any launch.
         A bundle already in that layout comes back as it is."""
+        self._live()
         if not isinstance(weights, FfnWeights):
             raise ValueError(f"weights: expected FfnWeights, got {type(weights).__name__}")
-        return weights.packed(self.split)
+        return weights.packed(self.rot)
 
-    # -- protocol -------------------------------------------------------------------------
-    def step_begin(self) -> None:
-        """Once per forward, before its first launch (graph-capturable)."""
+    # -- protocol (LayerRunner's hooks) ----------------------------------------------------
+    def _step_begin(self) -> None:
+        """Bumps the (shared) runner's epoch; launches take tag slots from 0 again."""
         self.mono.step_begin()
         self._slot = 0
 
-    def after_step(self) -> None:
+    def _after_step(self) -> None:
         self.mono.after_step()
 
-    def reset(self) -> None:
-        """Collective, no launch in flight: clears every scratch region, the peer buffer,
-        health and the tag era; a faulted runner is usable again."""
+    def _reset(self) -> None:
+        """Clears every scratch region, the peer buffer, health and the tag era."""
         self.mono.reset()
         self._slot = 0
 
-    def inject(self, rank: int | None, delay_ns: int = 0) -> None:
-        """Fault injection: `rank` stalls `delay_ns` before its first peer store."""
+    def _inject(self, rank: int | None, delay_ns: int) -> None:
         self.mono.inject(rank, delay_ns)
 
-    def close(self) -> None:
-        self.mono.close()
+    def _release(self) -> None:
+        if self._owns_mono:
+            self.mono.close()
 
     # -- views ----------------------------------------------------------------------------
     def region(self, s: int, name: str) -> torch.Tensor:
         """uint8 view of region `name` of width s's scratch (spec.scratch_layout)."""
+        self._live()
         off, n = scratch_layout(self.builds[s])[name]
         base = self.offsets[s] + off
         return self.mono.scratch[base : base + n]
@@ -194,32 +202,12 @@ class FfnRunner:
     # -- launches -------------------------------------------------------------------------
     def warm(self) -> None:
         """Compile every width before memory profiling and graph capture, and refuse a
-        width whose grid cannot be resident at once (GPU only). The FlyDSL build compiles
-        in child processes here for the residency check; its first launch of a width loads
-        that width (flydsl_build.launch)."""
-        if self.cpu:
-            return  # the interpreter compiles nothing
-        from mono_runtime.builds import DeviceLimits, Resources, residency_problem, target_of
-
-        if self.build_name == "flydsl":
-            cus = torch.cuda.get_device_properties(self.device).multi_processor_count
-            arch = target_of(self.device).split(":")[1]
-            flydsl_build.check_resident(
-                list(self.builds.values()), arch, programs=self.programs, cus=cus
-            )
-            return
-        limits = DeviceLimits.of(self.device)
-        for s, b in self.builds.items():
-            kernel = triton_build.ffn_kernel.warmup(
-                *triton_build.kernel_args(b, **self._args(b, s, *self._dummies(s))),
-                grid=(self.programs,),
-                **triton_build.constexprs(b, False),
-            )
-            problem = residency_problem(
-                Resources.of_compiled(kernel), self.programs, limits, f"FFN width {s}"
-            )
-            if problem:
-                raise MonoUnsupported(problem)
+        width whose grid cannot be resident at once (GPU only; the interpreter compiles
+        nothing). The FlyDSL build compiles in child processes here for the residency
+        check; its first launch of a width loads that width (flydsl_build.launch)."""
+        self._live()
+        launches = [(k, self._args(k.key, s, *self._dummies(s))) for s, k in self.kernels.items()]
+        BY_BACKEND[self.build_name].warm_all(launches, self.programs)
 
     def _dummies(self, s: int):
         h = self.cfg.hidden_size
@@ -260,7 +248,7 @@ class FfnRunner:
             name: None if dtype is None else torch.empty(64, dtype=dtype, device=self.device)
             for name, (_, dtype) in spec.items()
         }
-        return FfnWeights(fmt, **made, split=self.split)
+        return FfnWeights(fmt, **made, rot=self.rot)
 
     def __call__(
         self,
@@ -275,6 +263,7 @@ class FfnRunner:
         """One layer's FFN tail on S rows: (all-reduced MoE output, new residual).
         `slots[s] < 0` marks a padding row (seam only, zero MoE output). `final` ends the
         launch in the TP fault handshake. Bad input raises ValueError before any launch."""
+        self._live()
         s = self._check(part, residual, weights, slots, out, residual_out)
         if self._slot >= P.SLOTS:
             raise ValueError(f"more than {P.SLOTS} launches in one step (call step_begin())")
@@ -286,10 +275,7 @@ class FfnRunner:
         args = self._args(
             b, s, part, residual, out, residual_out, slots, weights, self._slot, final
         )
-        if self.build_name == "flydsl":
-            flydsl_build.launch(b, self.programs, **args)
-        else:
-            triton_build.launch(b, self.programs, self.cpu, **args)
+        self.kernels[s].launch(self.programs, **args)
         self._slot += 1
         return out, residual_out
 
@@ -335,10 +321,10 @@ class FfnRunner:
                 f"weights: format {weights.fmt.value}, this runner reads {self.fmt.value}"
             )
         weights.validate(self.cfg, self.tp, self.device)
-        if weights.fmt is WeightFormat.MXFP4 and weights.split != self.split:
-            have, want = (_layout(x) for x in (weights.split, self.split))
+        if weights.fmt is WeightFormat.MXFP4 and weights.rot != self.rot:
+            have, want = (_layout(x) for x in (weights.rot, self.rot))
             raise ValueError(
                 f"weights: experts in {have}, this runner streams {want}"
-                + (": FfnRunner.pack(weights) converts them once" if weights.split is None else "")
+                + (": FfnRunner.pack(weights) converts them once" if not weights.rot else "")
             )
         return s

@@ -1,0 +1,176 @@
+"""The FFN's builds on mono_runtime's Build interface, registered for `mono qualify` and
+`mono bench`: Triton (CUDA GPUs and the CPU interpreter; compiled ahead of time for sm_90)
+and FlyDSL (AMD gfx950 / gfx942; ahead of time for gfx950).
+
+Each wraps its backend module (triton_build, flydsl_build) around one FfnBuild key; the
+runner picks one per device (runner.choose_build) and warms and launches through it. Both
+take one argument list, `launch_spec`: spec.ARGS with the layer's weights as one
+FfnWeights bundle (each backend unpacks it), then the runtime's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import Any
+
+import torch
+from mono_runtime.builds import DeviceLimits, Resources, residency_problem
+from mono_runtime.errors import MonoUnsupported
+from mono_runtime.flydsl.testing import toolchain_missing
+from mono_runtime.flydsl.toolchain import ARCHES
+from mono_runtime.kernel import (
+    INTERPRETER,
+    RUNTIME_ARGS,
+    Arg,
+    Build,
+    Compiled,
+    KernelSpec,
+    target_name,
+)
+from mono_runtime.kernel.registry import register
+
+from ..config import MiniMaxM3Config
+from ..formats import WeightFormat
+from . import flydsl_build, triton_build
+from .spec import ARGS, FfnBuild
+from .weights import FfnWeights
+
+OWN_ARGS = (  # name, type, layout; "weights" stands for spec.ARGS norm..sw2_scale
+    ("part", "*bf16", ""),
+    ("residual", "*bf16", ""),
+    ("out", "*bf16", ""),
+    ("residual_out", "*bf16", ""),
+    ("slots", "*i64", ""),
+    ("weights", FfnWeights, None),
+    ("scratch", "*u8", "spec.scratch_layout"),
+    ("slot", "i32", ""),
+    ("final", "i1", ""),
+)
+
+
+def launch_spec(b: FfnBuild) -> KernelSpec:
+    """What a launch of `b` takes, by name: triton_build.kernel_args's keywords (and
+    flydsl_build's), with spec.ARGS's docs; the weights in `b`'s layout."""
+    docs = {
+        **dict(ARGS),
+        "weights": "the layer's FfnWeights: norm, router, bias, experts, shared expert",
+    }
+    own = tuple(
+        Arg(name, kind, docs[name], b.layout if layout is None else layout)
+        for name, kind, layout in OWN_ARGS
+    )
+    return KernelSpec("ffn", own + RUNTIME_ARGS)
+
+
+def _example() -> FfnBuild:
+    """What the compile checks compile: a TP4 rank's 4-row step of MiniMax-M3, MXFP4."""
+    return FfnBuild(MiniMaxM3Config(), 4, 4, WeightFormat.MXFP4)
+
+
+class _Ffn(Build):
+    family = "ffn"
+    key: FfnBuild
+
+    @classmethod
+    def example(cls) -> Build:
+        return cls(_example())
+
+    @cached_property
+    def spec(self) -> KernelSpec:
+        return launch_spec(self.key)
+
+
+@register
+class FfnTriton(_Ffn):
+    """The Triton build (triton_build): the streaming plan, tuned on the H200."""
+
+    backend = "triton"
+    targets = ("sm90",)
+
+    def supports(self, target: str) -> str | None:
+        if target == INTERPRETER or target.startswith("sm"):
+            return None
+        return f"the FFN's Triton build serves CUDA GPUs; on {target} its FlyDSL build does"
+
+    def _compile(self, target: str) -> Compiled:
+        kernel = triton_build.compile_for(self.key, target)
+        return Compiled(target, kernel.metadata.shared, binary=kernel)
+
+    def warm(self, programs: int, **args: Any) -> None:
+        """Compile and load (Triton's warmup), then refuse a grid that cannot be resident
+        at once; nothing on a CPU (the interpreter compiles nothing)."""
+        self.spec.check(args)
+        device = args["scratch"].device
+        if device.type == "cpu":
+            return
+        kernel = triton_build.ffn_kernel.warmup(
+            *triton_build.kernel_args(self.key, **args),
+            grid=(programs,),
+            **triton_build.constexprs(self.key, False),
+        )
+        problem = residency_problem(
+            Resources.of_compiled(kernel),
+            programs,
+            DeviceLimits.of(device),
+            f"FFN width {self.key.rows}",
+        )
+        if problem:
+            raise MonoUnsupported(problem)
+
+    def launch(self, programs: int, **args: Any) -> None:
+        self.spec.check(args)
+        triton_build.launch(self.key, programs, args["scratch"].device.type == "cpu", **args)
+
+
+@register
+class FfnFlyDsl(_Ffn):
+    """The FlyDSL build (flydsl_build): bf16 and mxfp4-k32 experts; it compiles in child
+    processes, so warming every width shares them."""
+
+    backend = "flydsl"
+    targets = ("gfx950",)
+
+    def supports(self, target: str) -> str | None:
+        if target not in ARCHES:
+            return f"the FFN's FlyDSL build serves {' and '.join(ARCHES)}, not {target}"
+        try:
+            flydsl_build.check_build(self.key)
+        except flydsl_build.FlyDslUnsupported as err:
+            return str(err)
+        return None
+
+    def compiler_missing(self) -> str | None:
+        return toolchain_missing()
+
+    def _compile(self, target: str) -> Compiled:
+        (isa,) = flydsl_build.compile_isa([self.key], target, processes=1)
+        res = isa.resources
+        problem = flydsl_build.residency_problem(isa)
+        return Compiled(target, res.lds_bytes, res.vgpr_spills, problem, isa)
+
+    def warm(self, programs: int, **args: Any) -> None:
+        self.warm_all([(self, args)], programs)
+
+    @classmethod
+    def warm_all(cls, launches: Sequence[tuple[Build, Mapping[str, Any]]], programs: int) -> None:
+        """Compile every build in shared child processes and refuse, naming each, a build
+        whose grid cannot be resident; its first launch loads it (flydsl_build.launch)."""
+        if not launches:
+            return
+        for build, args in launches:
+            build.spec.check(args)
+        device = launches[0][1]["scratch"].device
+        flydsl_build.check_resident(
+            [build.key for build, _ in launches],
+            target_name(device),
+            programs=programs,
+            cus=torch.cuda.get_device_properties(device).multi_processor_count,
+        )
+
+    def launch(self, programs: int, **args: Any) -> None:
+        self.spec.check(args)
+        flydsl_build.launch(self.key, programs, **args)
+
+
+BY_BACKEND: dict[str, type[_Ffn]] = {"triton": FfnTriton, "flydsl": FfnFlyDsl}
