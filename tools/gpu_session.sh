@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# One GPU call that checks and times everything on a single-GPU machine (the H200 of our
-# device tool), from source. Phase 1 runs the GPU tests and `mono qualify` in parallel
-# (they are compile-bound; their timings mean nothing) while the benchmarks' kernels
-# compile; phase 2 runs `mono bench` one kernel at a time on a quiet GPU. Logs go to one
-# archive and the plots/JSON beside it, so at most 8 files land in $OUT.
-# Usage (repo root): OUT=dir tools/gpu_session.sh
+# GPU calls that check and time everything on a single-GPU machine (the H200 of our
+# device tool), from source; each part fits one 10-minute device call. Part "check"
+# (phase 1) runs the GPU tests and `mono qualify` in parallel (they are compile-bound;
+# their timings mean nothing) while the benchmarks' kernels compile; part "bench"
+# (phase 2) runs `mono bench` one kernel at a time on a quiet GPU; part "tune" times the
+# tuning tables (engine GEMV variants, FFN layouts and tiles, timelines). Logs go to one
+# archive and the plots/JSON beside it, so few files land in $OUT.
+# Usage (repo root): OUT=dir tools/gpu_session.sh [check+bench | tune | all]
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
 LOG=$(mktemp -d)
+PART=${1:-check+bench}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=packages/mono-peer/src:packages/mono-runtime/src:packages/mono-kernels-minimax/src:packages/mono-kernels-kimi/src:integration/src:tools/src
 P=packages
@@ -23,34 +26,43 @@ tests() {  # name, timeout, pytest args...
     step "$name" "$limit" python3 tools/gpu_run.py --out "$LOG/$name" -- -v --timeout 280 "$@"
 }
 : >"$LOG/status.txt"
-# Phase 1, in parallel.
-tests ffn 270 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench" &
-tests k1 270 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "tiny or bad_slot or 1-1-True-13-full" &
-tests rest 270 $P/mono-peer/tests $P/mono-runtime/tests integration/tests/test_toy_decode.py \
-    tools/tests/test_gpu_smoke.py &
-step qualify 270 $MONO qualify --ranks 1 --json "$LOG/qualify.json" &
-step warm-ffn 270 python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4 --layers 2 &
-step warm-kda 270 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 2 --skip-no-prefetch &
-wait
-# Phase 2, one at a time.
-step bench-ffn 130 $MONO bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
-step bench-kda 90 $MONO bench kda --rows 1,8 --out "$LOG/bench"
-step bench-allreduce 50 $MONO bench allreduce --rows 1,4,16 --out "$LOG/bench"
-# Tuning tables: every engine GEMV variant (formats x tiles, incl. mxfp4-rot against the
-# checkpoint layout), then the FFN on both MXFP4 layouts with timelines.
-step gemv-variants 200 python3 -m mono_runtime.stream.bench --variants --rows 1,16 \
-    --json "$LOG/bench/gemv-variants.json"
-step tune-ffn 250 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
-    --layouts rot,k32 --timeline "$LOG/bench"
+mkdir -p "$LOG/bench"
+if [[ $PART == check+bench || $PART == all ]]; then
+    # Phase 1, in parallel.
+    tests ffn 270 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench" &
+    tests k1 270 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "tiny or bad_slot or 1-1-True-13-full" &
+    tests rest 270 $P/mono-peer/tests $P/mono-runtime/tests integration/tests/test_toy_decode.py \
+        tools/tests/test_gpu_smoke.py &
+    step qualify 270 $MONO qualify --ranks 1 --json "$LOG/qualify.json" &
+    step warm-ffn 270 python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4 --layers 2 &
+    step warm-kda 270 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 2 --skip-no-prefetch &
+    wait
+    # Phase 2, one at a time.
+    step bench-ffn 130 $MONO bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
+    step bench-kda 90 $MONO bench kda --rows 1,8 --out "$LOG/bench"
+    step bench-allreduce 50 $MONO bench allreduce --rows 1,4,16 --out "$LOG/bench"
+fi
+if [[ $PART == tune || $PART == all ]]; then
+    # Tuning tables: every engine GEMV variant (formats x tiles, mxfp4-rot beside the
+    # checkpoint layout), the FFN on both MXFP4 layouts and 8-warp tiles, one timeline.
+    step gemv-variants 200 python3 -m mono_runtime.stream.bench --variants --rows 1,16 \
+        --json "$LOG/bench/gemv-variants.json"
+    step tune-ffn 250 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
+        --layouts rot,k32 --variants "|warps=8|warps=8,bn=128"
+    step timeline-ffn 120 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
+        --format mxfp4 --timeline "$LOG/bench"
+fi
 cp "$LOG"/bench/bench-*.png "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
 cat "$LOG/status.txt"
 for name in ffn k1 rest; do
+    [[ -f $LOG/$name.txt ]] || continue
     echo "== tests $name"
     grep -E "^(FAILED|ERROR) " "$LOG/$name.txt" | head -20
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify bench-ffn bench-kda bench-allreduce gemv-variants tune-ffn; do
+for name in qualify bench-ffn bench-kda bench-allreduce gemv-variants tune-ffn timeline-ffn; do
+    [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -22 "$LOG/$name.txt"
 done

@@ -170,6 +170,7 @@ class TaskPlan:
     final: int
     fc: int
     stages: int  # software-pipeline depth of every weight stream
+    warps: int  # warps of a program: 4 (one warpgroup) or 8 (two warps per scheduler)
 
     @classmethod
     def of(cls, b: FfnBuild) -> TaskPlan:
@@ -191,6 +192,7 @@ class TaskPlan:
                 dbk0=_step(i, 128),
                 ng=min(b.max_slots, 8),
                 stages=4,
+                warps=4,
             )
             tiles = _tile_overrides(b, tiles)
         else:
@@ -205,6 +207,7 @@ class TaskPlan:
                 dbk0=128 if shared_fp8 else min(64, i),
                 ng=min(b.max_slots, 2),
                 stages=2,
+                warps=4,
             )
         _check_tiles(b, tiles)
         fc = min(h, 256)
@@ -269,6 +272,7 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
     for name in t:
         need(pow2(t[name]) or name in ("ng", "stages"), f"{name} must be a power of two")
     need(t["stages"] >= 1 and 1 <= t["ng"] <= b.max_slots, "stages >= 1, 1 <= ng <= max_slots")
+    need(t["warps"] in (4, 8), "warps is 4 or 8")
     need(i % t["bn"] == 0 and t["bn"] >= 16, f"bn must divide I = {i}, >= 16")
     need(h % t["dc"] == 0 and t["dc"] >= 16, f"dc must divide H = {h}, >= 16")
     for bk, ks, k, f8 in (

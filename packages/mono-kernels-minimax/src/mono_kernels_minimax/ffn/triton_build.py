@@ -1043,10 +1043,16 @@ def compile_for(b: FfnBuild, target: str):
     from mono_runtime.compile_check import compile_for as compile_kernel
 
     return compile_kernel(
-        ffn_kernel, kernel_types(b.weights), constexprs(b, cpu=False), target=target
+        ffn_kernel,
+        kernel_types(b.weights),
+        constexprs(b, cpu=False),
+        num_warps=b.plan.warps,
+        target=target,
     )
 
 
 def launch(b: FfnBuild, grid: int, cpu: bool, **args):
     """Launch build `b` on already-validated tensors (the runner checks them)."""
-    return ffn_kernel[(grid,)](*kernel_args(b, **args), **constexprs(b, cpu))
+    return ffn_kernel[(grid,)](
+        *kernel_args(b, **args), **constexprs(b, cpu), num_warps=b.plan.warps
+    )
