@@ -1,0 +1,61 @@
+"""K1 on mono_runtime's Build interface, on a CPU: registered, its launch spec is
+spec.ARGS with types, and compile_for / launch / warm go through triton_build (replaced
+by recorders here: test_k1_compile.py and the qualify test compile for real)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from mono_kernels_kimi.config import KimiK3Config
+from mono_kernels_kimi.kda import spec, triton_build
+from mono_kernels_kimi.kda.build import K1Triton
+from mono_kernels_kimi.kda.spec import K1Build
+from mono_runtime.kernel import Compiled, registry
+
+BUILD = K1Build.for_step(KimiK3Config.tiny(), 1, 1, programs=3)
+
+
+def test_registered_with_the_real_model_as_example():
+    assert registry.get("kda triton") is K1Triton
+    example = K1Triton.example().key
+    assert example.rows == 8 and example.write_block and example.hidden == 7168
+
+
+def test_the_spec_is_the_kernels_argument_list():
+    assert K1Triton.spec.names == spec.ARGS
+    types = triton_build.kernel_types()
+    assert all(a.type == types[a.name] for a in K1Triton.spec.args if a.name != "o_norm")
+    assert K1Triton.spec.by_name["o_norm"].type == "*"  # bf16 or fp32 (checks.py)
+
+
+DTYPES = {"*bf16": torch.bfloat16, "*fp32": torch.float32, "*i32": torch.int32, "*u8": torch.uint8}
+
+
+def _args():
+    """Placeholder values of the spec's types: what a launch's checks look at."""
+    scalars = {"fp32": 1e-6, "i32": 1}
+    return {
+        a.name: scalars[a.type]
+        if a.type in scalars
+        else torch.zeros(1, dtype=DTYPES.get(a.type, torch.bfloat16))
+        for a in K1Triton.spec.args
+    }
+
+
+def test_launch_and_compile_go_through_triton_build(monkeypatch):
+    seen = []
+    monkeypatch.setattr(triton_build, "launch", lambda b, args: seen.append((b, args)))
+    kernel = SimpleNamespace(metadata=SimpleNamespace(shared=2048))
+    monkeypatch.setattr(triton_build, "compile_for", lambda b, t: seen.append((b, t)) or kernel)
+    k1, args = K1Triton(BUILD), _args()
+    k1.warm(3, **args)  # a CPU: nothing to compile
+    k1.launch(3, **args)
+    assert K1Triton.example().compile_for("sm90") == Compiled("sm90", 2048)
+    assert seen[0] == (BUILD, args) and seen[1][1] == "sm90"
+    with pytest.raises(ValueError, match="programs=4: this build was made for 3"):
+        k1.launch(4, **args)
+    with pytest.raises(ValueError, match="k1: argument 'num_blocks': expected an int"):
+        k1.launch(3, **{**args, "num_blocks": 1.0})
+    assert len(seen) == 2
