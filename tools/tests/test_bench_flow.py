@@ -132,6 +132,23 @@ def test_bench_gemv_table_json_and_plot(monkeypatch, tmp_path, capsys, on_a_gpu)
     assert "N x K" in out and "8.00x" in out  # cuBLAS 4 us over mxfp4's 0.5 us at S=1
 
 
+def test_bench_gemv_reports_every_format_measured_by_default():
+    from mono_tools.bench.gemv import result_of
+
+    result = result_of({"copy_bytes_per_s": 4e12, "rows": _gemv_rows((1,))}, None, H200)
+    assert [p.case[1] for p in result.points] == ["bf16", "fp8", "mxfp4"]  # no cuBLAS row
+
+
+def test_bench_of_a_family_this_install_lacks_says_why(monkeypatch, capsys, on_a_gpu):
+    from mono_runtime.kernel import registry
+    from mono_tools import kernels
+
+    monkeypatch.setattr(registry, "_BUILDS", {})
+    monkeypatch.setattr(kernels, "load", lambda: {"mono_kernels_kimi.kda.build": "not here"})
+    assert main(["bench", "kda", "--rows", "1"]) == 1
+    assert "this install has no kda kernel (not here)" in capsys.readouterr().err
+
+
 def test_bench_flags_are_refused_before_the_machine_is_looked_at(monkeypatch, capsys):
     monkeypatch.setattr(command, "detect", lambda: pytest.fail("detect ran"))
     assert main(["bench", "gemv", "--rows", "32"]) == 2

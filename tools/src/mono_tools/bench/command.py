@@ -1,6 +1,8 @@
 """Run `mono bench ffn|kda|allreduce|gemv`: measure on the GPU, then a table on screen, JSON
 and a PNG plot in the output folder. Every flag is checked against the kernel's entry in
-KERNELS before anything runs."""
+KERNELS before anything runs. A kernel package's entry names its family in mono_runtime's
+kernel registry, which says whether this install has it (the runtime's own kernels,
+allreduce and gemv, are always there)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ import argparse
 import importlib
 from dataclasses import dataclass
 
-from mono_tools import outputs, table
-from mono_tools.errors import UsageError
+from mono_tools import kernels, outputs, table
+from mono_tools.errors import CommandFailed, UsageError
 from mono_tools.machine import detect, require_gpu
 
 MAX_ROWS = 1024
@@ -27,6 +29,7 @@ class Kernel:
     formats: tuple[str, ...] = ()  # what --format may name; () refuses --format
     several_formats: bool = False
     ranks: bool = False  # takes --ranks
+    family: str | None = None  # its builds' family in the kernel registry
 
     def problem(self, args: argparse.Namespace) -> str | None:
         """Why these flags do not fit this kernel, or None."""
@@ -49,8 +52,15 @@ class Kernel:
 
 
 KERNELS = {
-    "ffn": Kernel("mono_tools.bench.ffn", (1, 2, 4, 8, 16), 16, "the FFN kernel", ("mxfp4", "fp8")),
-    "kda": Kernel("mono_tools.bench.kda", (1, 2, 4, 8), 8, "K1"),  # x rows: one dot tile
+    "ffn": Kernel(
+        "mono_tools.bench.ffn",
+        (1, 2, 4, 8, 16),
+        16,
+        "the FFN kernel",
+        ("mxfp4", "fp8"),
+        family="ffn",
+    ),
+    "kda": Kernel("mono_tools.bench.kda", (1, 2, 4, 8), 8, "K1", family="kda"),  # one dot tile
     "allreduce": Kernel(
         "mono_tools.bench.allreduce", (1, 2, 4, 8, 16), MAX_ROWS, "the all-reduce", ranks=True
     ),
@@ -58,6 +68,15 @@ KERNELS = {
         "mono_tools.bench.gemv", (1, 4, 16), 16, "the GEMV", WEIGHT_FORMATS, several_formats=True
     ),
 }
+
+
+def _require_family(family: str) -> None:
+    from mono_runtime.kernel import registry
+
+    absent = kernels.load()
+    if family not in registry.families():
+        why = "; ".join(absent.values()) or "its package registers no build"
+        raise CommandFailed(f"this install has no {family} kernel ({why})")
 
 
 def _taking(what: str) -> str:
@@ -125,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     args.rows = args.rows or kernel.rows
     machine = detect()
     require_gpu(machine, f"mono bench {args.kernel}")
+    if kernel.family is not None:
+        _require_family(kernel.family)
     folder = outputs.out_folder(args.out)
     result = importlib.import_module(kernel.module).measure(args, machine)
 

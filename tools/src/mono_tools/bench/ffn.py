@@ -6,20 +6,14 @@ graph replay, and the copy bandwidth of the same run."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 
 from mono_tools.bench.results import BenchResult, Point, rotation
-from mono_tools.errors import CommandFailed
 from mono_tools.machine import Machine
 
 BASELINE = "op-by-op (cuBLAS + grouped GEMM + torch.compile)"
 
 
 def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
-    if importlib.util.find_spec("mono_kernels_minimax.ffn.bench") is None:
-        raise CommandFailed(
-            "this install has no FFN benchmark (mono_kernels_minimax.ffn.bench is absent)"
-        )
     from mono_kernels_minimax.ffn import bench
 
     (fmt,) = args.format or ("mxfp4",)  # one format a run (bench.command.KERNELS)

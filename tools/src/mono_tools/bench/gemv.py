@@ -12,24 +12,25 @@ from mono_tools.bench.results import BenchResult, Point
 from mono_tools.errors import CommandFailed
 from mono_tools.machine import Machine
 
-FORMATS = ("bf16", "fp8", "mxfp4")  # stream.bench's row names: StreamFormat's, lower case
 CUBLAS = "cuBLAS bf16"
+BASELINE_ROWS = "cublas-bf16"  # stream.bench's name of cuBLAS's rows
 
 
 def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
     from mono_runtime.stream import bench
 
-    return result_of(bench.measure(rows=tuple(args.rows)), args.format or FORMATS, machine)
+    return result_of(bench.measure(rows=tuple(args.rows)), args.format, machine)
 
 
-def result_of(out: dict, formats: tuple[str, ...], machine: Machine) -> BenchResult:
-    """The BenchResult of `stream.bench.measure`'s figures, for `formats` (--format names):
-    a point per (shape, format, rows), cuBLAS's time at that shape and rows beside it."""
-    cublas = {_at(r): r["us"] for r in out["rows"] if r["format"] == "cublas-bf16"}
+def result_of(out: dict, formats: tuple[str, ...] | None, machine: Machine) -> BenchResult:
+    """The BenchResult of `stream.bench.measure`'s figures (its rows name formats as
+    StreamFormat does, lower case): a point per (shape, format, rows) of `formats` (every
+    format measured when None), cuBLAS's time at that shape and rows beside it."""
+    cublas = {_at(r): r["us"] for r in out["rows"] if r["format"] == BASELINE_ROWS}
     points, failed, errors, layers = [], {}, {}, {}
     for r in out["rows"]:
         name = r["format"]
-        if name not in formats:
+        if name == BASELINE_ROWS or formats is not None and name not in formats:
             continue
         shape = f"{r['n']}x{r['k']}"
         where = f"{shape} {name}"

@@ -1,106 +1,69 @@
-"""The kernel builds: on a CPU every present build compiles ahead of time for the GPU it
-serves (Triton builds for NVIDIA sm_90, FlyDSL builds for AMD gfx950); on a GPU each rank
-runs the Triton builds at tiny shapes against their plain-torch references.
+"""The kernel builds of mono_runtime's registry (mono_tools.kernels registers them): on
+a CPU each build compiles ahead of time for every target it compiles for (the Triton
+builds for sm_90, the FlyDSL build for gfx950, with its residency check); on a GPU each
+family's runner runs at tiny shapes against its plain-torch reference. A build that is
+not checked here (its package absent, a target it refuses, no toolchain, or not the build
+the runner takes on this GPU) is a SKIP row of its own, with the reason.
 
-Compiles run in child processes: a backend abort must fail the check, not kill the rank,
-and the ranks run with TRITON_INTERPRET=1, under which nothing compiles for a GPU. The
-compiles are shared out over the ranks, so a 2-rank run keeps both cores of a small
-machine busy.
+Compiles run in child processes (`python -m mono_runtime.kernel.compile`): a backend abort
+must fail the check, not kill the rank, and the ranks run with TRITON_INTERPRET=1, under
+which nothing compiles for a GPU. The compiles are shared out over the ranks, so a 2-rank
+run keeps both cores of a small machine busy.
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
+from mono_tools import kernels
 from mono_tools.qualify.context import CheckFailed, RankContext, Skipped
+
+if TYPE_CHECKING:  # imported where used: the command's parent process stays light
+    from mono_runtime.kernel import Build
 
 COMPILE_TIMEOUT_S = 400
 FFN_TP = (1, 2, 4, 8)  # the TP sizes the FFN kernel is built for
-
-K1_TRITON = r"""
-import json, sys
-from mono_kernels_kimi.config import KimiK3Config
-from mono_kernels_kimi.kda.spec import K1Build
-from mono_kernels_kimi.kda.triton_build import compile_for
-kernel = compile_for(K1Build.for_step(KimiK3Config(), 8, 1, write_block=True), sys.argv[1])
-print(json.dumps({"shared": kernel.metadata.shared}))
-"""
-
-FFN_TRITON = r"""
-import json, sys
-from mono_kernels_minimax.config import MiniMaxM3Config
-from mono_kernels_minimax.ffn.spec import FfnBuild
-from mono_kernels_minimax.ffn.triton_build import compile_for
-from mono_kernels_minimax.formats import WeightFormat
-kernel = compile_for(FfnBuild(MiniMaxM3Config(), 4, 4, WeightFormat.MXFP4), sys.argv[1])
-print(json.dumps({"shared": kernel.metadata.shared}))
-"""
-
-FFN_FLYDSL = r"""
-import json, sys
-from mono_kernels_minimax.config import MiniMaxM3Config
-from mono_kernels_minimax.ffn import flydsl_build as fb
-from mono_kernels_minimax.ffn.spec import FfnBuild
-from mono_kernels_minimax.formats import WeightFormat
-(isa,) = fb.compile_isa([FfnBuild(MiniMaxM3Config(), 4, 4, WeightFormat.MXFP4)], sys.argv[1],
-                        processes=1)
-problem = fb.residency_problem(isa)
-if problem:
-    raise SystemExit(problem)
-print(json.dumps({"shared": isa.resources.lds_bytes, "spills": isa.resources.vgpr_spills}))
-"""
-
-
-def _has(module: str, name: str) -> str | None:
-    """None when `module` imports and has `name`, else why not."""
-    try:
-        found = importlib.import_module(module)
-    except ImportError as exc:
-        return f"{module} does not import ({exc})"
-    return None if hasattr(found, name) else f"{module} has no {name}()"
-
-
-def _flydsl_missing() -> str | None:
-    from mono_runtime.flydsl.testing import toolchain_missing
-
-    return _has("mono_kernels_minimax.ffn.flydsl_build", "compile_isa") or toolchain_missing()
+COST = {"flydsl": 4}  # compile time against a Triton build's (FlyDSL: its import, ld.lld)
 
 
 @dataclass(frozen=True)
 class Compile:
-    label: str  # what the table calls it
-    script: str  # prints one JSON line of facts; argv[1] is the target
+    build: type[Build]
     target: str
-    missing: Callable[[], str | None]  # why this build is absent here, or None
-    cost: int  # relative compile time, to share the jobs out evenly
+
+    @property
+    def label(self) -> str:  # what the table calls it
+        return f"{self.build.name()} {self.target}"
+
+    @property
+    def cost(self) -> int:  # relative compile time, to share the jobs out evenly
+        return COST.get(self.build.backend, 1)
 
 
-COMPILES = (
-    Compile(
-        "K1 triton sm90",
-        K1_TRITON,
-        "sm90",
-        lambda: _has("mono_kernels_kimi.kda.triton_build", "compile_for"),
-        1,
-    ),
-    Compile(
-        "FFN triton sm90",
-        FFN_TRITON,
-        "sm90",
-        lambda: _has("mono_kernels_minimax.ffn.triton_build", "compile_for"),
-        1,
-    ),
-    Compile("FFN flydsl gfx950", FFN_FLYDSL, "gfx950", _flydsl_missing, 4),
-)
+def _plan() -> tuple[list[Compile], dict[str, str]]:
+    """Every (registered build, target it compiles for) this machine can compile, and why
+    each of the others is not checked here."""
+    from mono_runtime.kernel import registry
+
+    absent = {module: f"absent: {why}" for module, why in kernels.load().items()}
+    jobs = []
+    for cls in registry.builds():
+        build = cls.example()
+        for target in cls.targets:
+            reason = build.supports(target) or build.compiler_missing()
+            if reason:
+                absent[f"{cls.name()} {target}"] = f"not checked: {reason}"
+            else:
+                jobs.append(Compile(cls, target))
+    return jobs, absent
 
 
 def share(jobs: list[Compile], world: int) -> list[list[Compile]]:
@@ -122,8 +85,16 @@ class Running:
         self.job = job
         self.started = time.monotonic()
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        build = job.build
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", job.script, job.target],
+            [
+                sys.executable,
+                "-m",
+                "mono_runtime.kernel.compile",
+                build.__module__,
+                build.name(),
+                job.target,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -144,6 +115,8 @@ class Running:
             last = (err.strip().splitlines() or ["(no output)"])[-1]
             raise CheckFailed(f"{self.job.label} does not compile: {last}")
         facts = json.loads(out.strip().splitlines()[-1])
+        if facts["problem"]:
+            raise CheckFailed(f"{self.job.label} compiles but cannot run: {facts['problem']}")
         return f"{self.job.label} ok ({facts['shared'] // 1024} KiB shared, {seconds:.0f} s)"
 
 
@@ -153,22 +126,11 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _present() -> tuple[list[Compile], list[tuple[Compile, str]]]:
-    present, absent = [], []
-    for job in COMPILES:
-        reason = job.missing()
-        if reason:
-            absent.append((job, reason))
-        else:
-            present.append(job)
-    return present, absent
-
-
 def start_compiles(ctx: RankContext) -> None:
     """At start-up, on a CPU: launch this rank's share of the compiles in the background."""
     if ctx.gpu:
         return
-    present, absent = _present()
+    present, absent = _plan()
     mine = share(present, ctx.world)[ctx.rank] if present else []
     ctx.background["builds"] = ([Running(job) for job in mine], present, absent)
 
@@ -179,38 +141,50 @@ def kernel_builds(ctx: RankContext) -> str:
     if "builds" not in ctx.background:
         start_compiles(ctx)
     running, present, absent = ctx.background.pop("builds")
-    ctx.info["absent"] = {job.label: f"absent: {reason}" for job, reason in absent}
+    ctx.info["absent"] = absent
     if not present:
-        raise Skipped("no kernel build present: " + "; ".join(r for _, r in absent))
+        raise Skipped("no kernel build compiles here: " + "; ".join(absent.values()))
     done = [job.result() for job in running]
     if not done:
         raise Skipped("no build left for this rank")
     return "; ".join(done)
 
 
+class NotRun(Exception):
+    """A family's reference check does not apply to this run (say why)."""
+
+
 def _run_on_gpu(ctx: RankContext) -> str:
-    """Every Triton build present, on this rank's GPU, against its reference."""
-    done, absent = [], ctx.info.setdefault("absent", {})
-    k1 = _has("mono_kernels_kimi.kda.runner", "KdaRunner")
-    if k1 is None:
-        done.append(_k1_matches_reference(ctx))
-    else:
-        absent["K1 triton"] = f"absent: {k1}"
-    ffn = _has("mono_kernels_minimax.ffn.runner", "FfnRunner")
-    if ffn is not None:
-        absent["FFN triton"] = f"absent: {ffn}"
-    elif ctx.world in FFN_TP:
-        done.append(_ffn_matches_reference(ctx))
-    else:
-        absent["FFN triton"] = f"not run: it shards over {FFN_TP} ranks, not {ctx.world}"
+    """Each registered family's runner on this rank's GPU, against its reference; every
+    build it did not take here is a SKIP row."""
+    from mono_runtime.kernel import registry, target_name
+
+    absent = ctx.info.setdefault("absent", {})
+    absent.update({module: f"absent: {why}" for module, why in kernels.load().items()})
+    target, done = target_name(ctx.device), []
+    for family in registry.families():
+        builds = [cls.name() for cls in registry.builds(family)]
+        check = REFERENCE_CHECKS.get(family)
+        try:
+            if check is None:
+                raise NotRun("no reference check on a GPU for it yet")
+            detail, took = check(ctx)
+        except NotRun as exc:
+            absent.update({f"{name} {target}": f"not run: {exc}" for name in builds})
+            continue
+        done.append(detail)
+        absent.update(
+            {f"{n} {target}": f"not run: the runner takes {took} here" for n in builds if n != took}
+        )
     if not done:
         raise Skipped("no kernel build checked: " + "; ".join(absent.values()))
     return "; ".join(done)
 
 
-def _k1_matches_reference(ctx: RankContext) -> str:
+def _k1_matches_reference(ctx: RankContext) -> tuple[str, str]:
     import torch
     from mono_kernels_kimi.config import KimiK3Config
+    from mono_kernels_kimi.kda.build import K1Triton
     from mono_kernels_kimi.kda.inputs import make_inputs
     from mono_kernels_kimi.kda.runner import KdaRunner
 
@@ -232,13 +206,15 @@ def _k1_matches_reference(ctx: RankContext) -> str:
                 f"state rel {err_state:.2e} (limit 1e-3)"
             )
         checked.append(f"{requests}x{L} rel {err_out:.0e}")
-    return f"K1 (tiny) matches its reference ({', '.join(checked)})"
+    return f"K1 (tiny) matches its reference ({', '.join(checked)})", K1Triton.name()
 
 
-def _ffn_matches_reference(ctx: RankContext) -> str:
+def _ffn_matches_reference(ctx: RankContext) -> tuple[str, str]:
     """MiniMax-M3's FFN tail at tiny shapes with TP = every rank (its in-kernel all-reduces
     across the GPUs): a plain and a padded step, against the reference, the same bits on
     every rank."""
+    if ctx.world not in FFN_TP:
+        raise NotRun(f"it shards over {FFN_TP} ranks, not {ctx.world}")
     import torch
     from mono_kernels_minimax.config import MiniMaxM3Config
     from mono_kernels_minimax.ffn.reference import ffn_reference
@@ -295,7 +271,12 @@ def _ffn_matches_reference(ctx: RankContext) -> str:
         torch.cuda.synchronize(ctx.device)
         ctx.barrier()
         runner.close()
-    return f"FFN (tiny, TP{ctx.world}) matches its reference ({', '.join(checked)})"
+    took = f"ffn {runner.build_name}"
+    return f"FFN (tiny, TP{ctx.world}, {took}) matches its reference ({', '.join(checked)})", took
+
+
+REFERENCE_CHECKS = {"ffn": _ffn_matches_reference, "kda": _k1_matches_reference}
+"""A family's check on a GPU: (detail, the registry name of the build its runner took)."""
 
 
 def _rel(a, b) -> float:
