@@ -102,6 +102,7 @@ class ToyK1Kernels:
 
     name = "toy Kimi-K3 K1"
     dtypes: dict[str, str] = {}
+    notes = ()
 
     def __init__(self, model: ToyKimi) -> None:
         self.model, self.layers, self.k1 = model, tuple(range(model.layers)), None
@@ -297,6 +298,7 @@ class ToyFfnKernels:
 
     name = "toy MiniMax-M3 FFN"
     dtypes: dict[str, str] = {}
+    notes = ()
 
     def __init__(self, model: ToyMiniMax) -> None:
         self.model, self.layers, self.ffn = model, tuple(range(1, model.layers)), None

@@ -58,15 +58,26 @@ def vllm_config(tmp_path_factory):
 
 
 # -- discovery and registration -------------------------------------------------------------
-def test_entry_point_is_found_and_registers_mono_classes():
+@pytest.fixture
+def cuda_platform(monkeypatch):
+    """vLLM's current platform answering is_cuda() (registration asks it; nothing else)."""
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(current_platform, "is_cuda", lambda: True)
+
+
+def test_entry_point_is_found_and_registers_mono_classes(monkeypatch):
     from vllm import ModelRegistry
+    from vllm.platforms import current_platform
 
     found = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins")]
     mono = [e for e in found if e.name == "mono"]
     assert [e.value for e in mono] == ["mono_vllm.plugin:register"]
     register = mono[0].load()
-    register()
-    register()  # vLLM may call it more than once per process
+    with monkeypatch.context() as patch:  # as on CUDA, for registering only
+        patch.setattr(current_platform, "is_cuda", lambda: True)
+        register()
+        register()  # vLLM may call it more than once per process
     for arch, target in MODELS.items():
         entry = ModelRegistry.models[arch]
         assert f"{entry.module_name}:{entry.class_name}" == target
@@ -75,7 +86,18 @@ def test_entry_point_is_found_and_registers_mono_classes():
         assert cls.__name__ == f"Mono{arch}" and issubclass(cls, stock)
 
 
-def test_vllms_plugin_loader_registers_mono():
+def test_nothing_is_registered_where_the_kernels_have_no_build():
+    """On a CPU (this machine: vLLM's platform has neither CUDA nor ROCm) vLLM's own
+    classes stay registered."""
+    from mono_vllm.plugin import register
+    from vllm import ModelRegistry
+
+    before = {arch: ModelRegistry.models[arch] for arch in MODELS}
+    register()
+    assert {arch: ModelRegistry.models[arch] for arch in MODELS} == before
+
+
+def test_vllms_plugin_loader_registers_mono(cuda_platform):
     """vLLM's own loader (what every vLLM process runs) finds and runs the entry point."""
     import vllm.plugins
     from vllm import ModelRegistry
@@ -184,7 +206,14 @@ SUPPORT = KernelSupport(tp=(1, 2, 4, 8), max_rows=16, kv_cache_dtype="fp8")
         ({"speculative_tokens": 16}, "16 speculative tokens: a request's 17 rows exceed"),
         (
             {"vllm_decode_backend": "latency_specialized"},
-            "vLLM's own specialized decode (decode_backend=latency_specialized) is on",
+            "vLLM's own specialized decode (decode_backend=latency_specialized) is on: it and "
+            "mono's replace the same layers",
+        ),
+        ({"vllm_monokernel": True}, "vLLM's own specialized decode (--monokernel) is on"),
+        (
+            {"vllm_monokernel": True, "vllm_decode_backend": "latency_specialized"},
+            "vLLM's own specialized decode (decode_backend=latency_specialized and "
+            "--monokernel) is on",
         ),
     ],
 )
@@ -368,7 +397,7 @@ class FakeRunner:
 class FakeFamily:
     """Kernel layer 1 of a two-layer backbone; everything but the kernels is real."""
 
-    name, dtypes = "fake", {}
+    name, dtypes, notes = "fake", {}, ("a note for the operator",)
     support = KernelSupport(tp=(1, 2), max_rows=4)
 
     def __init__(self, backbone, deployment, rank, world):
@@ -451,17 +480,23 @@ def mono_logs():
     handler.emit = records.append
     logger = logging.getLogger(LOGGER)
     logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
     yield records
     logger.removeHandler(handler)
+    logger.setLevel(level)
 
 
-def test_mono_decode_drives_the_executor_through_vllms_hooks(vllm_config, tp_group, builder):
+def test_mono_decode_drives_the_executor_through_vllms_hooks(
+    vllm_config, tp_group, builder, mono_logs
+):
     from mono_vllm.host import MonoDecode
     from vllm.forward_context import override_forward_context
 
     text = Text()
     mono = MonoDecode(vllm_config, FakeFamily, text, make_runner=FakeRunner)
     mono.build()
+    (on,) = [r.getMessage() for r in mono_logs]
+    assert on.startswith("mono decode on") and on.endswith("; a note for the operator")
     family, runner = mono.kernels, mono.executor.runner
     assert type(text.model.layers[1]).__name__ == "MonoLayer"
     assert mono.executor.widths == [1, 2, 3, 4]

@@ -42,6 +42,7 @@ class Deployment:
     kv_cache_dtype: str = "bf16"
     speculative_tokens: int = 0
     vllm_decode_backend: str = "auto"  # vLLM's own additional_config["decode_backend"]
+    vllm_monokernel: bool = False  # vLLM's own --monokernel (kernel_config.monokernel)
     requested: bool = False
 
     @property
@@ -81,6 +82,7 @@ class Deployment:
             vllm_decode_backend=(
                 extra.get("decode_backend", "auto") if isinstance(extra, dict) else "auto"
             ),
+            vllm_monokernel=bool(vllm_config.kernel_config.monokernel),
             requested=requested(extra),
         )
 
@@ -96,10 +98,13 @@ def _kv_dtype_name(cache_dtype: str, model_dtype: Any) -> str:
 
 def deployment_reasons(d: Deployment, support: KernelSupport) -> list[str]:
     """Every reason the kernels cannot serve deployment `d` (empty: they can)."""
+    own = [f"decode_backend={d.vllm_decode_backend}"] if d.vllm_decode_backend != "auto" else []
+    own += ["--monokernel"] if d.vllm_monokernel else []
     checks = (
         (
-            d.vllm_decode_backend != "auto",
-            f"vLLM's own specialized decode (decode_backend={d.vllm_decode_backend}) is on",
+            bool(own),
+            f"vLLM's own specialized decode ({' and '.join(own)}) is on: it and mono's "
+            "replace the same layers, so one of them must be off",
         ),
         (
             d.tp not in support.tp,

@@ -37,6 +37,7 @@ class LayerKernels(Protocol):
     name: str  # for messages, e.g. "MiniMax-M3 FFN"
     layers: Sequence[int]  # the decoder layers a kernel replaces
     dtypes: Mapping[str, str]  # dtypes the kernels need in StepMeta.dtypes
+    notes: Sequence[str]  # what `build` did that an operator should know (memory it took)
 
     def check(self) -> list[str]:
         """Why the loaded layers cannot run on the kernels (shapes, formats, TP)."""

@@ -89,12 +89,13 @@ class MonoDecode:
             _logger().info(
                 "mono decode on (%s=true): %s kernels replace %d decoder layers on pure "
                 "decode/spec-verify steps of %s rows at TP %d; every other step runs "
-                "vLLM's layers",
+                "vLLM's layers%s",
                 SWITCH,
                 self.kernels.name,
                 len(self.kernels.layers),
                 self.executor.widths,
                 d.tp,
+                "".join(f"; {note}" for note in self.kernels.notes),
             )
 
     def prepare_kv(self) -> None:

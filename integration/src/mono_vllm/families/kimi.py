@@ -5,9 +5,11 @@ output that o_proj reads: AttnRes (with the block write), input RMSNorm, in_proj
 gate, short conv update, l2norm, the delta-rule recurrence into the step's state slots,
 gated RMSNorm. It reads vLLM's loaded weights and KDA states in place. The rest of the
 layer (o_proj, the MLP AttnRes and the MoE) stays vLLM's: the replaced layer calls the
-layer's own ``self_attn.o_proj``, ``_post_attn_norm`` and ``mlp`` (a private method of
-vLLM's ``KimiDecoderLayer``, called, not changed). K1 has no collective, so the rank's
-`MonoRunner` carries only the step epoch and the fault words for it.
+layer's own ``self_attn.o_proj`` and ``mlp``, and the MLP AttnRes of the vLLM tree it
+comes from (`mono_vllm.variants`): ``KimiDecoderLayer._post_attn_norm`` in the NVIDIA
+tree, ``_apply_attn_res`` in the AMD one (private to vLLM: called, not changed). The two
+trees also pass the AttnRes prefix differently between layers. K1 has no collective, so
+the rank's `MonoRunner` carries only the step epoch and the fault words for it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 
 from ..deployment import Deployment, KernelSupport
+from ..variants import AMD, variant
 
 
 def kernel_config(text: Any, world: int, in_proj_rows: int) -> Any:
@@ -62,12 +65,16 @@ def k1_weights(layer: Any) -> dict[str, torch.Tensor]:
 
 class KdaLayer:
     """One KDA decoder layer on K1 at one width (what `Step.layer(i)` returns): K1 from
-    the AttnRes inputs to o_proj's input, then vLLM's o_proj, MLP AttnRes and MLP."""
+    the AttnRes inputs to o_proj's input, then vLLM's o_proj, MLP AttnRes and MLP, in the
+    calling convention of vLLM's NVIDIA tree: ``(positions, hidden_states=delta,
+    residual=blocks, prefix_sum=prefix) -> (MLP output, prefix, blocks)``."""
 
     def __init__(self, layer: Any, k1: Any, requests: int, weights: dict) -> None:
         self.layer, self.k1, self.requests, self.weights = layer, k1, requests, weights
 
-    def __call__(self, positions, hidden_states, residual, prefix_sum=None, **kwargs):
+    def attention(self, prefix, delta, blocks) -> torch.Tensor:
+        """K1 (which adds `delta` into `prefix` and writes the layer's block), then vLLM's
+        o_proj: the attention output."""
         from vllm.forward_context import get_forward_context
         from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
@@ -78,14 +85,13 @@ class KdaLayer:
             conv_state = conv_state.transpose(-1, -2)
         spec = self.k1.spec
         core = torch.empty(
-            prefix_sum.shape[0], attn.local_projection_size,
-            dtype=prefix_sum.dtype, device=prefix_sum.device,
-        )  # fmt: skip
+            prefix.shape[0], attn.local_projection_size, dtype=prefix.dtype, device=prefix.device
+        )
         self.k1(
             self.requests,
-            prefix=prefix_sum,
-            delta=hidden_states,
-            blocks=residual,
+            prefix=prefix,
+            delta=delta,
+            blocks=blocks,
             num_blocks=layer.prev_valid_blocks,
             write_idx=layer.block_write_idx if layer.is_block_write_layer else -1,
             weights=self.weights,
@@ -97,9 +103,40 @@ class KdaLayer:
             num_accepted=md.num_accepted_tokens if spec else None,
             out=core,
         )
-        hidden = attn.o_proj(core)[0]
+        return attn.o_proj(core)[0]
+
+    def __call__(self, positions, hidden_states, residual, prefix_sum=None, **kwargs):
+        layer = self.layer
+        hidden = self.attention(prefix_sum, hidden_states, residual)
         hidden, prefix_sum, residual = layer._post_attn_norm(hidden, residual, prefix_sum)
         return layer.mlp(hidden), prefix_sum, residual
+
+
+class AmdKdaLayer(KdaLayer):
+    """The same in the calling convention of vLLM's AMD tree: ``(positions, prefix,
+    blocks, prefix_delta) -> (prefix, blocks, MLP output)``; the MLP's AttnRes is that
+    tree's ``_apply_attn_res`` (a private function of vllm/models/kimi_k3/amd/linear.py:
+    called, not changed), with the arguments its ``KimiDecoderLayer`` passes."""
+
+    def __call__(self, positions, hidden_states, residual, prefix_delta=None, **kwargs):
+        from vllm.models.kimi_k3.amd.linear import KimiMLP, _apply_attn_res
+
+        layer = self.layer
+        attn = self.attention(hidden_states, prefix_delta, residual)
+        # a block-write layer starts a new prefix with its attention output
+        prefix, delta = (attn, None) if layer.is_block_write_layer else (hidden_states, attn)
+        quant_key = layer.mlp.get_input_quant_key() if isinstance(layer.mlp, KimiMLP) else None
+        hidden = _apply_attn_res(
+            prefix,
+            residual,
+            layer.mlp_res_proj,
+            layer.mlp_res_norm,
+            layer.prev_valid_blocks + int(layer.is_block_write_layer),
+            delta=delta,
+            output_norm=layer.post_attention_layernorm,
+            quant_key=quant_key,
+        )
+        return prefix, residual, layer.mlp(hidden)
 
 
 class KimiKdaKernels:
@@ -111,6 +148,8 @@ class KimiKdaKernels:
 
     def __init__(self, backbone: Any, deployment: Deployment, rank: int, world: int) -> None:
         self.backbone, self.deployment, self.rank, self.world = backbone, deployment, rank, world
+        self.variant = variant(backbone)
+        self.notes: list[str] = []
         text = backbone.config
         stage = range(backbone.start_layer, backbone.end_layer)
         self.layers = tuple(i for i in stage if text.is_kda_layer(i))
@@ -153,8 +192,9 @@ class KimiKdaKernels:
         self._k1 = KdaRunner(self._config(), device, q, spec=q > 1, max_rows=max(widths))
         self._k1.warm()  # compiles and loads every width: before profiling and capture
         weights = {i: k1_weights(layers[i]) for i in self.layers}
+        kind = AmdKdaLayer if self.variant == AMD else KdaLayer
         return {
-            w: {i: KdaLayer(layers[i], self._k1, w // q, weights[i]) for i in self.layers}
+            w: {i: kind(layers[i], self._k1, w // q, weights[i]) for i in self.layers}
             for w in widths
         }
 

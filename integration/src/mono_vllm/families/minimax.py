@@ -3,13 +3,22 @@
 The kernel (`mono_kernels_minimax.ffn`) starts from the layer's unreduced o_proj output
 and ends with the all-reduced MoE output: the attention all-reduce + residual + Gemma
 norm seam, the fp32 router and top-k, the shared and routed experts, the MoE all-reduce.
-So a replaced layer runs vLLM's own input norm and attention, then the kernel. vLLM's
-layers leave the MoE all-reduce to the next layer's input norm (or the final norm); around
-the kernels the hand-offs change accordingly:
+So a replaced layer runs vLLM's own input norm and attention, then the kernel. Around the
+kernels the hand-offs follow the vLLM tree the layers come from (`mono_vllm.variants`):
 
-- a layer after a kernel layer takes an already-reduced input: plain (add + Gemma) norm;
-- the last kernel layer before a layer or final norm that all-reduces its input hands
-  over the sum on rank 0 and zeros elsewhere, which that all-reduce sums back exactly.
+- NVIDIA: vLLM leaves each MoE all-reduce to the next layer's input norm (or the final
+  norm). A layer after a kernel layer takes an already-reduced input: plain (add + Gemma)
+  norm; the last kernel layer before a layer or final norm that all-reduces its input
+  hands over the sum on rank 0 and zeros elsewhere, which that all-reduce sums back.
+- AMD: vLLM's MoE all-reduces its own output and every input norm is plain, as the
+  kernel's output is: nothing changes around a kernel layer.
+
+Experts: the kernel reads MXFP4 experts as the checkpoint stores them (``mxfp4-k32``).
+When vLLM's MoE backend keeps them so (EMULATION), the kernel streams vLLM's tensors in
+place. When it rewrites them for its own kernels (HUMMING, vLLM's default on Hopper;
+AITER on ROCm), vLLM's MoE still needs its layout for every step the kernels do not take,
+so the kernel gets a copy of its own, unpacked from vLLM's (`ffn.sources`) and packed into
+the kernel's layout: one more copy of the routed experts, logged at startup.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from typing import Any
 import torch
 
 from ..deployment import Deployment, KernelSupport
+from ..variants import AMD, NVIDIA, variant
 
 
 def kernel_config(text: Any) -> Any:
@@ -55,18 +65,60 @@ def model_reasons(text: Any) -> list[str]:
     return [why for bad, why in checks if bad]
 
 
-def expert_format(experts: Any) -> Any:
-    """The `WeightFormat` vLLM's MoE layer holds its experts in, from the loaded tensors."""
+def routed_experts(layer: Any) -> Any:
+    """vLLM's ``RoutedExperts`` of a sparse layer: the module holding the expert tensors
+    and the MoE quant method (behind the layer's ``MoERunner``)."""
+    return layer.block_sparse_moe.experts.routed_experts
+
+
+def _layouts() -> dict[str, Any]:
+    from mono_kernels_minimax.ffn.sources import ExpertLayout
+
+    # vLLM's MXFP4 MoE backends (Mxfp4MoeBackend names) by the layout they leave
+    return {
+        "EMULATION": ExpertLayout.K32,
+        "B12X_MXFP4_BF16": ExpertLayout.K32,
+        "B12X_MXFP4_MXFP8": ExpertLayout.K32,
+        "HUMMING": ExpertLayout.HUMMING,
+        "AITER_MXFP4_BF16": ExpertLayout.AITER_A16W4,
+        "AITER_MXFP4_MXFP4": ExpertLayout.AITER_A4W4,
+    }
+
+
+def expert_source(experts: Any) -> tuple[Any, Any]:
+    """(`WeightFormat`, `ExpertLayout` or None) of the experts vLLM's MoE layer holds
+    (`experts`: its ``RoutedExperts``); ValueError for a layout mono does not read."""
+    from mono_kernels_minimax.ffn.sources import ExpertLayout
     from mono_kernels_minimax.formats import WeightFormat
 
-    dtype = experts.w13_weight.dtype
-    if dtype == torch.bfloat16:
-        return WeightFormat.BF16
-    if dtype == torch.uint8:
-        return WeightFormat.MXFP4
-    if dtype == torch.float8_e4m3fn:
-        return WeightFormat.FP8
-    raise ValueError(f"expert weights of dtype {dtype}")
+    backend = getattr(experts.quant_method, "mxfp4_backend", None)
+    shuffled = getattr(experts.w13_weight, "is_shuffled", False)
+    if backend is None:
+        if shuffled:
+            raise ValueError("experts shuffled for AITER's MoE kernels (mono reads them as loaded)")
+        dtype = experts.w13_weight.dtype
+        if dtype == torch.bfloat16:
+            return WeightFormat.BF16, None
+        if dtype == torch.float8_e4m3fn:
+            return WeightFormat.FP8, None
+        raise ValueError(f"expert weights of dtype {dtype}")
+    layouts = _layouts()
+    layout = layouts.get(backend.name)
+    if layout is None:
+        raise ValueError(
+            f"MXFP4 experts in the layout of vLLM's {backend.name} MoE backend (mono reads "
+            f"those of {', '.join(layouts)}; --moe-backend emulation keeps the checkpoint's)"
+        )
+    if layout is ExpertLayout.HUMMING:
+        cfg = experts.humming_configs["w13"]
+        if cfg.sm_version // 10 != 9 or cfg.a_dtype.num_bits != 16 or cfg.use_fused_e8m0_scale:
+            raise ValueError(
+                f"HUMMING experts for sm{cfg.sm_version} with {cfg.a_dtype} activations "
+                "(mono unpacks HUMMING's SM90 layout for 16-bit activations)"
+            )
+    if layout in (ExpertLayout.AITER_A16W4, ExpertLayout.AITER_A4W4) and not shuffled:
+        raise ValueError(f"{backend.name} experts that AITER's shuffle did not rewrite")
+    return WeightFormat.MXFP4, layout
 
 
 def _weight_and_scale(module: Any, prefix: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -77,28 +129,51 @@ def _weight_and_scale(module: Any, prefix: str) -> tuple[torch.Tensor, torch.Ten
     return weight.data, None if scale is None else scale.data
 
 
-def ffn_weights(layer: Any) -> Any:
-    """Zero-copy views of one loaded sparse layer's FFN weights (`FfnWeights`)."""
+def unpacked_experts(experts: Any, layout: Any, cfg: Any, tp: int, device: Any = None) -> dict:
+    """The kernel's own mxfp4-k32 copy of the experts vLLM keeps in `layout` (w13, w2 and
+    their scales), on `device` (``"meta"``: shapes only, nothing copied)."""
+    from mono_kernels_minimax.ffn.sources import unpack_experts
+
+    h, i = cfg.hidden_size, cfg.per_rank_intermediate(tp)
+    up = experts.moe_config.intermediate_size_per_partition  # vLLM's, maybe rounded up
+    out = {}
+    for name, n, k, up_row in (("w13", 2 * i, h, up), ("w2", h, i, None)):
+        codes, scales = _weight_and_scale(experts, f"{name}_")
+        if device == "meta":
+            codes, scales = codes.to("meta"), scales.to("meta")
+        e = codes.shape[0]
+        dev = codes.device if device is None else device
+        into = (torch.empty(e, n, k // 2, dtype=torch.uint8, device=dev),
+                torch.empty(e, n, k // 32, dtype=torch.uint8, device=dev))  # fmt: skip
+        out[name], out[f"{name}_scale"] = unpack_experts(
+            layout, codes, scales, n, k, up_row=up_row, out=into
+        )
+    return out
+
+
+def ffn_weights(layer: Any, experts: dict | None = None) -> Any:
+    """One loaded sparse layer's FFN weights (`FfnWeights`): zero-copy views of vLLM's
+    tensors, with `experts` (w13, w2 and their scales) in place of vLLM's when given."""
     from mono_kernels_minimax.ffn.weights import FfnWeights
 
     moe = layer.block_sparse_moe
-    w13, w13_scale = _weight_and_scale(moe.experts, "w13_")
-    w2, w2_scale = _weight_and_scale(moe.experts, "w2_")
+    routed = routed_experts(layer)
+    w13, w13_scale = _weight_and_scale(routed, "w13_")
+    w2, w2_scale = _weight_and_scale(routed, "w2_")
     sw13, sw13_scale = _weight_and_scale(moe.shared_experts.gate_up_proj, "")
     sw2, sw2_scale = _weight_and_scale(moe.shared_experts.down_proj, "")
+    bundle = {"w13": w13, "w13_scale": w13_scale, "w2": w2, "w2_scale": w2_scale}
+    bundle.update(experts or {})
     return FfnWeights(
-        fmt=expert_format(moe.experts),
+        fmt=expert_source(routed)[0],
         norm=layer.post_attention_layernorm.weight.data,
         router=moe.gate.weight.data,
         bias=moe.e_score_correction_bias.data,
-        w13=w13,
-        w13_scale=w13_scale,
-        w2=w2,
-        w2_scale=w2_scale,
         shared_w13=sw13,
         shared_w13_scale=sw13_scale,
         shared_w2=sw2,
         shared_w2_scale=sw2_scale,
+        **bundle,
     )
 
 
@@ -129,9 +204,11 @@ class MiniMaxFfnKernels:
 
     def __init__(self, backbone: Any, deployment: Deployment, rank: int, world: int) -> None:
         self.backbone, self.deployment, self.rank, self.world = backbone, deployment, rank, world
+        self.variant = variant(backbone)
         stage = range(backbone.start_layer, backbone.end_layer)
         self.layers = tuple(i for i in stage if getattr(backbone.layers[i], "is_moe_layer", False))
         self.metadata_key = attention_key(backbone.layers[self.layers[0]]) if self.layers else ""
+        self.notes: list[str] = []
         self._ffn: Any = None
 
     def check(self) -> list[str]:
@@ -147,25 +224,55 @@ class MiniMaxFfnKernels:
             # vLLM taps hidden + residual after chosen layers; around the kernel layers
             # the hand-offs differ from vLLM's deferred all-reduce
             reasons.append("EAGLE-3 auxiliary hidden states")
+        first = self.backbone.layers[self.layers[0]]
+        if self.variant == AMD and first.block_sparse_moe.is_fused_shared_expert_enabled:
+            reasons.append(
+                "the shared expert fused into the routed experts "
+                "(VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=1)"
+            )
+            return reasons
         try:
             cfg = kernel_config(text)
-            first = self.backbone.layers[self.layers[0]]
-            fmt = expert_format(first.block_sparse_moe.experts)
+            fmt, layout = self._source()
             FfnBuild(cfg, rows=1, tp=self.world, weights=fmt)
             device = first.post_attention_layernorm.weight.device
             for i in self.layers:
-                ffn_weights(self.backbone.layers[i]).validate(cfg, self.world, device)
+                layer = self.backbone.layers[i]
+                if self._copies(layout):  # what build will unpack, as shapes only
+                    experts = unpacked_experts(
+                        routed_experts(layer), layout, cfg, self.world, "meta"
+                    )
+                    ffn_weights(layer, experts).validate(cfg, self.world)
+                else:
+                    ffn_weights(layer).validate(cfg, self.world, device)
         except ValueError as err:
             reasons.append(f"loaded weights: {err}")
         return reasons
 
-    def _format(self) -> Any:
-        return expert_format(self.backbone.layers[self.layers[0]].block_sparse_moe.experts)
+    def _source(self) -> tuple[Any, Any]:
+        return expert_source(routed_experts(self.backbone.layers[self.layers[0]]))
+
+    def _copies(self, layout: Any) -> bool:
+        """Whether the kernel needs experts of its own: vLLM keeps them in another layout
+        than the checkpoint's, or padded."""
+        from mono_kernels_minimax.ffn.sources import ExpertLayout
+
+        if layout is None:
+            return False
+        if layout is not ExpertLayout.K32:
+            return True
+        cfg = kernel_config(self.backbone.config)
+        h, i = cfg.hidden_size, cfg.per_rank_intermediate(self.world)
+        experts = routed_experts(self.backbone.layers[self.layers[0]])
+        return (tuple(experts.w13_weight.shape[1:]), tuple(experts.w2_weight.shape[1:])) != (
+            (2 * i, h // 2),
+            (h, i // 2),
+        )
 
     def runner_bytes(self, widths) -> tuple[int, int]:
         from mono_kernels_minimax.ffn.spec import FfnBuild, peer_bytes, scratch_bytes
 
-        cfg, fmt = kernel_config(self.backbone.config), self._format()
+        cfg, fmt = kernel_config(self.backbone.config), self._source()[0]
         scratch = sum(scratch_bytes(FfnBuild(cfg, s, self.world, fmt)) for s in widths)
         return scratch, peer_bytes(cfg, self.world)
 
@@ -173,35 +280,47 @@ class MiniMaxFfnKernels:
         from mono_kernels_minimax.ffn.runner import FfnRunner
 
         cfg, layers = kernel_config(self.backbone.config), self.backbone.layers
+        fmt, layout = self._source()
+        copies = self._copies(layout)
+        # sharing vLLM's tensors, the kernel streams them as they are (vLLM's MoE reads
+        # them too); its own copy it packs into its fastest layout
         ffn = self._ffn = FfnRunner(
-            cfg,
-            self._format(),
-            runner.group,
-            self.rank,
-            self.world,
-            runner.device,
-            widths=widths,
-            runner=runner,
-            pack=False,
-        )  # fmt: skip  (pack=False: vLLM's own MoE reads the same expert tensors)
+            cfg, fmt, runner.group, self.rank, self.world, runner.device,
+            widths=widths, runner=runner, pack=copies,
+        )  # fmt: skip
         ffn.warm()  # compiles every width and refuses one that cannot be resident
+        weights = {}
+        for i in self.layers:
+            experts = None
+            if copies:
+                experts = unpacked_experts(routed_experts(layers[i]), layout, cfg, self.world)
+            weights[i] = ffn.pack(ffn_weights(layers[i], experts))
+        if copies:
+            size = sum(weights[i].w13.nbytes + weights[i].w2.nbytes for i in self.layers)
+            size += sum(
+                weights[i].w13_scale.nbytes + weights[i].w2_scale.nbytes for i in self.layers
+            )
+            self.notes.append(
+                f"routed experts copied from vLLM's {layout.value} layout into the kernel's "
+                f"({size / 2**30:.1f} GiB per rank; vLLM's MoE keeps its own for other steps)"
+            )
         mine, last = set(self.layers), self.layers[-1]
 
         def launch(i: int) -> Ffn:
-            weights = ffn_weights(layers[i])
             return lambda part, residual, slots: ffn(
-                part, residual, weights, slots, final=i == last
+                part, residual, weights[i], slots, final=i == last
             )
 
-        launches = {i: launch(i) for i in self.layers}
-        fronts = {i: vllm_front(layers[i], after_kernel=i - 1 in mine) for i in self.layers}
         # the next consumer (a stock layer or the final norm) all-reduces a deferred output
-        hand_off = {i: i + 1 not in mine and layers[i].ffn_all_reduce_deferred for i in mine}
+        nvidia = self.variant == NVIDIA
+        hand_off = {i: nvidia and i + 1 not in mine and layers[i].ffn_all_reduce_deferred
+                    for i in mine}  # fmt: skip
+        fronts = {i: vllm_front(layers[i], reduced=i - 1 in mine or not nvidia) for i in mine}
         return {
             w: {
                 i: FfnLayer(
                     fronts[i],
-                    launches[i],
+                    launch(i),
                     vllm_slots(attention_key(layers[i]), w),
                     hand_off[i],
                     self.rank,
@@ -250,16 +369,17 @@ class FfnLayer:
         return out, residual
 
 
-def vllm_front(layer: Any, after_kernel: bool) -> Front:
+def vllm_front(layer: Any, reduced: bool) -> Front:
     """vLLM's input norm and attention of a `MiniMaxM3DecoderLayer`, up to the unreduced
-    o_proj output. After a kernel layer the input is already all-reduced: a plain add +
-    Gemma norm replaces vLLM's fused all-reduce + norm."""
+    o_proj output. `reduced`: the layer's input is already all-reduced (after a kernel
+    layer, or always in vLLM's AMD tree), so a plain add + Gemma norm replaces vLLM's fused
+    all-reduce + norm where the layer has one."""
     from vllm.model_executor.layers.fused_allreduce_gemma_rms_norm import (
         fused_allreduce_gemma_rms_norm,
     )
 
     def front(positions, hidden_states, residual):
-        if after_kernel or not layer.fuse_input_allreduce:
+        if reduced or not layer.fuse_input_allreduce:
             x, residual = layer.input_layernorm(hidden_states, residual)
         else:
             x, residual = fused_allreduce_gemma_rms_norm(

@@ -230,7 +230,7 @@ def _check_out(out, shape, sources) -> None:
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.device != b.device:
+    if a.device != b.device or a.device.type == "meta":  # meta tensors have no memory
         return False
     a0, b0 = a.data_ptr(), b.data_ptr()
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
