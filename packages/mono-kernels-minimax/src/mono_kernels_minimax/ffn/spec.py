@@ -21,7 +21,7 @@ One launch, one TP rank, S = 1..16 rows (a decode step), does in this order of t
                          (dynamic: tickets past nslots * NC belong to the next stages)
     down    ND tasks     DC output columns over every slot in slot order, weighted by `wtab`,
                          fp32, rounded to bf16 -> every rank's `ar2[src = this rank]`
-    final   NF tasks     FC columns: the ranks' partials in rank order (fp32) -> `out` (bf16)
+    final   S x NF tasks row s, FC columns: the ranks' partials in rank order -> `out` (bf16)
     hs      1 task       final launches only: after every final task, a pair to every rank's
                          `hs[this rank]`, then a poll of its own `hs[0..tp)`: a rank that gave
                          up anywhere in the step has set its alarm here, so every rank records
@@ -314,7 +314,7 @@ def stages(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int]]:
         ("route", 1),
         ("up", (nslots - (1 if shared else 0)) * p.nc * p.uks),
         ("down", p.down * p.ng),
-        ("final", p.final),
+        ("final", s * p.final),
         ("handshake", int(final)),
     ]
 

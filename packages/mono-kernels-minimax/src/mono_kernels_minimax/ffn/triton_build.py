@@ -330,7 +330,7 @@ def ffn_kernel(
     SHUP: tl.constexpr = ROUTER0 + RG * RP  # the shared expert's up items start here
     ROUTE: tl.constexpr = SHUP + HAS_SHARED * NC * UKS0
     STATIC: tl.constexpr = ROUTE + 1
-    tail = ND * NG + NF + final  # the handshake task closes final launches
+    tail = ND * NG + S * NF + final  # the handshake task closes final launches
 
     pt.fault_stall(ctl, peers, rank, world, CPU)
     NROUTED: tl.constexpr = NC * UKS  # up items of one routed slot
@@ -578,37 +578,47 @@ def ffn_kernel(
                     R_ITEMS,
                     CPU,
                 )
-            elif u < nup + ND * NG + NF:
-                # final: the ranks' partials in rank order -> out
-                f = u - nup - ND * NG
+            elif u < nup + ND * NG + S * NF:
+                # final (row s, FC columns): the ranks' partials in rank order -> out; one
+                # row an item, so no item waits out S polls in a row
+                s = (u - nup - ND * NG) // NF
+                f = (u - nup - ND * NG) % NF
                 p = f * (FC // 2) + tl.arange(0, FC // 2)
-                for s in range(S):
-                    lo, hi, ok = pt.reduce_bf16x2(
-                        me + P_AR2 // 8 + s * (H // 2) + p,
-                        16 * (H // 2),
-                        p >= 0,
-                        tag,
-                        ctl,
-                        health,
-                        peers,
-                        rank,
-                        world,
-                        R_AR2,
-                        s * (H // 2) + f * (FC // 2),
-                        CPU,
-                    )
-                    tl.store(
-                        out + s * (H // 2) + p,
-                        pt.bf16x2_pack(
-                            tl.where(ok, lo, float("nan")), tl.where(ok, hi, float("nan"))
-                        ),
-                    )
+                lo, hi, ok = pt.reduce_bf16x2(
+                    me + P_AR2 // 8 + s * (H // 2) + p,
+                    16 * (H // 2),
+                    p >= 0,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    R_AR2,
+                    s * (H // 2) + f * (FC // 2),
+                    CPU,
+                )
+                tl.store(
+                    out + s * (H // 2) + p,
+                    pt.bf16x2_pack(tl.where(ok, lo, float("nan")), tl.where(ok, hi, float("nan"))),
+                )
                 pt.ticket_finish(done, t, tag)
             else:
                 # the TP fault handshake: every final task here is done; tell every rank,
                 # hear from every rank (a rank that gave up has set its alarm here)
                 _wait_items(
-                    done, t - NF, NF, NF2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+                    done,
+                    t - S * NF,
+                    S * NF,
+                    NF2,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    R_ITEMS,
+                    CPU,
                 )
                 i = tl.arange(0, W2P)
                 for dst in range(world):
@@ -905,7 +915,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         NG=p.ng,
         STAGES=p.stages,
         NF=p.final,
-        NF2=_p2(p.final),
+        NF2=_p2(b.rows * p.final),
         FC=p.fc,
         W2P=_p2(b.tp),
         O_DONE=sl["done"][0],
