@@ -194,6 +194,9 @@ class FakeFfnRunner:
     def warm(self):
         pass
 
+    def close(self):
+        pass
+
     def pack(self, weights):
         return weights
 

@@ -334,6 +334,8 @@ class MiniMaxFfnKernels:
         self._ffn.step_begin()  # bumps the shared runner's epoch, restarts the launch slots
 
     def close(self) -> None:
+        if self._ffn is not None:
+            self._ffn.close()  # the shared MonoRunner stays open: the executor closes it
         self._ffn = None
 
     def kv_key(self) -> int | None:
