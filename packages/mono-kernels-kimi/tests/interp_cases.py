@@ -90,47 +90,45 @@ def run_case(name, R, L, spec, layer, pad, pad_slot, layout):
         untouched=untouched,
         pad_zero=bool(torch.all(inp.out[pad_rows] == 0)) if pad_rows else True,
         finite=bool(torch.isfinite(inp.out.float()).all()),
-        ctrl=int(runner.scratch[:40].view(torch.int32).abs().sum()),
-        error=runner.error_word(),
+        tickets=int(runner.mono.tickets.abs().sum()),
+        giveups=int(runner.mono.health[0]),
     )
 
 
 def give_up_case():
-    """A launch whose first stage never runs (its tickets are pre-drawn): every later wait
-    gives up after max_polls, the launch still ends, the error word says which stage was
-    missing, check() raises MonoFault; after reset() the runner serves a step correctly."""
+    """A launch whose first item never runs (a program took its ticket and died): the waits
+    for it give up at the runner's deadline, the launch still ends (its ticket counter
+    reset), check() raises MonoFault naming what was waited for, the output is NaN and no
+    state was written; after reset() the runner serves a step correctly."""
     from mono_kernels_kimi.kda.runner import KdaRunner
-    from mono_kernels_kimi.kda.spec import TICKET
     from mono_runtime.errors import MonoFault
+    from mono_runtime.runner import CPU_NS_PER_POLL
 
     cfg = KimiK3Config.tiny()
-    runner = KdaRunner(cfg, "cpu", 2, **{**TILING, "max_polls": 50})
-
-    def launch(inp):
-        runner(1, **inp.k1_kwargs())
-
+    runner = KdaRunner(cfg, "cpu", 2, deadline_ns=50 * CPU_NS_PER_POLL, **TILING)
     inp = make_inputs(cfg, 1, 2, layer_idx=3, seed=5)
-    build = runner.build(1, True, False)
-    runner.scratch[:128].view(torch.int32)[TICKET] = build.stage_items[0]
-    launch(inp.clone())
-    err = runner.error_word()
+    got = inp.clone()
+    runner.mono.tickets[0] = 1  # ticket 0 of slot 0 drawn by a program that died
+    runner(1, **got.k1_kwargs())
     try:
         runner.check()
         raised = ""
     except MonoFault as fault:
         raised = str(fault)
-    words = runner.scratch[:40].view(torch.int32).tolist()
+    tickets = int(runner.mono.tickets.abs().sum())
     runner.reset()
     ok = inp.clone()
     ref = inp.clone()
     want = ref.reference()
-    launch(ok)
+    runner(1, **ok.k1_kwargs())
     return dict(
-        error=err,
         raised=raised,
-        ctrl_after=sum(abs(w) for w in words[:9]),
+        tickets_after=tickets,
+        out_nan=bool(torch.isnan(got.out.float()).all()),
+        state_kept=torch.equal(got.state, inp.state)
+        and torch.equal(got.conv_state, inp.conv_state),
         core_after_reset=rel(ok.out, want),
-        error_after_reset=runner.error_word(),
+        giveups_after_reset=int(runner.mono.health[0]),
     )
 
 
@@ -149,7 +147,8 @@ if __name__ == "__main__":
         results["warm"] = dict(
             builds=sorted([b.requests, b.delta, b.write_block] for b in warmed),
             flags=[list(f) for f in runner.layer_flags()],
-            ctrl=int(runner.scratch[:40].view(torch.int32).abs().sum()),
+            tickets=int(runner.mono.tickets.abs().sum()),
+            giveups=int(runner.mono.health[0]),
         )
     if not only or "giveup" in only:
         results["giveup"] = give_up_case()

@@ -1,6 +1,7 @@
 """K1 compiles ahead of time for sm_90 and gfx950 at full per-rank shapes (no GPU needed),
-with the memory scopes its hand-offs need and no register spills. Each compile runs in a
-subprocess: a backend abort must not take the test session down."""
+with the memory scopes its hand-offs need, the runtime's bounded waits and no register
+spills. Each compile runs in a subprocess: a backend abort must not take the test session
+down."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ if target == "sm90":
     ptx = k.asm["ptx"]
     out["acquire"] = len(re.findall(r"(?:ld|atom)\.global\.gpu\.acquire", ptx))
     out["release"] = len(re.findall(r"atom\.global\.gpu\.release", ptx))
+    out["sys_release"] = len(re.findall(r"atom\.global\.sys\.release", ptx))
+    out["globaltimer"] = "%globaltimer" in ptx
     out["cg_loads"] = len(re.findall(r"ld\.global\.cg", ptx))
     out["local"] = len(re.findall(r"\bld\.local|\bst\.local", ptx))
     from mono_runtime.builds import Resources
@@ -45,15 +48,21 @@ def compiled(target: str, R: int, L: int) -> dict:
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # LLVM reports inline asm it cannot emit on stderr and carries on
+    out["backend_errors"] = sorted({ln for ln in proc.stderr.splitlines() if "error:" in ln})
+    return out
 
 
 @pytest.mark.timeout(250)
 @pytest.mark.parametrize("R,L", [(8, 1), (2, 4)])
 def test_compiles_for_sm90(R, L):
     m = compiled("sm90", R, L)
-    # stage hand-offs: a GPU-scope release add after each item, acquire reads in each wait
-    assert m["release"] >= 6 and m["acquire"] >= 5, m
+    assert not m["backend_errors"], m
+    # stage hand-offs: a GPU-scope release exchange after each item (mono_runtime's
+    # ticket_finish), acquire reads in each wait; the TP fault handshake at system scope
+    assert m["release"] >= 6 and m["acquire"] >= 5 and m["sys_release"] >= 1, m
+    assert m["globaltimer"], m  # the waits are bounded by the runtime's deadline clock
     assert m["cg_loads"] > 0, m  # hand-offs bypass L1
     assert m["local"] == 0 and m["spill_bytes"] == 0, m  # ptxas: no spills
     assert m["registers"] <= 255, m  # one 8-warp program fits an SM (ticket loop: any grid)
@@ -61,8 +70,15 @@ def test_compiles_for_sm90(R, L):
 
 
 @pytest.mark.timeout(250)
+@pytest.mark.xfail(
+    strict=True,
+    reason="mono_runtime.protocol_triton.clock has no AMD branch (its %globaltimer is PTX "
+    "inline asm; s_memrealtime is AMD's): K1's bounded waits, the runtime's, cannot compile "
+    "for gfx950 until it has one; the register pressure there needs a look then too",
+)
 def test_compiles_for_gfx950():
     m = compiled("gfx950", 2, 1)
+    assert not m["backend_errors"], m
     assert m["vgpr_spill"] == 0 and m["scratch"] == 0, m
-    assert "global_atomic_add" in m["atomics"], m
+    assert any(a.startswith("global_atomic") for a in m["atomics"]), m
     assert m["shared"] <= 160 * 1024

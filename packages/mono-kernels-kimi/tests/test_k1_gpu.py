@@ -127,3 +127,62 @@ def test_k1_bench_rows_smoke():
     (row,) = rows(shapes=((1, 2),), iters=20, baseline=False)
     assert row["k1_us"] > 0 and 0 < row["pct_of_floor"] < 150, row  # reads can beat the copy rate
     assert row["l2_x"] > 4, "the timed graph's weights must not fit in L2"
+
+
+@pytest.mark.timeout(600)
+def test_k1_give_up_while_serving_raises_and_poisons_eager_and_graph():
+    """Issue 14's silent fault, on the GPU: a work item lost mid-serving (ticket 0 of the
+    step's second launch drawn by a program that died) makes the waits for it give up at
+    the runner's deadline, after_step() raise MonoFault and guard() poison the step's
+    hidden states, eager and replayed from a CUDA graph; after reset() the same step is
+    served again (as the plugin wires K1: k1_serving.Server)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from k1_serving import Server
+
+    server = Server(None, 0, 1, R=2, L=2, device="cuda")
+    server.mono.set_deadline(50_000_000)  # 50 ms
+    try:
+        seen = []
+        for lose in (False, True, False):  # eager: served, faulted, served after reset()
+            if lose:
+                server.mono.tickets[1] = 1
+            r = server.step()
+            seen.append(r)
+            if r["fault"] is not None:
+                server.k1.reset()
+        # graph: step_begin, both launches and the guard captured once, replayed
+        static = [x.clone() for x in server.inputs]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            server.forward([x.clone() for x in server.inputs])  # warm outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        assert server.after_step() is None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            hidden = server.forward(static)
+        for lose in (False, True, False):
+            for x, i in zip(static, server.inputs, strict=True):
+                for name in ("prefix", "delta", "blocks", "conv_cache", "state"):
+                    getattr(x, name).copy_(getattr(i, name))
+                x.out.fill_(0.0)
+            if lose:
+                server.mono.tickets[1] = 1
+            graph.replay()
+            r = server.measure(static, hidden, server.after_step())
+            seen.append(r)
+            if r["fault"] is not None:
+                server.k1.reset()
+    finally:
+        server.close()
+    for n, r in enumerate(seen):
+        where = f"{'eager' if n < 3 else 'graph'} step {n % 3 + 1}"
+        if n % 3 == 1:
+            assert r["fault"] is not None and "kda.ares pair 0" in r["fault"], (where, r)
+            assert r["hidden_nan"] and r["out_nan"][1] and r["state_kept"][1], (where, r)
+        else:
+            assert r["fault"] is None and r["hidden_finite"], (where, r)
+            assert r["out_err"] < 1e-2 and r["state_err"] < 1e-3, (where, r)

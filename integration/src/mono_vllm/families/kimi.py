@@ -8,8 +8,10 @@ layer (o_proj, the MLP AttnRes and the MoE) stays vLLM's: the replaced layer cal
 layer's own ``self_attn.o_proj`` and ``mlp``, and the MLP AttnRes of the vLLM tree it
 comes from (`mono_vllm.variants`): ``KimiDecoderLayer._post_attn_norm`` in the NVIDIA
 tree, ``_apply_attn_res`` in the AMD one (private to vLLM: called, not changed). The two
-trees also pass the AttnRes prefix differently between layers. K1 has no collective, so
-the rank's `MonoRunner` carries only the step epoch and the fault words for it.
+trees also pass the AttnRes prefix differently between layers. K1 runs on the rank's
+`MonoRunner` (its scratch, tickets, tags, health and alarm words), so a K1 wait that gives
+up makes `after_step` raise on every rank (the last KDA layer's launch ends in the TP fault
+handshake) and the executor's guard poison the step.
 """
 
 from __future__ import annotations
@@ -69,8 +71,11 @@ class KdaLayer:
     calling convention of vLLM's NVIDIA tree: ``(positions, hidden_states=delta,
     residual=blocks, prefix_sum=prefix) -> (MLP output, prefix, blocks)``."""
 
-    def __init__(self, layer: Any, k1: Any, requests: int, weights: dict) -> None:
+    def __init__(
+        self, layer: Any, k1: Any, requests: int, weights: dict, final: bool = False
+    ) -> None:
         self.layer, self.k1, self.requests, self.weights = layer, k1, requests, weights
+        self.final = final  # the step's last KDA layer: its launch ends in the handshake
 
     def attention(self, prefix, delta, blocks) -> torch.Tensor:
         """K1 (which adds `delta` into `prefix` and writes the layer's block), then vLLM's
@@ -89,6 +94,7 @@ class KdaLayer:
         )
         self.k1(
             self.requests,
+            final=self.final,
             prefix=prefix,
             delta=delta,
             blocks=blocks,
@@ -182,24 +188,33 @@ class KimiKdaKernels:
         )
 
     def runner_bytes(self, widths) -> tuple[int, int]:
-        return 8, 8  # K1 keeps its own scratch (KdaRunner) and needs no peer memory
+        from mono_kernels_kimi.kda.runner import runner_bytes
+
+        q = self.deployment.q
+        device = self.backbone.layers[self.layers[0]].input_layernorm.weight.device
+        return runner_bytes(self._config(), device, q, self.world, spec=q > 1, max_rows=max(widths))
 
     def build(self, runner: Any, widths) -> dict[int, dict[int, KdaLayer]]:
         from mono_kernels_kimi.kda.runner import KdaRunner
 
         q, layers = self.deployment.q, self.backbone.layers
         device = layers[self.layers[0]].input_layernorm.weight.device
-        self._k1 = KdaRunner(self._config(), device, q, spec=q > 1, max_rows=max(widths))
+        self._k1 = KdaRunner(
+            self._config(), device, q, spec=q > 1, max_rows=max(widths), runner=runner
+        )
         self._k1.warm()  # compiles and loads every width: before profiling and capture
         weights = {i: k1_weights(layers[i]) for i in self.layers}
         kind = AmdKdaLayer if self.variant == AMD else KdaLayer
         return {
-            w: {i: kind(layers[i], self._k1, w // q, weights[i]) for i in self.layers}
+            w: {
+                i: kind(layers[i], self._k1, w // q, weights[i], i == self.layers[-1])
+                for i in self.layers
+            }
             for w in widths
         }
 
     def step_begin(self, runner: Any) -> None:
-        runner.step_begin()
+        self._k1.step_begin()  # bumps the runner's epoch once; K1's tag slots from 0
 
     def close(self) -> None:
         self._k1 = None

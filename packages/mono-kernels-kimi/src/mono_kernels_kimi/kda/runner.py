@@ -1,20 +1,36 @@
-"""K1's host runner for one rank: builds per width and layer flags, one scratch region,
-argument checks before every launch, `warm()` before graph capture, the error word.
+"""K1's host runner for one rank: builds per width and layer flags, argument checks before
+every launch, `warm()` before graph capture, and the runtime's protocol state.
 
-K1 needs no collective, so the runner needs no peer memory. Its scratch region holds
-the launch's control words, which the kernel leaves zeroed; launches on one stream
-share it (one launch at a time). The scratch can be handed in (e.g. a slice of a
-`mono_runtime` runner's scratch buffer) or is allocated here.
+A LayerRunner (mono_runtime.kernel) on a `MonoRunner`: K1 takes its tickets, tags,
+deadline, health words and alarm words from that runner like every other kernel, so a
+wait that gives up while serving makes the runner's `after_step()` raise MonoFault (on
+every rank: a final launch ends in the TP fault handshake) and its `guard()` poison the
+step's hidden states. K1's scratch (spec's layout, then one done pair per item) is the
+head of the runner's scratch buffer, so the runner's rezero erases its tags too; the
+handshake uses the head of the runner's peer data (`runner_bytes` says how much).
+
+Steps: with the engine's runner (`runner=`), `step_begin()` once per forward bumps its
+epoch (graph-capturable) and each launch of the step takes the next tag slot; the last
+launch of the step passes `final=True`. Without one, the KdaRunner owns a one-rank
+runner and every launch is a step of its own (it bumps the epoch first): what a test or
+benchmark that launches K1 alone wants.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from mono_runtime import protocol as P
+from mono_runtime.errors import MonoFault
+from mono_runtime.health import timeline
+from mono_runtime.kernel import LayerRunner
+from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
 
 from ..config import KimiK3Config
 from . import triton_build
 from .checks import check_args
-from .spec import ARGS, ERROR, MAX_ROWS, K1Build
+from .spec import ARGS, MAX_ROWS, K1Build
 
 
 def default_tiling(cfg: KimiK3Config, device: torch.device) -> dict:
@@ -41,7 +57,6 @@ def default_tiling(cfg: KimiK3Config, device: torch.device) -> dict:
         block_n=block_n,
         block_k=pow2_at_most(cfg.hidden_size, 256),
         block_v=min(16, cfg.kda_head_dim // 2),
-        max_polls=(1 << 22) if device.type == "cuda" else 1000,
     )
 
 
@@ -53,9 +68,9 @@ TILING_MIN = {
     "block_k": 1,
     "block_v": 1,
     "num_warps": 1,
-    "max_polls": 1,
 }
-"""Every tiling keyword and its least value (powers of two and tile limits: K1Build)."""
+"""Every tiling keyword and its least value (powers of two and tile limits: K1Build).
+A wait's bound is the runner's deadline (`MonoRunner.set_deadline`), not a tiling."""
 
 
 def _check_int(what: str, value, low: int) -> None:
@@ -67,8 +82,59 @@ def _check_int(what: str, value, low: int) -> None:
         raise ValueError(f"{what} must be >= {low}, got {value}")
 
 
-class KdaRunner:
-    """K1 launches for steps of `requests` x `L` rows (requests in `widths`)."""
+def _check_shape(cfg: KimiK3Config, L: int, spec: bool, max_rows: int, tiling: dict) -> None:
+    _check_int("L", L, 1)
+    _check_int("max_rows", max_rows, 1)
+    for name, value in tiling.items():
+        if name not in TILING_MIN:
+            known = ", ".join(TILING_MIN)
+            raise ValueError(f"unknown tiling keyword {name!r} (known: {known})")
+        _check_int(name, value, TILING_MIN[name])
+    if not 1 <= L <= max_rows <= MAX_ROWS:
+        raise ValueError(
+            f"L = {L} and max_rows = {max_rows} must satisfy 1 <= L <= max_rows <= {MAX_ROWS}"
+        )
+    if not spec and L != 1:
+        raise ValueError("a plain-decode runner has L = 1")
+
+
+def _builds(cfg: KimiK3Config, L: int, spec: bool, widths, tiling: dict):
+    for r in widths:
+        for delta in (False, True):
+            for write in (False, True):
+                yield K1Build.for_step(
+                    cfg, r, L, spec=spec, delta=delta, write_block=write, **tiling
+                )
+
+
+def runner_bytes(
+    cfg: KimiK3Config,
+    device: torch.device | str,
+    L: int,
+    world: int,
+    *,
+    spec: bool = True,
+    max_rows: int = MAX_ROWS,
+    **tiling,
+) -> tuple[int, int]:
+    """(scratch, peer) bytes the rank's MonoRunner needs for a KdaRunner of these
+    arguments: every build's scratch (the largest) and the handshake's pairs."""
+    _check_shape(cfg, L, spec, max_rows, tiling)
+    tiling = {**default_tiling(cfg, torch.device(device)), **tiling}
+    widths = range(1, max_rows // L + 1)
+    scratch = max(triton_build.scratch_need(b) for b in _builds(cfg, L, spec, widths, tiling))
+    return scratch, triton_build.peer_bytes(world)
+
+
+class KdaRunner(LayerRunner):
+    """K1 launches for steps of `requests` x `L` rows (requests in `widths`).
+
+    `runner`: the rank's MonoRunner (the engine's; every rank of its group builds a
+    KdaRunner on it), sized by `runner_bytes`; None: a one-rank runner of its own with
+    `deadline_ns`. `check_values`: slot and accepted-count values are checked before
+    each launch (one device read: a sync); off for serving, on for tests."""
+
+    _closed_why = "its runner is closed"
 
     def __init__(
         self,
@@ -78,76 +144,96 @@ class KdaRunner:
         *,
         spec: bool = True,
         max_rows: int = MAX_ROWS,
-        scratch: torch.Tensor | None = None,
+        runner: MonoRunner | None = None,
+        deadline_ns: int = DEFAULT_DEADLINE_NS,
         check_values: bool = True,
         **tiling,
     ) -> None:
-        _check_int("L", L, 1)
-        _check_int("max_rows", max_rows, 1)
-        for name, value in tiling.items():
-            if name not in TILING_MIN:
-                known = ", ".join(TILING_MIN)
-                raise ValueError(f"unknown tiling keyword {name!r} (known: {known})")
-            _check_int(name, value, TILING_MIN[name])
-        if not 1 <= L <= max_rows <= MAX_ROWS:
-            raise ValueError(
-                f"L = {L} and max_rows = {max_rows} must satisfy 1 <= L <= max_rows <= {MAX_ROWS}"
-            )
-        if not spec and L != 1:
-            raise ValueError("a plain-decode runner has L = 1")
+        _check_shape(cfg, L, spec, max_rows, tiling)
         self.cfg, self.device, self.L, self.spec = cfg, torch.device(device), L, spec
+        if self.device.type == "cuda" and self.device.index is None:
+            # tensors report an indexed device; "cuda" alone would never compare equal
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.widths = tuple(range(1, max_rows // L + 1))
         self.tiling = {**default_tiling(cfg, self.device), **tiling}
         self._builds: dict[tuple, K1Build] = {}
-        need = max(
-            self.build(r, d, w).scratch_bytes
-            for r in self.widths
-            for d in (False, True)
-            for w in (False, True)
-        )
-        if scratch is None:
-            scratch = torch.zeros(need, dtype=torch.uint8, device=self.device)
-        elif scratch.numel() < need or scratch.dtype != torch.uint8:
-            raise ValueError(
-                f"scratch: {scratch.numel()} bytes of {scratch.dtype}, need {need} uint8"
-            )
-        self.scratch = scratch
-        # Slot and accepted-count values cost a device read (one sync) a launch; the kernel
-        # treats an out-of-range slot as padding either way. Off for serving, on for tests.
+        for b in _builds(cfg, L, spec, self.widths, self.tiling):
+            self._builds[(b.requests, b.delta, b.write_block)] = b
+        need = max(triton_build.scratch_need(b) for b in self._builds.values())
+        self._owns_mono = runner is None
+        if runner is None:
+            peer = triton_build.peer_bytes(1)
+            runner = MonoRunner(self.device, None, 0, 1, need, peer, deadline_ns)
+        else:
+            _check_runner(runner, self.device, need)
+        self.mono = runner
+        self.scratch = runner.scratch[:need]
+        # each launch is a step of its own unless the engine's runner drives the steps
+        self.auto_step = self._owns_mono
+        self._slot = 0
         self.check_values = check_values
+        self._opened()
 
     def build(self, requests: int, delta: bool, write_block: bool) -> K1Build:
         key = (requests, delta, write_block)
         if key not in self._builds:
-            if requests not in self.widths:
-                raise ValueError(
-                    f"requests = {requests}: this runner serves {self.widths} "
-                    f"(rows = requests x {self.L} <= {MAX_ROWS})"
-                )
-            self._builds[key] = K1Build.for_step(
-                self.cfg,
-                requests,
-                self.L,
-                spec=self.spec,
-                delta=delta,
-                write_block=write_block,
-                **self.tiling,
+            raise ValueError(
+                f"requests = {requests}: this runner serves {self.widths} "
+                f"(rows = requests x {self.L} <= {MAX_ROWS})"
             )
         return self._builds[key]
 
-    def __call__(self, requests: int, **step) -> torch.Tensor:
+    # -- protocol (LayerRunner's hooks) ----------------------------------------------------
+    def _step_begin(self) -> None:
+        """Bumps the runner's epoch (graph-capturable); launches take tag slots from 0."""
+        self.mono.step_begin()
+        self._slot = 0
+
+    def _after_step(self) -> None:
+        self.mono.after_step()
+
+    def _reset(self) -> None:
+        """Collective on the runner's group: clears its scratch (K1's with it), tickets,
+        peer buffer, health and tag era."""
+        self.mono.reset()
+        self._slot = 0
+
+    def _inject(self, rank: int | None, delay_ns: int) -> None:
+        """The named rank stalls `delay_ns` (or until an alarm) before the TP fault
+        handshake of each final launch: past the deadline, every rank raises."""
+        self.mono.inject(rank, delay_ns)
+
+    def _release(self) -> None:
+        if self._owns_mono:
+            self.mono.close()
+
+    def guard(self, x: torch.Tensor) -> None:
+        """The runner's device-side fault check: NaN into `x` once any alarm is set."""
+        self._live()
+        self.mono.guard(x)
+
+    # -- launches -------------------------------------------------------------------------
+    def __call__(self, requests: int, *, final: bool = False, **step) -> torch.Tensor:
         """One KDA layer on `step`, the keywords `check_args` takes (prefix, delta, blocks,
         num_blocks, write_idx, weights, conv_state, state, state_indices, num_accepted,
         out), so K1's argument list is written once; updates prefix, blocks, conv_state
         and state in place and writes `out` [rows, local_proj] (o_proj's input).
         `conv_state` is vLLM's conv cache as [slots, dim, state_len] (its SD layout
-        transposed)."""
+        transposed). `final`: the step's last K1 launch, which ends in the TP fault
+        handshake (on the engine's runner: pass it on the last KDA layer)."""
+        self._live()
         _check_int("requests", requests, 1)
         _check_int("K1 argument `num_blocks`", step.get("num_blocks"), 0)
         _check_int("K1 argument `write_idx`", step.get("write_idx"), -1)
+        if not isinstance(final, bool):
+            raise ValueError(f"final must be a bool, got {type(final).__name__} {final!r}")
         build = self.build(requests, step.get("delta") is not None, step["write_idx"] >= 0)
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         check_args(build, **step, scratch=self.scratch, values=self.check_values and not capturing)
+        if self.auto_step:
+            self._step_begin()
+        elif self._slot >= P.SLOTS:
+            raise ValueError(f"more than {P.SLOTS} launches in one step (call step_begin())")
         cfg, w, delta = self.cfg, step["weights"], step["delta"]
         prefix, blocks, conv_state = step["prefix"], step["blocks"], step["conv_state"]
         state, state_indices = step["state"], step["state_indices"]
@@ -187,7 +273,19 @@ class KdaRunner:
             lower_bound=cfg.gate_lower_bound,
         )
         assert tuple(args) == ARGS
+        la, pa = self.mono.launch_args(), self.mono.peer_args()
+        args.update(
+            slot=self._slot,
+            final=final,
+            ctl=la["ctl"],
+            health=la["health"],
+            tickets=la["tickets"],
+            peers=pa["peers"],
+            rank=pa["rank"],
+            world=pa["world"],
+        )
         triton_build.launch(build, args)
+        self._slot += 1
         return step["out"]
 
     def layer_flags(self) -> tuple[tuple[bool, bool], ...]:
@@ -200,23 +298,27 @@ class KdaRunner:
     def warm(self, flags: tuple[tuple[bool, bool], ...] | None = None) -> list[K1Build]:
         """Compile and load every build the model needs (each width x `layer_flags()`, or
         the given (delta, write_block) pairs) by launching it on a padded step: every slot
-        -1, so it writes no cache. Call before memory profiling and graph capture."""
+        -1, so it writes no cache. The launches are one step of their own (it begins it);
+        raises MonoFault if one gave up a wait. Call before memory profiling and graph
+        capture."""
+        self._live()
         cfg, dev = self.cfg, self.device
-        P, H = cfg.local_proj, cfg.hidden_size
+        P_, H = cfg.local_proj, cfg.hidden_size
         weights = {
             "ares_norm": torch.zeros(H, dtype=torch.bfloat16, device=dev),
             "ares_qk": torch.zeros(H, dtype=torch.bfloat16, device=dev),
             "in_norm": torch.zeros(H, dtype=torch.bfloat16, device=dev),
             "in_proj": torch.zeros(cfg.in_proj_rows, H, dtype=torch.bfloat16, device=dev),
-            "f_b": torch.zeros(P, cfg.f_a_dim, dtype=torch.bfloat16, device=dev),
-            "conv": torch.zeros(3 * P, 4, dtype=torch.float32, device=dev),
+            "f_b": torch.zeros(P_, cfg.f_a_dim, dtype=torch.bfloat16, device=dev),
+            "conv": torch.zeros(3 * P_, 4, dtype=torch.float32, device=dev),
             "a_log": torch.zeros(cfg.local_heads, dtype=torch.float32, device=dev),
-            "dt_bias": torch.zeros(P, dtype=torch.float32, device=dev),
+            "dt_bias": torch.zeros(P_, dtype=torch.float32, device=dev),
             "o_norm": torch.zeros(cfg.kda_head_dim, dtype=torch.bfloat16, device=dev),
         }
-        conv_state = torch.zeros(1, 3 * P, 3 + self.L - 1, dtype=torch.bfloat16, device=dev)
+        conv_state = torch.zeros(1, 3 * P_, 3 + self.L - 1, dtype=torch.bfloat16, device=dev)
         state = torch.zeros(1, cfg.local_heads, cfg.kda_head_dim, cfg.kda_head_dim, device=dev)
         warmed = []
+        self.step_begin()
         for r in self.widths:
             S = r * self.L
             shape = (r, self.L) if self.spec else (r,)
@@ -235,30 +337,38 @@ class KdaRunner:
                     state=state,
                     state_indices=idx,
                     num_accepted=acc,
-                    out=torch.empty(S, P, dtype=torch.bfloat16, device=dev),
+                    out=torch.empty(S, P_, dtype=torch.bfloat16, device=dev),
                 )
                 warmed.append(self.build(r, delta, write))
         self.check()
         return warmed
 
-    def error_word(self) -> int:
-        """Bit i set: a stage-i wait gave up (a device read: call outside capture)."""
-        return int(self.scratch[: 4 * (ERROR + 1)].view(torch.int32)[ERROR])
-
     def check(self) -> None:
-        """Raise MonoFault if any launch since the last reset gave up a wait."""
-        err = self.error_word()
-        if err:
-            from mono_runtime.errors import MonoFault
+        """Wait for the device, then raise MonoFault if any launch on the runner since its
+        last reset gave up a wait (the runner's health words, with their timeline). For
+        tests, benchmarks and warm-up: serving reads the same words in `after_step()`,
+        with no sync."""
+        self._live()
+        mono = self.mono
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if int(mono.health[P.H_GIVEUPS]):
+            head, _, body = timeline(
+                mono.rank, mono.health.tolist(), mono.alarms.tolist(), mono.unit
+            ).partition("\n")
+            raise MonoFault(f"K1: {head}; call reset() before the next launch", body)
 
-            from .spec import STAGES
 
-            stages = [s for i, s in enumerate(STAGES) if err >> i & 1]
-            raise MonoFault(
-                f"K1 gave up waiting for stage(s) {', '.join(stages)} "
-                f"(error word {err:#x}); call reset() before the next launch"
-            )
-
-    def reset(self) -> None:
-        """Zero the scratch region (control and error words); no launch may be in flight."""
-        self.scratch.zero_()
+def _check_runner(runner: Any, device: torch.device, need: int) -> None:
+    if not isinstance(runner, MonoRunner):
+        raise ValueError(f"runner: expected a MonoRunner, got {type(runner).__name__}")
+    if runner.closed:
+        raise ValueError("runner: it is closed")
+    if runner.device != device:
+        raise ValueError(f"runner: on {runner.device}, this KdaRunner is on {device}")
+    peer = P.PEER_HEAD + triton_build.peer_bytes(runner.world)
+    if runner.scratch.numel() < need or runner.peer.bytes.numel() < peer:
+        raise ValueError(
+            f"runner: {runner.scratch.numel()} scratch and {runner.peer.bytes.numel()} peer "
+            f"bytes, K1 needs {need} and {peer} (mono_kernels_kimi.kda.runner.runner_bytes)"
+        )

@@ -3,11 +3,18 @@
 The work plan (six stages in one ticket loop) is described in `spec.py`. Each step
 names the vLLM 0.33 function whose numerics it follows; bf16 hand-offs between stock
 kernels are bf16 roundings here too, and split reductions differ only in their order.
-Intra-launch hand-offs go through the scratch region: a release add on the stage's
-done word after a CTA barrier, an acquire poll before reading, L1-bypassing loads of
-anything another program wrote. Every poll is bounded (`max_polls`); a poll that gives
-up sets the stage's bit in the error word (sticky: later polls give up at once) and the
-host raises on it, so a fault never hangs the GPU.
+The protocol is mono_runtime's (`protocol_triton`, imported as `pt`), as in every other
+kernel: tickets come from the runner's counter of the launch's tag slot (`ticket_take`;
+the last taker resets it), an item done is a (tag, 1) pair in the done region past the
+spec's scratch layout (`ticket_finish`, after a CTA barrier), and a stage waits for every
+item of the stage before with one bounded `poll` over their pairs (the runner's deadline,
+watching the alarm words), then reads what they wrote with L1-bypassing loads. A wait that
+gives up sets this rank's alarm word at every peer and records what it waited for in the
+runner's health words: `after_step()` raises MonoFault, `guard()` poisons the step's
+hidden states, and nothing hangs. An item whose wait gave up writes NaN to its output and
+nothing to the caches; every later wait of the step gives up at once (the alarm is set).
+A final launch (the step's last) ends in the TP fault handshake, so that every rank
+records the give-up in the same step; fault injection stalls a rank just before it.
 """
 
 from __future__ import annotations
@@ -16,28 +23,49 @@ import os
 
 import triton
 import triton.language as tl
+from mono_runtime import protocol as P
+from mono_runtime import protocol_triton as pt
+from mono_runtime.kernel import RUNTIME_ARGS
+from mono_runtime.protocol import region_id
 
 from . import spec
-from .spec import K1Build
+from .spec import ALIGN, K1Build
 
 F32 = tl.float32
 BF16 = tl.bfloat16
 # spec's numbers as constexprs the kernel may read
 CTRL_WORDS = tl.constexpr(spec.CTRL_WORDS)
-TICKET = tl.constexpr(spec.TICKET)
-EXITS = tl.constexpr(spec.EXITS)
-DONE0 = tl.constexpr(spec.DONE0)
-ERROR = tl.constexpr(spec.ERROR)
 ROW_TILE = tl.constexpr(spec.ROW_TILE)
+HS_LANES = tl.constexpr(P.MAX_RANKS)  # the handshake's poll covers any world
+
+
+def _items_of(stage: str):
+    return lambda pair: (f"{stage} item {pair} of this rank's launch", None)
+
+
+# Region ids the timeline names: a wait for a stage's items names that stage (the pair is
+# the item's index in it); the handshake's pair p is rank p's.
+REGIONS = {name: region_id(f"kda.{name}", _items_of(name)) for name in spec.STAGES}
+REGIONS["handshake"] = region_id("kda.handshake", lambda pair: (f"from rank {pair}", pair))
+R_ARES = tl.constexpr(REGIONS["ares"])
+R_MIX = tl.constexpr(REGIONS["mix"])
+R_X = tl.constexpr(REGIONS["x"])
+R_PROJ = tl.constexpr(REGIONS["proj"])
+R_KDA = tl.constexpr(REGIONS["kda"])
+R_NORM = tl.constexpr(REGIONS["norm"])
+R_HS = tl.constexpr(REGIONS["handshake"])
+
+# What a launch takes after spec.ARGS: its tag slot, whether it is the step's last, then
+# the runner's words (mono_runtime.kernel.RUNTIME_ARGS, in that order).
+RUNTIME_TYPES = {"slot": "i32", "final": "i1", **{a.name: a.type for a in RUNTIME_ARGS}}
+LAUNCH_ARGS = spec.ARGS + tuple(RUNTIME_TYPES)
 
 
 @triton.jit
 def _rne(x):
     """x rounded to the nearest bf16 (ties to even), kept in fp32: what a bf16 store of
-    a GPU kernel does; the interpreter's own fp32 -> bf16 cast truncates instead."""
-    b = x.to(tl.uint32, bitcast=True)
-    b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
-    return b.to(F32, bitcast=True)
+    a GPU kernel does (the runtime's rounding; the interpreter's own cast truncates)."""
+    return (pt.bf16_bits(x) << 16).to(F32, bitcast=True)
 
 
 @triton.jit
@@ -63,11 +91,11 @@ def _source(ptrs, is_block, prefix_row, cm):
 
 
 @triton.jit
-def _prefetch_rows(in_proj, rows, nm, ctrl, C1: tl.constexpr, HID: tl.constexpr, BK: tl.constexpr):
+def _prefetch_rows(in_proj, rows, nm, x_waiting, junk_word, HID: tl.constexpr, BK: tl.constexpr):
     """While x is not ready yet, stream this item's in_proj rows into L2 (HBM is idle
     during the AttnRes stages). The loads feed a sum that is stored only if it is NaN
     (never, for finite weights), so the compiler keeps them."""
-    if tl.atomic_add(ctrl + DONE0 + 2, 0, sem="relaxed") < C1:
+    if x_waiting:
         junk = tl.zeros((), F32)
         for k0 in range(0, HID, BK):
             kk = k0 + tl.arange(0, BK)
@@ -79,27 +107,34 @@ def _prefetch_rows(in_proj, rows, nm, ctrl, C1: tl.constexpr, HID: tl.constexpr,
             )
             junk += tl.sum(tl.sum(wt.to(F32), axis=1), axis=0)
         if junk != junk:
-            tl.store(ctrl + CTRL_WORDS - 1, 1)
+            tl.store(junk_word, 1)
 
 
 @triton.jit
-def _done(ctrl, word: tl.constexpr):
+def _wait_stage(
+    done,
+    first: tl.constexpr,
+    N: tl.constexpr,
+    N2: tl.constexpr,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    region: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """Wait (bounded: `pt.poll`) until the N items first..first+N-1 of a stage before this
+    one (smaller tickets) are done; then their stores are visible to this program. False:
+    the wait gave up (recorded in health, the alarm set), and so does every later wait
+    of the step. N2: N rounded up to a power of two."""
+    i = tl.arange(0, N2)
+    m = i < N
+    _, ok = pt.poll(done + first + i, m, tag, ctl, health, peers, rank, world, region, 0, CPU)
+    tl.atomic_add(done + first + i, 0, mask=m, sem="acquire", scope="gpu")
     tl.debug_barrier()
-    tl.atomic_add(ctrl + word, 1, sem="release")
-
-
-@triton.jit
-def _wait(ctrl, word: tl.constexpr, target, MAX_POLLS: tl.constexpr):
-    seen = tl.atomic_add(ctrl + word, 0, sem="acquire")
-    err = tl.atomic_add(ctrl + ERROR, 0, sem="relaxed")
-    polls = 0
-    while (seen < target) & (polls < MAX_POLLS) & (err == 0):
-        seen = tl.atomic_add(ctrl + word, 0, sem="acquire")
-        err = tl.atomic_add(ctrl + ERROR, 0, sem="relaxed")
-        polls += 1
-    if seen < target:
-        tl.atomic_or(ctrl + ERROR, tl.full((), 1, tl.int32) << (word - DONE0))
-    tl.debug_barrier()
+    return ok
 
 
 @triton.jit
@@ -226,7 +261,9 @@ def _conv_state_write(
         tl.store(cp + (2 + t) * conv_pos_stride, x, mask=cmask)
 
 
-@triton.jit
+# Integers that vary per launch or per rank are never specialized (a value of 1 or a
+# multiple of 16 would otherwise compile another binary: e.g. one per rank or slot).
+@triton.jit(do_not_specialize=["slot", "final", "rank", "world"])
 def k1_kernel(
     prefix,
     delta,
@@ -260,6 +297,14 @@ def k1_kernel(
     out_eps,
     o_norm_eps,
     lower_bound,
+    slot,
+    final,
+    ctl,
+    health,
+    tickets,
+    peers,
+    rank,
+    world,
     S: tl.constexpr,
     R: tl.constexpr,
     L: tl.constexpr,
@@ -293,15 +338,18 @@ def k1_kernel(
     OFF_X: tl.constexpr,
     OFF_PROJ: tl.constexpr,
     OFF_O: tl.constexpr,
-    NPROG: tl.constexpr,
-    MAX_POLLS: tl.constexpr,
+    OFF_DONE: tl.constexpr,
+    N4P: tl.constexpr,
+    N5P: tl.constexpr,
+    N6P: tl.constexpr,
     PREFETCH: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     P: tl.constexpr = NH * D
     NVC: tl.constexpr = D // BV
     RT: tl.constexpr = ROW_TILE
-    ctrl = scratch.to(tl.pointer_type(tl.int32))
+    junk_word = scratch.to(tl.pointer_type(tl.int32)) + CTRL_WORDS - 1
+    done = (scratch + OFF_DONE).to(tl.pointer_type(tl.int64))  # one (tag, 1) pair per item
     part = (scratch + OFF_PART).to(tl.pointer_type(F32))
     msq = (scratch + OFF_MSQ).to(tl.pointer_type(F32))
     mixbuf = (scratch + OFF_MIXED).to(tl.pointer_type(F32))
@@ -309,8 +357,11 @@ def k1_kernel(
     proj = (scratch + OFF_PROJ).to(tl.pointer_type(BF16))
     obuf = (scratch + OFF_O).to(tl.pointer_type(BF16))
 
-    t = tl.atomic_add(ctrl + TICKET, 1, sem="relaxed")
-    while t < E6:
+    tag = pt.step_tag(ctl, slot)
+    counter = tickets + slot
+    total = E6 + final.to(tl.int32)  # a final launch's last item: the TP fault handshake
+    t = pt.ticket_take(counter, total)
+    while t < total:
         if t < E1:
             # -- 1 ares: `_attn_res_kernel` (nvidia/ops/attn_res.py), per hidden slice --
             cols = t * BH + tl.arange(0, BH)
@@ -336,11 +387,11 @@ def k1_kernel(
                     pp = part + ((s * MAX_SRC + j) * C1P + t) * 2
                     tl.store(pp, tl.sum(v * v, axis=0))
                     tl.store(pp + 1, tl.sum(v * wnq, axis=0))
-            _done(ctrl, DONE0 + 0)
+            pt.ticket_finish(done, t, tag)
         elif t < E2:
             # -- 2 mix: the AttnRes softmax over sources (prefix last), per slice --
             c = t - E1
-            _wait(ctrl, DONE0 + 0, C1, MAX_POLLS)
+            _wait_stage(done, 0, C1, C1P, tag, ctl, health, peers, rank, world, R_ARES, INTERPRET)
             cols = c * BH + tl.arange(0, BH)
             cm = cols < HID
             ci = tl.arange(0, C1P)
@@ -368,11 +419,11 @@ def k1_kernel(
                 mixed = mixed / den
                 tl.store(mixbuf + s * HID + cols, mixed, mask=cm)
                 tl.store(msq + s * C1P + c, tl.sum(tl.where(cm, mixed * mixed, 0.0), axis=0))
-            _done(ctrl, DONE0 + 1)
+            pt.ticket_finish(done, t, tag)
         elif t < E3:
             # -- 3 x: the input RMSNorm (AttnRes APPLY_OUTPUT_NORM) -> bf16 x --
             c = t - E2
-            _wait(ctrl, DONE0 + 1, C1, MAX_POLLS)
+            _wait_stage(done, E1, C1, C1P, tag, ctl, health, peers, rank, world, R_MIX, INTERPRET)
             cols = c * BH + tl.arange(0, BH)
             cm = cols < HID
             ci = tl.arange(0, C1P)
@@ -385,15 +436,16 @@ def k1_kernel(
                 rstd = tl.rsqrt(ssum * (1.0 / HID) + out_eps)
                 mixed = tl.load(mixbuf + s * HID + cols, mask=cm, other=0.0, cache_modifier=".cg")
                 tl.store(xbuf + s * HID + cols, _bf16(mixed * rstd * wn), mask=cm)
-            _done(ctrl, DONE0 + 2)
+            pt.ticket_finish(done, t, tag)
         elif t < E4:
             # -- 4 proj: in_proj_qkvgfab (a bf16 GEMM, fp32 accumulate) --
             n = t - E3
             rows = n * BN + tl.arange(0, BN)
             nm = rows < NP
             if n < PREFETCH:
-                _prefetch_rows(in_proj, rows, nm, ctrl, C1, HID, BK)
-            _wait(ctrl, DONE0 + 2, C1, MAX_POLLS)
+                x_waiting = pt.pair_tag(tl.load(done + E3 - 1, volatile=True)) != tag
+                _prefetch_rows(in_proj, rows, nm, x_waiting, junk_word, HID, BK)
+            _wait_stage(done, E2, C1, C1P, tag, ctl, health, peers, rank, world, R_X, INTERPRET)
             si = tl.arange(0, RT)
             sm = si < S
             acc = tl.zeros((RT, BN), F32)
@@ -417,14 +469,16 @@ def k1_kernel(
             tl.store(
                 proj + si[:, None] * NP + rows[None, :], _bf16(acc), mask=sm[:, None] & nm[None, :]
             )
-            _done(ctrl, DONE0 + 3)
+            pt.ticket_finish(done, t, tag)
         elif t < E5:
             # -- 5 kda: f_b + gate, conv update, l2norm, delta rule on BV state rows --
             u = t - E4
             r = u // (NH * NVC)
             h = (u // NVC) % NH
             vc = u % NVC
-            _wait(ctrl, DONE0 + 3, E4 - E3, MAX_POLLS)
+            ok = _wait_stage(
+                done, E3, E4 - E3, N4P, tag, ctl, health, peers, rank, world, R_PROJ, INTERPRET
+            )
             ibase, cslot, first, islot, conv_ok, live = _slots(
                 state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC, L
             )
@@ -512,9 +566,10 @@ def k1_kernel(
                 val = (val - tl.sum(st * k[None, :], axis=1)) * beta
                 st = st + val[:, None] * k[None, :]
                 o = tl.sum(st * q[None, :], axis=1)
+                o = tl.where(ok, o, float("nan"))
                 tl.store(obuf + s * P + h * D + dv, _bf16(o), mask=allv & live)
                 slot_t = tl.load(ibase + tt).to(tl.int64)
-                ok_t = live & (slot_t > 0) & (slot_t < num_slots)
+                ok_t = live & ok & (slot_t > 0) & (slot_t < num_slots)
                 dst = (
                     state
                     + tl.where(ok_t, slot_t, 0) * state_slot_stride
@@ -524,15 +579,26 @@ def k1_kernel(
                 )
                 tl.store(dst, st, mask=ok_t)
             _conv_state_write(
-                cbase, proj, vch, allv & conv_ok, first, r, conv_dim_stride, conv_pos_stride, L, NP
+                cbase,
+                proj,
+                vch,
+                allv & conv_ok & ok,
+                first,
+                r,
+                conv_dim_stride,
+                conv_pos_stride,
+                L,
+                NP,
             )
-            _done(ctrl, DONE0 + 4)
-        else:
+            pt.ticket_finish(done, t, tag)
+        elif t < E6:
             # -- 6 norm: FusedRMSNormGated(sigmoid) per head; q/k conv state --
             u = t - E5
             r = u // NH
             h = u % NH
-            _wait(ctrl, DONE0 + 4, E5 - E4, MAX_POLLS)
+            ok = _wait_stage(
+                done, E4, E5 - E4, N5P, tag, ctl, health, peers, rank, world, R_KDA, INTERPRET
+            )
             ibase, cslot, first, islot, conv_ok, live = _slots(
                 state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC, L
             )
@@ -543,24 +609,48 @@ def k1_kernel(
                 o6 = tl.load(obuf + s * P + h * D + dk, cache_modifier=".cg").to(F32)
                 g2 = tl.load(proj + s * NP + G_OFF + h * D + dk, cache_modifier=".cg").to(F32)
                 y = o6 * tl.rsqrt(tl.sum(o6 * o6, axis=0) / D + o_norm_eps) * wo * tl.sigmoid(g2)
-                tl.store(out + s * P + h * D + dk, _bf16(tl.where(live, y, 0.0)))
+                y = tl.where(ok, tl.where(live, y, 0.0), float("nan"))
+                tl.store(out + s * P + h * D + dk, _bf16(y))
             cbase = conv_state + cslot * conv_slot_stride
-            allk = (dk < D) & conv_ok
+            allk = (dk < D) & conv_ok & ok
             _conv_state_write(
                 cbase, proj, h * D + dk, allk, first, r, conv_dim_stride, conv_pos_stride, L, NP
             )
             _conv_state_write(
                 cbase, proj, P + h * D + dk, allk, first, r, conv_dim_stride, conv_pos_stride, L, NP
             )
-            _done(ctrl, DONE0 + 5)
-        t = tl.atomic_add(ctrl + TICKET, 1, sem="relaxed")
+            pt.ticket_finish(done, t, tag)
+        else:
+            # -- the TP fault handshake (final launches): every norm item here is done;
+            # tell every rank, hear from every rank. A rank that gave up has set its alarm
+            # here first, so every rank records a give-up in this step. Fault injection
+            # stalls the named rank before its first (here: only) peer store.
+            _wait_stage(
+                done, E5, E6 - E5, N6P, tag, ctl, health, peers, rank, world, R_NORM, INTERPRET
+            )
+            pt.fault_stall(ctl, peers, rank, world, INTERPRET)
+            i = tl.arange(0, HS_LANES)
+            for dst in range(world):
+                pt.publish(pt.peer_data(peers, dst) + rank + i, i, tag, i == 0, "sys")
+            me = pt.peer_data(peers, rank)
+            pt.poll(me + i, i < world, tag, ctl, health, peers, rank, world, R_HS, 0, INTERPRET)
+        t = pt.ticket_take(counter, total)
 
-    # The last program out zeroes the ticket, exit and done words (not the error word).
-    tl.debug_barrier()
-    n_out = tl.atomic_add(ctrl + EXITS, 1, sem="acq_rel")
-    if n_out == NPROG - 1:
-        w = tl.arange(0, CTRL_WORDS)
-        tl.store(ctrl + w, tl.zeros((CTRL_WORDS,), tl.int32), mask=w < ERROR)
+
+def done_bytes(build: K1Build) -> int:
+    """The done region past spec's scratch layout: one int64 (tag, 1) pair per item."""
+    return -(-8 * build.total_items // ALIGN) * ALIGN
+
+
+def scratch_need(build: K1Build) -> int:
+    """Bytes of scratch a launch of `build` uses: spec's layout, then the done pairs."""
+    return build.scratch_bytes + done_bytes(build)
+
+
+def peer_bytes(world: int) -> int:
+    """Bytes of peer data (past the runtime's alarm head) the handshake uses: one pair per
+    rank, at the start of each rank's peer data."""
+    return 8 * world
 
 
 def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
@@ -607,8 +697,10 @@ def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
         OFF_X=lay["x"][0],
         OFF_PROJ=lay["proj"][0],
         OFF_O=lay["o"][0],
-        NPROG=build.programs,
-        MAX_POLLS=build.max_polls,
+        OFF_DONE=build.scratch_bytes,
+        N4P=1 << max(0, (items[3] - 1).bit_length()),
+        N5P=1 << max(0, (items[4] - 1).bit_length()),
+        N6P=1 << max(0, (items[5] - 1).bit_length()),
         PREFETCH=build.prefetch_items,
         INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
     )
@@ -620,9 +712,18 @@ def offsets(build: K1Build) -> tuple[int, int, int]:
 
 
 def launch(build: K1Build, args: dict, num_warps: int | None = None) -> None:
-    """Launch K1 with `args` holding every name of `spec.ARGS` (validated by the caller)."""
+    """Launch K1 with `args` holding every name of `LAUNCH_ARGS`: spec.ARGS (validated by
+    the caller), the tag slot, `final`, and the runner's words (MonoRunner.launch_args()
+    and peer_args(): ctl, health, tickets, peers, rank, world). The scratch must hold
+    `scratch_need(build)` bytes and be zeroed with the runner's (its done pairs are
+    tagged)."""
+    if args["scratch"].numel() < scratch_need(build):
+        raise ValueError(
+            f"K1 argument `scratch`: {args['scratch'].numel()} bytes, a launch of this build "
+            f"needs {scratch_need(build)} (spec's layout and the done pairs)"
+        )
     k1_kernel[(build.programs,)](
-        *(args[name] for name in spec.ARGS),
+        *(args[name] for name in LAUNCH_ARGS),
         **constexprs(build, offsets(build)),
         num_warps=num_warps or build.num_warps,
     )
@@ -667,5 +768,9 @@ def compile_for(build: K1Build, target: str):
     consts = constexprs(build, offsets(build))
     consts["INTERPRET"] = False
     return compile_kernel(
-        k1_kernel, kernel_types(), consts, num_warps=build.num_warps, target=target
+        k1_kernel,
+        {**kernel_types(), **RUNTIME_TYPES},
+        consts,
+        num_warps=build.num_warps,
+        target=target,
     )
