@@ -96,7 +96,7 @@ def test_build_key_and_layouts():
     assert all(a[0] + a[1] <= c[0] for a, c in zip(spans, spans[1:], strict=False)), "overlap"
     assert all(off % 256 == 0 for off, _ in spans)
     assert scratch_bytes(b) >= spans[-1][0] + spans[-1][1]
-    assert lay["done"][1] == 8 * (max_tickets(b) + b.max_slots)
+    assert lay["done"][1] == 8 * (max_tickets(b) + b.max_slots + 1)  # + the route's
     pl = peer_layout(cfg, 4)
     assert pl["ar1"][1] == 4 * 16 * 3072 * 8 and peer_bytes(cfg, 4) > pl["hs"][0]
     for bad, match in (

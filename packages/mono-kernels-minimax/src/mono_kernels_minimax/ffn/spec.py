@@ -10,8 +10,9 @@ One launch, one TP rank, S = 1..16 rows (a decode step), does in this order of t
                          peer region `ar1[src = this rank]`
     seam    S tasks      row s: the ranks' pairs summed in rank order (fp32 -> bf16), + residual
                          in fp32 -> `residual_out` (bf16); Gemma RMSNorm -> scratch `xn`
-    router  RG x RP      16 experts x one K part of the fp32 router GEMV -> `logit[p, s, e]`
-    route   1 task       parts summed in order, sigmoid, + bias, top-k (ties -> lower id, NaN
+    router  RG x RP      16 experts x one K part of the fp32 router GEMV -> `logit[p, s, e]`;
+                         the last router item to finish (a self-resetting counter) routes:
+            (route)      parts summed in order, sigmoid, + bias, top-k (ties -> lower id, NaN
                          last), weights renormalized x routed_scaling_factor; the slot table:
                          slot 0 = the shared expert (id E), slots 1.. = the union of the live
                          rows' experts in ascending id; `wtab[slot, s]` the row's weight (0 when
@@ -27,7 +28,7 @@ One launch, one TP rank, S = 1..16 rows (a decode step), does in this order of t
                          up anywhere in the step has set its alarm here, so every rank records
                          a give-up in the same step
 
-Tasks that others wait on (seam, router, route, final) mark `done[t]` = (tag, 1) with
+Tasks that others wait on (seam, norm, final) mark `done[t]` = (tag, 1) with
 mono_runtime's `ticket_finish`; up tasks count themselves and the last marks `done[ALLUP]`;
 a waiter polls the done pairs of the tickets it needs (all
 smaller than its own) and then acquires them. Tickets come from the runtime's per-slot
@@ -311,7 +312,6 @@ def stages(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int]]:
         ("norm", s * p.seam_chunks),
         ("router", p.router_groups * p.router_parts),
         ("shared-up", p.nc * p.uks0 if shared else 0),
-        ("route", 1),
         ("up", (nslots - (1 if shared else 0)) * p.nc * p.uks),
         ("down", p.down * p.ng),
         ("final", s * p.final),
@@ -327,12 +327,13 @@ def max_tickets(b: FfnBuild) -> int:
 def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     """(offset, bytes) of each region of one width's scratch (this rank only).
 
-    done   pairs[max_tickets + max_slots]: item t's (tag, 1) once ticket t's task
-           finished; then one per slot, once every up item of that slot finished
+    done   pairs[max_tickets + max_slots + 1]: item t's (tag, 1) once ticket t's task
+           finished; then one per slot, once every up item of that slot finished; then
+           the route's, once the last router item routed
     count  int32 counters, each reset by the item that brings it to its end:
            ucount[max_slots * NC] K parts finished per (slot, row block),
            scount[max_slots] row blocks finished per slot, dcount[ND] groups finished per
-           down column block
+           down column block, rcount[1] router items finished
     xs     fp32[S, H]   the seam's new residual in fp32 (seam items -> norm items)
     ssq    fp32[S, seam chunks]  each seam item's sum of squares
     xn     bf16[16, H]  the normed MoE input (rows >= S never read unmasked)
@@ -349,13 +350,13 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     c, p, s = b.cfg, b.plan, b.rows
     h, e, k = c.hidden_size, c.num_experts, c.top_k
     table = 4 + 4 * b.max_slots + 4 * b.max_slots * s + 8 * s * k
-    counters = 4 * (b.max_slots * p.nc + b.max_slots + p.down)
+    counters = 4 * (b.max_slots * p.nc + b.max_slots + p.down + 1)
     block = 4 * 2 * p.bn * s  # one (gate, up) partial
     routed = b.max_slots - (0 if b.experts is Experts.ROUTED else 1)
     upart = block * p.nc * (p.uks0 + (routed * p.uks if p.uks > 1 else 0))
     return _layout(
         [
-            ("done", PAIR * (max_tickets(b) + b.max_slots)),
+            ("done", PAIR * (max_tickets(b) + b.max_slots + 1)),
             ("count", counters),
             ("xs", 4 * s * h),
             ("ssq", 4 * s * p.seam_chunks),

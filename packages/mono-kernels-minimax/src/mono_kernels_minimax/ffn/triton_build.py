@@ -258,7 +258,6 @@ def ffn_kernel(
     RG: tl.constexpr,
     RP: tl.constexpr,
     RK: tl.constexpr,
-    NRTR2: tl.constexpr,
     BN: tl.constexpr,
     NC: tl.constexpr,
     UBK: tl.constexpr,
@@ -312,6 +311,7 @@ def ffn_kernel(
     ucount = (scratch + O_COUNT).to(tl.pointer_type(tl.int32))
     scount = ucount + MAXSLOTS * NC
     dcount = scount + MAXSLOTS
+    rcount = dcount + ND  # router items finished: the last one routes
     upart = (scratch + O_UPART).to(tl.pointer_type(tl.float32))
     dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
     xs = (scratch + O_XS).to(tl.pointer_type(tl.float32))
@@ -328,8 +328,8 @@ def ffn_kernel(
     NORM0: tl.constexpr = NPUSH + S * NCH  # seam items, then norm items, S x NCH each
     ROUTER0: tl.constexpr = NORM0 + S * NCH
     SHUP: tl.constexpr = ROUTER0 + RG * RP  # the shared expert's up items start here
-    ROUTE: tl.constexpr = SHUP + HAS_SHARED * NC * UKS0
-    STATIC: tl.constexpr = ROUTE + 1
+    STATIC: tl.constexpr = SHUP + HAS_SHARED * NC * UKS0  # routed up items start here
+    ROUTED: tl.constexpr = MAXTICKETS + MAXSLOTS  # done item of the route (no ticket of its own)
     tail = ND * NG + S * NF + final  # the handshake task closes final launches
 
     pt.fault_stall(ctl, peers, rank, world, CPU)
@@ -344,7 +344,7 @@ def ffn_kernel(
             t_begin = pt.clock(0, CPU)
         if (t >= STATIC) & (routed == 0):
             nslots = _slot_count(
-                done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+                done, nslots_p, ROUTED, MAXSLOTS, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
             total = STATIC + (nslots - HAS_SHARED) * NROUTED + tail
             routed = t * 0 + 1
@@ -436,10 +436,33 @@ def ffn_kernel(
             tl.store(
                 logit + (part_k * S + rows[:, None]) * E + ex[None, :], acc, mask=rows[:, None] < S
             )
-            pt.ticket_finish(done, t, tag)
-        elif t < ROUTE:
+            # the last router item to finish routes: no hand-off to a route task to notice
+            tl.debug_barrier()
+            if tl.atomic_add(rcount, 1, sem="acq_rel", scope="gpu") == RG * RP - 1:
+                tl.atomic_xchg(rcount, 0, sem="relaxed", scope="gpu")
+                _route(
+                    logit,
+                    bias,
+                    slots,
+                    nslots_p,
+                    slot_e,
+                    wtab,
+                    scratch,
+                    S,
+                    E,
+                    K,
+                    RP,
+                    T_IDS,
+                    T_TOPW,
+                    O_TABLE,
+                    SUBSET,
+                    RSF,
+                    RT,
+                )
+                pt.ticket_finish(done, ROUTED, tag)
+        elif t < STATIC:
             # the shared expert's up items: no routing needed, so they stream while the
-            # router and the route task run; their weights are asked for before xn exists
+            # router items route; their weights are asked for before xn exists
             u = t - SHUP
             c = u // UKS0
             kp = u % UKS0
@@ -473,30 +496,6 @@ def ffn_kernel(
                 BETA,
                 LIMIT,
             )
-        elif t < STATIC:
-            _wait_items(
-                done, ROUTER0, RG * RP, NRTR2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
-            )
-            _route(
-                logit,
-                bias,
-                slots,
-                nslots_p,
-                slot_e,
-                wtab,
-                scratch,
-                S,
-                E,
-                K,
-                RP,
-                T_IDS,
-                T_TOPW,
-                O_TABLE,
-                SUBSET,
-                RSF,
-                RT,
-            )
-            pt.ticket_finish(done, t, tag)
         else:
             u = t - STATIC
             nup = (nslots - HAS_SHARED) * NROUTED
@@ -650,7 +649,7 @@ def ffn_kernel(
     if (routed == 0) & (t >= STATIC):
         # this program's only draw was past the upper bound: it may still be the last taker
         nslots = _slot_count(
-            done, nslots_p, ROUTE, MAXSLOTS, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            done, nslots_p, ROUTED, MAXSLOTS, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
         )
         _reset_if_last(counter, t, STATIC + (nslots - HAS_SHARED) * NROUTED + tail)
 
@@ -777,7 +776,8 @@ def _slot_count(
     region,
     CPU: tl.constexpr,
 ):
-    """The route task's slot count (waits for the route item, a smaller ticket)."""
+    """The route's slot count (waits for the route's done item, set by the last router
+    item, a smaller ticket)."""
     _wait_items(done, ROUTE, 1, 1, tag, ctl, health, peers, rank, world, region, CPU)
     return tl.minimum(tl.maximum(tl.load(nslots_p, volatile=True), 0), MAXSLOTS).to(tl.int64)
 
@@ -820,8 +820,11 @@ def _route(
     rmask = rows < S
     lg = tl.zeros((RT, E), tl.float32)
     for p in tl.static_range(RP):  # unrolled: the parts' loads fly together, summed in order
-        lg += tl.load(
-            logit + (p * S + rows[:, None]) * E + ex[None, :], mask=rmask[:, None], other=0.0
+        lg += tl.load(  # other programs' stores: past L1 (the last router item routes)
+            logit + (p * S + rows[:, None]) * E + ex[None, :],
+            mask=rmask[:, None],
+            other=0.0,
+            volatile=True,
         )
     score = tl.sigmoid(lg)
     key = score + tl.load(bias + ex)[None, :]
@@ -901,7 +904,6 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         RG=p.router_groups,
         RP=p.router_parts,
         RK=p.router_k,
-        NRTR2=_p2(p.router_groups * p.router_parts),
         BN=p.bn,
         NC=p.nc,
         UBK=p.ubk,
