@@ -115,18 +115,19 @@ def test_minimax_takes_the_sparse_moe_layers_and_reads_vllms_weights(tree):
     )
 
 
-def test_minimax_refusals():
+@pytest.mark.parametrize("tree", TREES)
+def test_minimax_refusals(tree):
     family = MiniMaxFfnKernels(
-        minimax_backbone(scoring_func="softmax", hidden_act="gelu"), DEPLOY, 0, 1
+        minimax_backbone(tree=tree, scoring_func="softmax", hidden_act="gelu"), DEPLOY, 0, 1
     )
     assert family.check()[:2] == [
         "activation gelu (kernel: swigluoai)",
         "router softmax (kernel: sigmoid)",
     ]
-    backbone = minimax_backbone()
+    backbone = minimax_backbone(tree=tree)
     backbone.aux_hidden_state_layers = (1,)
     assert MiniMaxFfnKernels(backbone, DEPLOY, 0, 1).check() == ["EAGLE-3 auxiliary hidden states"]
-    family = MiniMaxFfnKernels(minimax_backbone(), DEPLOY, 0, 2)  # weights of TP 1 at TP 2
+    family = MiniMaxFfnKernels(minimax_backbone(tree=tree), DEPLOY, 0, 2)  # TP 1's weights
     (reason,) = family.check()
     assert reason.startswith("loaded weights: weights.w13: shape"), reason
 
@@ -273,13 +274,14 @@ def test_kimi_takes_the_kda_layers(tree):
     assert family.kv_key() == family.backbone.layers[0].self_attn.kv_cache[1].data_ptr()
 
 
-def test_kimi_refusals():
-    family = KimiKdaKernels(kimi_backbone(use_full_rank_gate=False), DEPLOY, 0, 3)
+@pytest.mark.parametrize("tree", TREES)
+def test_kimi_refusals(tree):
+    family = KimiKdaKernels(kimi_backbone(tree=tree, use_full_rank_gate=False), DEPLOY, 0, 3)
     assert family.check() == ["KDA without the full-rank gate", "KDA heads not split over TP 3"]
-    family = KimiKdaKernels(kimi_backbone(in_proj_rows=100), DEPLOY, 0, 1)
+    family = KimiKdaKernels(kimi_backbone(in_proj_rows=100, tree=tree), DEPLOY, 0, 1)
     (reason,) = family.check()
     assert reason.startswith("loaded weights: in_proj has 100 rows, K1 expects"), reason
-    family = KimiKdaKernels(kimi_backbone(conv_dtype=torch.float16), DEPLOY, 0, 1)
+    family = KimiKdaKernels(kimi_backbone(conv_dtype=torch.float16, tree=tree), DEPLOY, 0, 1)
     assert family.kv_check() == ["KDA conv state dtype torch.float16: needs bf16"]
 
 
