@@ -41,15 +41,26 @@ _W_LATE = tl.constexpr(2)
 _W_ALARM = tl.constexpr(3)
 
 
+@tl.core.extern
+def _device_ns(_semantic=None):
+    """The device's ns clock for the target being compiled: `%globaltimer` on NVIDIA, the
+    100 MHz `s_memrealtime` counter x 10 on AMD (chosen from the compile's own target, so
+    an ahead-of-time gfx950 compile on a machine without a GPU gets the AMD clock)."""
+    from triton.language.extra.cuda import globaltimer
+    from triton.language.extra.hip import memrealtime
+
+    if str(_semantic.builder.options.arch).startswith("gfx"):
+        return memrealtime(_semantic=_semantic).__mul__(10, _semantic=_semantic)
+    return globaltimer(_semantic=_semantic)
+
+
 @triton.jit
 def clock(it, CPU: tl.constexpr):
-    """The device clock in ns (`%globaltimer`), or the poll count `it` under the interpreter."""
+    """The device clock in ns, or the poll count `it` under the interpreter."""
     if CPU:
         return tl.cast(it, tl.int64)
     else:
-        return tl.inline_asm_elementwise(
-            "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
-        )
+        return _device_ns()
 
 
 @triton.jit
