@@ -24,18 +24,25 @@ def test_registered_with_the_real_model_as_example():
 
 
 def test_the_spec_is_the_kernels_argument_list():
-    assert K1Triton.spec.names == spec.ARGS
-    types = triton_build.kernel_types()
+    assert K1Triton.spec.names == triton_build.LAUNCH_ARGS
+    assert K1Triton.spec.names[: len(spec.ARGS)] == spec.ARGS
+    types = {**triton_build.kernel_types(), **triton_build.RUNTIME_TYPES}
     assert all(a.type == types[a.name] for a in K1Triton.spec.args if a.name != "o_norm")
     assert K1Triton.spec.by_name["o_norm"].type == "*"  # bf16 or fp32 (checks.py)
 
 
-DTYPES = {"*bf16": torch.bfloat16, "*fp32": torch.float32, "*i32": torch.int32, "*u8": torch.uint8}
+DTYPES = {
+    "*bf16": torch.bfloat16,
+    "*fp32": torch.float32,
+    "*i32": torch.int32,
+    "*i64": torch.int64,
+    "*u8": torch.uint8,
+}
 
 
 def _args():
     """Placeholder values of the spec's types: what a launch's checks look at."""
-    scalars = {"fp32": 1e-6, "i32": 1}
+    scalars = {"fp32": 1e-6, "i32": 1, "i64": 0, "i1": False}
     return {
         a.name: scalars[a.type]
         if a.type in scalars

@@ -1,20 +1,21 @@
 """K1 on mono_runtime's Build interface, registered for `mono qualify` and `mono bench`:
 the Triton build (every GPU and the CPU interpreter; compiled ahead of time for sm_90).
 
-A first step: KdaRunner still launches through triton_build itself (K1 moves onto the
-Build interface and LayerRunner in its own issue); what is here is the spec of a launch,
-the compile check and a `launch` / `warm` that take spec.ARGS by name.
+A first step: KdaRunner still launches through triton_build itself (K1 launches through
+this Build in its own issue); what is here is the spec of a launch (spec.ARGS, the tag
+slot, `final`, then the runtime's words), the compile check and a `launch` / `warm` that
+take those by name.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mono_runtime.kernel import Arg, Build, Compiled, KernelSpec
+from mono_runtime.kernel import RUNTIME_ARGS, Arg, Build, Compiled, KernelSpec
 from mono_runtime.kernel.registry import register
 
 from ..config import KimiK3Config
-from . import spec, triton_build
+from . import triton_build
 from .spec import K1Build
 
 DOCS = {
@@ -57,9 +58,15 @@ SPEC = KernelSpec(
     tuple(
         Arg(name, "*" if name == "o_norm" else kind, DOCS[name], LAYOUTS.get(name, ""))
         for name, kind in triton_build.kernel_types().items()
-    ),
+    )
+    + (
+        Arg("slot", "i32", "the launch's tag slot in the step (0..255)"),
+        Arg("final", "i1", "the step's last K1 launch: it ends in the TP fault handshake"),
+    )
+    + RUNTIME_ARGS,
 )
-"""K1's launch, spec.ARGS in order (o_norm: bf16 or fp32, a second specialization)."""
+"""K1's launch, triton_build.LAUNCH_ARGS in order (o_norm: bf16 or fp32, a second
+specialization)."""
 
 
 @register
@@ -90,7 +97,7 @@ class K1Triton(Build):
             return
         b = self.key
         triton_build.k1_kernel.warmup(
-            *(args[name] for name in spec.ARGS),
+            *(args[name] for name in triton_build.LAUNCH_ARGS),
             grid=(programs,),
             **triton_build.constexprs(b, triton_build.offsets(b)),
             num_warps=b.num_warps,
