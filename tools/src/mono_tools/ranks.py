@@ -168,8 +168,10 @@ class RankProcesses:
                     return got, problem
                 continue
             if any(r not in got for r in self.exited()):
-                # the pipe may still hold a dead rank's last words: read them before judging
-                while (event := self.next_event(1.0)) is not None:
+                # the pipe may still hold a dead rank's last words, and a living rank's answer
+                # may still be on its way (a loaded machine): read until the living have
+                # answered or the deadline passed, then until the pipe is quiet for 1 s
+                while (event := self.next_event(self._drain_wait(got, deadline))) is not None:
                     if problem := take(event):
                         return got, problem
                 dead = {r: c for r, c in self.exited().items() if r not in got}
@@ -180,6 +182,12 @@ class RankProcesses:
                 silent = ", ".join(str(r) for r in range(self.world) if r not in got)
                 return got, f"no answer from rank(s) {silent} within {timeout_s:.0f} s (hang)"
         return got, ""
+
+    def _drain_wait(self, got: dict[int, dict], deadline: float) -> float:
+        """How long to wait for the next event once a rank has ended without answering."""
+        ended = self.exited()
+        living = [r for r in range(self.world) if r not in got and r not in ended]
+        return max(1.0, deadline - time.monotonic()) if living else 1.0
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Let workers finish for `grace_s`, then terminate, then kill: never leave one behind."""
