@@ -10,8 +10,9 @@ MXFP4 decode (``mxfp4-rot``, see `layout`): a 32-bit word of eight codes gives f
 pairs, each a rotation and a mask (the last two of each), which are the e2m1 values times
 2^-126 (0.5 lands on the subnormal 2^-127); each pair is multiplied by the e8m0 scale times
 2^(126 - MX_LIFT) in bf16 and the fp32 result by 2^MX_LIFT: every product is exact for
-e8m0 codes 58..254 (scales 2^-69 to 2^127; a code of 255, OCP's NaN, gives inf as the
-checkpoint reading does). On the GPU the decode and the scaling are one inline-PTX block
+e8m0 codes 58..191 (scales 2^-69 to 2^64, far wider than any checkpoint's); the lifted
+scale of a larger code is past bf16 and reads as inf (the checkpoint reading gives inf
+only for 255, OCP's NaN). On the GPU the decode and the scaling are one inline-PTX block
 per word (13 instructions per 8 values) and Triton loads the words straight into the dot's
 register operand (ldmatrix): no shared-memory round trip for the decoded tile. Under the
 interpreter the same bits come from plain integer ops and fp32 products, rounded once.
@@ -81,14 +82,14 @@ def mx_rot_tile(
     permuted, output i's eight values are columns 8 i .. 8 i + 7 of their group."""
     G: tl.constexpr = BK // 32
     g = tl.arange(0, G)
-    sc = mx_scale(tl.load(ws + r[:, None] * (KROW // 32) + (k0 // 32 + g)[None, :]), CPU)
+    raw = tl.load(ws + r[:, None] * (KROW // 32) + (k0 // 32 + g)[None, :])
     if ASM and not CPU:
         q = tl.load(
             w.to(tl.pointer_type(tl.int16))
             + r[:, None, None] * (KROW // 4)
             + (k0 // 4 + g[None, :, None] * 8 + tl.arange(0, 8)[None, None, :])
         )
-        s2 = tl.broadcast_to(sc[:, :, None], (BN, G, 8))
+        s2 = tl.broadcast_to(mx_scale(raw, CPU)[:, :, None], (BN, G, 8))
         p0, p1, p2, p3 = tl.inline_asm_elementwise(
             _MX_ROT_PTX,
             "=r,=r,=r,=r,r,r",
@@ -105,7 +106,7 @@ def mx_rot_tile(
         )
         m = 0x81C081C0
         t3 = (_rotr(q, 14) & 0x00400040) | (_rotr(q, 6) & 0x81808180)
-        s2 = sc[:, :, None].to(tl.float32)
+        s2 = mx_scale(raw, CPU)[:, :, None].to(tl.float32)
         p0 = _lanes(q & m, s2, BN, G)
         p1 = _lanes(_rotr(q, 4) & m, s2, BN, G)
         p2 = _lanes(_rotr(q, 10) & m, s2, BN, G)
