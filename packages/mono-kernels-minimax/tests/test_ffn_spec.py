@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from mono_kernels_minimax.config import MiniMaxM3Config
@@ -207,6 +209,11 @@ def test_pack_converts_in_place_and_dense_reads_either_layout():
     w = random_weights(cfg, 1, WeightFormat.MXFP4, seed=4)
     before = {n: w.dense(n) for n in ("w13", "w2")}
     raw13 = w.w13.clone()
+    big = w.w2_scale.clone()
+    big[0, 0, 0] = 192
+    with pytest.raises(ValueError, match="w2_scale: e8m0 code 192"):
+        replace(w, w2_scale=big).packed(True)
+    assert torch.equal(w.w13, raw13), "refused before anything was converted"
     p = w.packed(True)
     assert p.rot
     assert p.w13 is w.w13 and not torch.equal(p.w13, raw13), "converted in place"

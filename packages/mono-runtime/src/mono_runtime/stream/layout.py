@@ -25,6 +25,7 @@ import torch
 
 MX_GROUP = 32
 FP8_BLOCK = 128
+ROT_SCALE_MAX = 191  # the largest e8m0 code the mxfp4-rot decode scales exactly (2^64)
 
 
 class StreamFormat(enum.IntEnum):
