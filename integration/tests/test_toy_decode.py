@@ -111,20 +111,25 @@ class ToyK1Kernels:
         return []
 
     def runner_bytes(self, widths):
-        return 8, 8
+        from mono_kernels_kimi.kda.runner import runner_bytes
+
+        m = self.model
+        return runner_bytes(m.cfg, m.device, 1, 1, spec=False, max_rows=max(widths))
 
     def build(self, runner, widths):
         from mono_kernels_kimi.kda.runner import KdaRunner
 
         m = self.model
-        self.k1 = KdaRunner(m.cfg, m.device, 1, spec=False, max_rows=max(widths))
+        # on the executor's runner, as the plugin does: a K1 give-up reaches after_step
+        self.k1 = KdaRunner(m.cfg, m.device, 1, spec=False, max_rows=max(widths), runner=runner)
         self.k1.warm()
 
         def kernel_at(width):
             def kernel(i, prefix, delta, blocks, caches):
                 out = torch.empty(width, m.cfg.local_proj, dtype=torch.bfloat16, device=m.device)
                 args = m.layer_args(i, prefix, delta, blocks, caches)
-                return self.k1(width, weights=m.weights[i], out=out, **args)
+                final = i == self.layers[-1]
+                return self.k1(width, weights=m.weights[i], out=out, final=final, **args)
 
             return dict.fromkeys(self.layers, kernel)
 
