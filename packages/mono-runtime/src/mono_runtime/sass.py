@@ -40,18 +40,35 @@ def sass_of(kernel: Any) -> str:
         ).stdout
 
 
-def hot_loop(sass: str) -> list[str]:
-    """Instructions of the largest loop: from a backward branch's target to the branch."""
+def loops(sass: str) -> list[list[str]]:
+    """Instructions of every innermost loop (from a backward branch's target to the branch,
+    holding no other such span), largest first."""
     ins = [
         (int(m.group(1), 16), m.group(2).strip()) for m in map(_LINE.match, sass.splitlines()) if m
     ]
-    best: list[str] = []
+    spans = []
     for addr, text in ins:
         m = _BRANCH.search(text)
         if m and int(m.group(1), 16) < addr:
-            body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
-            best = body if len(body) > len(best) else best
-    return best
+            spans.append((int(m.group(1), 16), addr))
+    inner = [a for a in spans if not any(b != a and a[0] <= b[0] and b[1] <= a[1] for b in spans)]
+    return sorted(([t for x, t in ins if lo <= x <= hi] for lo, hi in inner), key=len, reverse=True)
+
+
+def hot_loop(sass: str) -> list[str]:
+    """The largest innermost loop's instructions (empty without a loop)."""
+    found = loops(sass)
+    return found[0] if found else []
+
+
+_WGMMA = re.compile(r"HGMMA\.(\d+)x\d+x(\d+)")
+
+
+def wgmma_values(body: list[str], warps: int) -> int:
+    """Weight values a trip of `body` feeds the tensor cores as the wgmma A operand: M x K
+    of each HGMMA, once per warpgroup."""
+    per = sum(int(m.group(1)) * int(m.group(2)) for m in map(_WGMMA.search, body) if m)
+    return per * max(warps // 4, 1)
 
 
 @dataclass(frozen=True)
@@ -69,12 +86,18 @@ class LoopCost:
         return f"{self.instructions} instr/warp/trip, {self.per_value:.3f} per value ({top})"
 
 
-def loop_cost(kernel: Any, values_per_trip: int) -> LoopCost:
-    """Cost of `kernel`'s hot loop when one trip consumes `values_per_trip` weight values
-    across its warps (a GEMV step: BN x BK)."""
-    body = hot_loop(sass_of(kernel))
+def loop_cost(
+    kernel: Any, values_per_trip: int | None = None, body: list[str] | None = None
+) -> LoopCost:
+    """Cost of `kernel`'s hot loop (or of `body`, one of its `loops`) when one trip consumes
+    `values_per_trip` weight values across its warps (a GEMV step: BN x BK; default: the
+    trip's wgmma A operands)."""
+    body = hot_loop(sass_of(kernel)) if body is None else body
     if not body:
         raise ValueError("no loop in the kernel's SASS")
-    ops = collections.Counter(_GUARD.sub("", t).split()[0].split(".")[0] for t in body)
     warps = kernel.metadata.num_warps
-    return LoopCost(len(body), len(body) * warps / values_per_trip, dict(ops))
+    values = wgmma_values(body, warps) if values_per_trip is None else values_per_trip
+    if not values:
+        raise ValueError("the loop feeds no wgmma: give values_per_trip")
+    ops = collections.Counter(_GUARD.sub("", t).split()[0].split(".")[0] for t in body)
+    return LoopCost(len(body), len(body) * warps / values, dict(ops))

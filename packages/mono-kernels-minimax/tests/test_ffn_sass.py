@@ -1,0 +1,47 @@
+"""The FFN's compiled expert streams stay as cheap as the engine's GEMV (sm_90 SASS, no GPU):
+the packed MXFP4 decode must not fall back to a shared-memory round trip or byte repacking
+inside the persistent kernel, where register pressure could push it there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def costs() -> list:
+    """(warp-instructions per value, opcodes) of each innermost loop feeding wgmmas, of
+    the real TP4 rank's MXFP4 build at S = 1."""
+    from mono_kernels_minimax.config import MiniMaxM3Config
+    from mono_kernels_minimax.ffn import triton_build
+    from mono_kernels_minimax.ffn.spec import FfnBuild
+    from mono_runtime.sass import loop_cost, loops, sass_of, wgmma_values
+
+    k = triton_build.compile_for(FfnBuild(MiniMaxM3Config(), 1, 4), "sm90")
+    out = []
+    for body in loops(sass_of(k)):
+        if wgmma_values(body, k.metadata.num_warps):
+            c = loop_cost(k, body=body)
+            out.append((c.per_value, c.opcodes))
+    return out
+
+
+@pytest.mark.timeout(400)
+def test_mxfp4_expert_streams_are_cheap():
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    run = subprocess.run(
+        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=380
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    mxfp4 = [(v, ops) for v, ops in found if ops.get("HMUL2")]  # the decoding loops
+    assert len(mxfp4) >= 2, found  # up (gate + up rows) and down
+    for per_value, ops in mxfp4:
+        assert per_value <= 0.11 and "STS" not in ops, (per_value, ops)
+
+
+if __name__ == "__main__":
+    print(json.dumps(costs()))
