@@ -4,7 +4,7 @@ The FFN of triton_build.py's first plan, from the same spec (spec.py): the same 
 scratch and peer layouts, argument list, tags and health records (through
 mono_runtime.flydsl.protocol, the FlyDSL twin of the Triton helpers). It has not moved to
 the Triton build's streaming plan (split-K up items, per-slot hand-offs, grouped down
-items, mxfp4-s{bk} weights): its tickets are push, seam, router, route, then NC up tasks
+items, mxfp4-rot weights): its tickets are push, seam, router, route, then NC up tasks
 per slot (IC = the plan's BN rows over all of K), ND down tasks over every slot, final,
 handshake; its MXFP4 experts stay in the checkpoint's mxfp4-k32 layout (FfnRunner.pack
 leaves them). A grid of GRID programs of THREADS lanes draws tickets.

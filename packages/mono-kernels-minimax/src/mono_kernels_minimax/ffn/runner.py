@@ -135,7 +135,7 @@ class FfnRunner(LayerRunner):
                 else torch.cuda.get_device_properties(self.device).multi_processor_count
             )
         self.programs = programs
-        # the expert layout the build streams: mxfp4-s{bk} for the Triton build's MXFP4
+        # the expert layout the build streams: mxfp4-rot for the Triton build's MXFP4
         self.rot = self.build_name != "flydsl" and self.builds[self.widths[0]].rot
         self._slot = 0
         self._opened()

@@ -75,7 +75,7 @@ class FfnBuild:
     weights: WeightFormat = WeightFormat.MXFP4
     experts: Experts = Experts.ALL
     timeline: bool = False
-    packed: bool = True  # MXFP4: stream mxfp4-s{bk} (False: the checkpoint's mxfp4-k32)
+    packed: bool = True  # MXFP4: stream mxfp4-rot (False: the checkpoint's mxfp4-k32)
 
     def __post_init__(self):
         c = self.cfg
@@ -159,13 +159,13 @@ class TaskPlan:
     router_k: int  # columns of one part
     bn: int  # gate (and up) rows of one up item
     nc: int  # up row blocks per slot
-    ubk: int  # K step of a routed expert's up stream (mxfp4-s{ubk})
+    ubk: int  # K step of a routed expert's up stream
     uks: int  # K parts of a routed expert's up rows
     ubk0: int  # K step of the shared expert's up stream
     uks0: int  # K parts of the shared expert's up rows
     dc: int  # output rows of a down item
     down: int  # ND: column blocks of the down stage
-    dbk: int  # K step of a routed expert's down stream (mxfp4-s{dbk})
+    dbk: int  # K step of a routed expert's down stream
     dbk0: int  # K step of the shared expert's down stream
     ng: int  # slot groups of the down stage
     final: int

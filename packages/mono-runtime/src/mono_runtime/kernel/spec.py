@@ -38,7 +38,7 @@ class Arg:
     name: str
     type: str | type  # see the module docstring
     doc: str
-    layout: str = ""  # the named layout of the memory (e.g. "mxfp4-s256", "bf16 pairs")
+    layout: str = ""  # the named layout of the memory (e.g. "mxfp4-rot", "bf16 pairs")
 
     def __post_init__(self) -> None:
         t = self.type
