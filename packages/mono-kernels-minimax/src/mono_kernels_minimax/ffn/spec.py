@@ -4,12 +4,15 @@ Every build (Triton here, FlyDSL in flydsl_build.py) implements this spec; the r
 the tests read only this module. Pure Python: a CPU can check every layout.
 
 One launch, one TP rank, S = 1..16 rows (a decode step), does in this order of tasks
-(tickets; a task waits only on tasks of smaller tickets or on peers' pushes):
+(tickets, `stages` below; a task waits only on tasks of smaller tickets or on peers'
+pushes, so the launch finishes at any residency):
 
     push    PUSH tasks   this rank's unreduced o_proj partial, bf16 pairs -> every rank's
                          peer region `ar1[src = this rank]`
-    seam    S tasks      row s: the ranks' pairs summed in rank order (fp32 -> bf16), + residual
-                         in fp32 -> `residual_out` (bf16); Gemma RMSNorm -> scratch `xn`
+    seam    S x NCH      row s, one column chunk: the ranks' pairs summed in rank order
+                         (fp32 -> bf16), + residual in fp32 -> `residual_out` (bf16), `xs`,
+                         and the chunk's sum of squares
+    norm    S x NCH      row s, one column chunk: Gemma RMSNorm over the row's sums -> `xn`
     router  RG x RP      16 experts x one K part of the fp32 router GEMV -> `logit[p, s, e]`;
                          the last router item to finish (a self-resetting counter) routes:
             (route)      parts summed in order, sigmoid, + bias, top-k (ties -> lower id, NaN
@@ -18,22 +21,27 @@ One launch, one TP rank, S = 1..16 rows (a decode step), does in this order of t
                          rows' experts in ascending id; `wtab[slot, s]` the row's weight (0 when
                          the row does not use it; padding rows use none). ROUTED builds have no
                          shared slot, SHARED builds only it.
-    up      nslots x NC  slot j, IC gate + IC up rows of w13: SwiGLU-OAI -> bf16 `mid[j, s, :]`
-                         (dynamic: tickets past nslots * NC belong to the next stages)
-    down    ND tasks     DC output columns over every slot in slot order, weighted by `wtab`,
-                         fp32, rounded to bf16 -> every rank's `ar2[src = this rank]`
-    final   S x NF tasks row s, FC columns: the ranks' partials in rank order -> `out` (bf16)
+    shared  NC x UKS0    the shared expert's up items (no routing needed: they stream while
+                         the router routes), as `up`
+    up      routed slots x NC x UKS  slot j, BN gate + BN up rows of w13, one K part; the
+                         last part of a row block sums the parts in order, applies SwiGLU-OAI
+                         -> bf16 `mid[j, s, :]` (dynamic: tickets past the routed slots'
+                         belong to the next stages)
+    down    ND x NG      DC output columns over slot group q, each slot as soon as its up
+                         items are done, weighted by `wtab`; the last group sums the groups
+                         in order, rounds to bf16 -> every rank's `ar2[src = this rank]`
+    final   S x NF       row s, FC columns: the ranks' partials in rank order -> `out` (bf16)
     hs      1 task       final launches only: after every final task, a pair to every rank's
                          `hs[this rank]`, then a poll of its own `hs[0..tp)`: a rank that gave
                          up anywhere in the step has set its alarm here, so every rank records
                          a give-up in the same step
 
 Tasks that others wait on (seam, norm, final) mark `done[t]` = (tag, 1) with
-mono_runtime's `ticket_finish`; up tasks count themselves and the last marks `done[ALLUP]`;
-a waiter polls the done pairs of the tickets it needs (all
-smaller than its own) and then acquires them. Tickets come from the runtime's per-slot
-counter (`tickets[slot]`); programs that drew before the route task's slot count was known
-learn it, and the launch's last taker resets the counter.
+mono_runtime's `ticket_finish`; the up items of a slot count themselves and the last marks
+that slot's done pair (past the tickets), the routing router item the route's; a waiter
+polls the done pairs it needs (all set by smaller tickets) and then acquires them. Tickets
+come from the runtime's per-slot counter (`tickets[slot]`); programs that drew before the
+route's slot count was known learn it, and the launch's last taker resets the counter.
 
 Peer regions are sized for 16 rows so that every width shares them; one buffer suffices
 (no parity): a rank cannot push launch n+1's `ar1` before every peer finished reading launch
