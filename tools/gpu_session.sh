@@ -4,9 +4,9 @@
 # (phase 1) runs the GPU tests and `mono qualify` in parallel (they are compile-bound;
 # their timings mean nothing) while the benchmarks' kernels compile; part "bench"
 # (phase 2) runs `mono bench` one kernel at a time on a quiet GPU; part "tune" times the
-# tuning tables (engine GEMV variants, FFN layouts and tiles, timelines). Logs go to one
-# archive and the plots/JSON beside it, so few files land in $OUT.
-# Usage (repo root): OUT=dir tools/gpu_session.sh [check+bench | tune | all]
+# tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
+# Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
+# Usage (repo root): OUT=dir tools/gpu_session.sh [check+bench | tune | tiles | all]
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -47,10 +47,15 @@ if [[ $PART == tune || $PART == all ]]; then
     # checkpoint layout), the FFN on both MXFP4 layouts and 8-warp tiles, one timeline.
     step gemv-variants 200 python3 -m mono_runtime.stream.bench --variants --rows 1,16 \
         --json "$LOG/bench/gemv-variants.json"
-    step tune-ffn 250 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
-        --layouts rot,k32 --variants "|warps=8|warps=8,bn=128"
+    step tune-ffn 200 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
+        --layouts rot,k32
     step timeline-ffn 120 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"
+fi
+if [[ $PART == tiles || $PART == all ]]; then
+    # FFN tiles on mxfp4-rot: 8 warps (two a scheduler), 2 programs an SM (fewer stages).
+    step tiles-ffn 560 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
+        --variants "|warps=8|warps=8,bn=128|occ=2,stages=3|occ=2,stages=2"
 fi
 cp "$LOG"/bench/bench-*.png "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
@@ -61,7 +66,7 @@ for name in ffn k1 rest; do
     grep -E "^(FAILED|ERROR) " "$LOG/$name.txt" | head -20
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify bench-ffn bench-kda bench-allreduce gemv-variants tune-ffn timeline-ffn; do
+for name in qualify bench-ffn bench-kda bench-allreduce gemv-variants tune-ffn timeline-ffn tiles-ffn; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -22 "$LOG/$name.txt"

@@ -196,7 +196,7 @@ def test_tile_overrides_are_checked(monkeypatch):
     monkeypatch.setenv(TILES_ENV, "bn=128,uks=2")
     p = FfnBuild(MiniMaxM3Config(), 1, 4).plan
     assert (p.bn, p.uks) == (128, 2)
-    for bad in ("bn=48", "uks=5", "dbk=16", "nope=1", "bn=x", "warps=2"):
+    for bad in ("bn=48", "uks=5", "dbk=16", "nope=1", "bn=x", "warps=2", "occ=3"):
         monkeypatch.setenv(TILES_ENV, bad)
         with pytest.raises(ValueError, match="FFN tiles|MONO_FFN_TILES"):
             _ = FfnBuild(MiniMaxM3Config(), 1, 4).plan

@@ -128,12 +128,12 @@ class FfnRunner(LayerRunner):
             raise ValueError("runner: its scratch or peer buffer is smaller than this runner needs")
         self.mono = runner
         self.cpu = self.device.type == "cpu"
-        if programs is None:
-            programs = (
-                2
-                if self.cpu
-                else torch.cuda.get_device_properties(self.device).multi_processor_count
-            )
+        if programs is None and self.cpu:
+            programs = 2
+        elif programs is None:  # the plans' `occ` programs per SM (ticket loops need no
+            # residency: a grid larger than fits runs in waves, correctly)
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            programs = sms * max(b.plan.occ for b in self.builds.values())
         self.programs = programs
         # the expert layout the build streams: mxfp4-rot for the Triton build's MXFP4
         self.rot = self.build_name != "flydsl" and self.builds[self.widths[0]].rot

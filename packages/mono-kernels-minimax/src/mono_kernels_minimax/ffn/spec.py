@@ -180,6 +180,7 @@ class TaskPlan:
     fc: int
     stages: int  # software-pipeline depth of every weight stream
     warps: int  # warps of a program: 4 (one warpgroup) or 8 (two warps per scheduler)
+    occ: int  # programs per SM the runner launches (2 fits with stages <= 3 at 4 warps)
 
     @classmethod
     def of(cls, b: FfnBuild) -> TaskPlan:
@@ -202,6 +203,7 @@ class TaskPlan:
                 ng=min(b.max_slots, 8),
                 stages=4,
                 warps=4,
+                occ=1,
             )
             tiles = _tile_overrides(b, tiles)
         else:
@@ -217,6 +219,7 @@ class TaskPlan:
                 ng=min(b.max_slots, 2),
                 stages=2,
                 warps=4,
+                occ=1,
             )
         _check_tiles(b, tiles)
         fc = min(h, 256)
@@ -282,6 +285,7 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         need(pow2(t[name]) or name in ("ng", "stages"), f"{name} must be a power of two")
     need(t["stages"] >= 1 and 1 <= t["ng"] <= b.max_slots, "stages >= 1, 1 <= ng <= max_slots")
     need(t["warps"] in (4, 8), "warps is 4 or 8")
+    need(t["occ"] in (1, 2), "occ is 1 or 2")
     need(i % t["bn"] == 0 and t["bn"] >= 16, f"bn must divide I = {i}, >= 16")
     need(h % t["dc"] == 0 and t["dc"] >= 16, f"dc must divide H = {h}, >= 16")
     for bk, ks, k, f8 in (
