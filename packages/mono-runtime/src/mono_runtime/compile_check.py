@@ -16,15 +16,13 @@ def compile_for(
     fn: Any,
     types: dict[str, str],
     constexprs: dict[str, Any],
-    arch: int = 90,
     num_warps: int = 4,
-    target: str | None = None,
+    target: str = "sm90",
 ) -> Any:
-    """`fn` compiled for cuda sm_`arch` (or `target`, one of TARGETS): `types` names each
-    runtime argument's Triton type ("*i32", "i64", "fp32"...), `constexprs` each
-    constexpr's value. Pointers are taken as 16-byte aligned, as torch allocations are at
-    launch: without it Triton cannot vectorize loads, and the binary is not the one that
-    runs."""
+    """`fn` compiled for `target` (one of TARGETS): `types` names each runtime argument's
+    Triton type ("*i32", "i64", "fp32"...), `constexprs` each constexpr's value. Pointers
+    are taken as 16-byte aligned, as torch allocations are at launch: without it Triton
+    cannot vectorize loads, and the binary is not the one that runs."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -32,14 +30,10 @@ def compile_for(
     missing = [n for n in fn.arg_names if n not in types and n not in constexprs]
     if missing:
         raise ValueError(f"compile_for: no type or value for {missing}")
-    if target is None:
-        gpu = GPUTarget("cuda", arch, 32)
-    elif target == "sm90":
-        gpu = GPUTarget("cuda", 90, 32)
-    elif target == "gfx950":
-        gpu = GPUTarget("hip", "gfx950", 64)
-    else:
+    gpus = {"sm90": ("cuda", 90, 32), "gfx950": ("hip", "gfx950", 64)}
+    if target not in gpus:
         raise ValueError(f"compile_for: target {target!r} is not one of {TARGETS}")
+    gpu = GPUTarget(*gpus[target])
     signature = {n: types.get(n, "constexpr") for n in fn.arg_names}
     consts = {(fn.arg_names.index(n),): v for n, v in constexprs.items()}
     aligned = [fn.arg_names.index(n) for n, t in types.items() if t.startswith("*")]
