@@ -212,6 +212,35 @@ def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: t
 
 
 @triton.jit
+def wait_done(
+    done,
+    first,
+    N: tl.constexpr,
+    N2: tl.constexpr,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    region,
+    pair0,
+    CPU: tl.constexpr,
+):
+    """Wait (bounded: `poll`) until the done pairs first..first+N-1 of this launch's items
+    (smaller tickets) carry `tag`, then acquire them: those items' stores are visible to
+    this program. False: the wait gave up (recorded in health with pair index `pair0` +
+    lane, the alarm set), and so does every later wait of the step. N2: N rounded up to a
+    power of two."""
+    i = tl.arange(0, N2)
+    m = i < N
+    _, ok = poll(done + first + i, m, tag, ctl, health, peers, rank, world, region, pair0, CPU)
+    tl.atomic_add(done + first + i, 0, mask=m, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+    return ok
+
+
+@triton.jit
 def bf16x2_lo(payload):
     """The fp32 value of the bf16 in bits 0..15 (column 2j) of an int32 payload."""
     return (payload << 16).to(tl.float32, bitcast=True)

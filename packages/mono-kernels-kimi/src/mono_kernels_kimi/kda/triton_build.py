@@ -129,12 +129,7 @@ def _wait_stage(
     one (smaller tickets) are done; then their stores are visible to this program. False:
     the wait gave up (recorded in health, the alarm set), and so does every later wait
     of the step. N2: N rounded up to a power of two."""
-    i = tl.arange(0, N2)
-    m = i < N
-    _, ok = pt.poll(done + first + i, m, tag, ctl, health, peers, rank, world, region, 0, CPU)
-    tl.atomic_add(done + first + i, 0, mask=m, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-    return ok
+    return pt.wait_done(done, first, N, N2, tag, ctl, health, peers, rank, world, region, 0, CPU)
 
 
 @triton.jit

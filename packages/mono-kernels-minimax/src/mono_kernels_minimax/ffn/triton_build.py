@@ -202,12 +202,9 @@ def _wait_items(
 ):
     """Wait (bounded) until items first..first+N-1 (smaller tickets) are done; then their
     stores are visible to this program. N2: N rounded up to a power of two."""
-    i = tl.arange(0, N2)
-    m = i < N
-    _, ok = pt.poll(done + first + i, m, tag, ctl, health, peers, rank, world, region, first, CPU)
-    tl.atomic_add(done + first + i, 0, mask=m, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-    return ok
+    return pt.wait_done(
+        done, first, N, N2, tag, ctl, health, peers, rank, world, region, first, CPU
+    )
 
 
 # Integer arguments that vary per launch or per rank: never specialized (a value of 1 or a
