@@ -40,6 +40,18 @@ class KimiK3Config:
     kda_layers: tuple[int, ...] = _default_kda_layers(93)
     tp: int = 8
     in_proj_alignment: int = 16  # bf16 in_proj; vLLM uses 128 for FP8_PB_WO weights
+    # Latent MoE (`KimiMoE`): routed experts run in the latent space of
+    # `routed_expert_hidden_size`; the shared experts in the hidden space.
+    routed_expert_hidden_size: int = 3584
+    num_experts: int = 896
+    num_experts_per_token: int = 16
+    moe_intermediate_size: int = 3072  # 384 a rank at TP 8
+    num_shared_experts: int = 2  # shared intermediate 6144: 768 a rank at TP 8
+    routed_scaling_factor: float = 1.0
+    moe_renormalize: bool = True
+    latent_moe_use_norm: bool = True
+    activation_situ_beta: float = 4.0
+    activation_situ_linear_beta: float = 25.0
 
     def __post_init__(self) -> None:
         if self.kda_num_heads % self.tp:
@@ -48,6 +60,19 @@ class KimiK3Config:
             raise ValueError("conv_kernel_size must be 4 (the kernels unroll a width-4 conv)")
         if not -5.0 <= self.gate_lower_bound < 0:
             raise ValueError(f"gate_lower_bound {self.gate_lower_bound} outside [-5, 0)")
+        for name, size in (
+            ("hidden_size", self.hidden_size),
+            ("routed_expert_hidden_size", self.routed_expert_hidden_size),
+            ("num_experts", self.num_experts),
+            ("moe_intermediate_size", self.moe_intermediate_size),
+        ):
+            if size % self.tp:
+                raise ValueError(f"{name} {size} not divisible by tp {self.tp}")
+        if not 0 < self.num_experts_per_token <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_token {self.num_experts_per_token} outside "
+                f"1..num_experts ({self.num_experts})"
+            )
 
     @classmethod
     def tiny(cls, tp: int = 1) -> KimiK3Config:
@@ -60,6 +85,11 @@ class KimiK3Config:
             attn_res_block_size=2,
             kda_layers=_default_kda_layers(8),
             tp=tp,
+            routed_expert_hidden_size=64,
+            num_experts=16,
+            num_experts_per_token=4,
+            moe_intermediate_size=32 * tp,  # one MXFP4 scale group a rank
+            num_shared_experts=1,
         )
 
     def with_tp(self, tp: int) -> KimiK3Config:
@@ -105,6 +135,50 @@ class KimiK3Config:
     @property
     def beta_offset(self) -> int:
         return self.f_a_offset + self.f_a_dim
+
+    # ---- K2: o_proj and the latent MoE, per rank -------------------------------------
+    @property
+    def o_proj_in(self) -> int:
+        """o_proj's input channels on one rank: the KDA core (local heads x head_dim);
+        an MLA layer's o_proj input has the same width (vLLM's AMD K2 checks one o_proj
+        shape for both layer kinds)."""
+        return self.local_proj
+
+    @property
+    def latent_size(self) -> int:
+        return self.routed_expert_hidden_size
+
+    @property
+    def routed_intermediate(self) -> int:
+        """One routed expert's intermediate on one rank (experts are TP-sharded)."""
+        return self.moe_intermediate_size // self.tp
+
+    @property
+    def shared_intermediate(self) -> int:
+        """The shared experts' intermediate on one rank (`KimiMLP` is TP-sharded)."""
+        return self.moe_intermediate_size * self.num_shared_experts // self.tp
+
+    @property
+    def experts_per_rank(self) -> int:
+        """Router rows one rank computes (the kernel shards the replicated router)."""
+        return self.num_experts // self.tp
+
+    @property
+    def latent_per_rank(self) -> int:
+        """Latent down-projection rows one rank computes (sharded like the router)."""
+        return self.routed_expert_hidden_size // self.tp
+
+    @property
+    def hidden_per_rank(self) -> int:
+        """Up-projection output columns one rank computes."""
+        return self.hidden_size // self.tp
+
+    def mlp_attn_res(self, layer_idx: int) -> tuple[int, bool]:
+        """(block sources, reset) of a layer's MLP AttnRes, as
+        `KimiDecoderLayer._post_attn_norm` derives them (nvidia/model.py): a block-write
+        layer restarts the prefix at the attention output and counts one block more."""
+        prev_valid, write = self.attn_res_blocks(layer_idx)
+        return prev_valid + (write >= 0), write >= 0
 
     # ---- layers ---------------------------------------------------------------------
     def is_kda_layer(self, layer_idx: int) -> bool:

@@ -28,6 +28,7 @@ from mono_runtime.stream.layout import (
     e8m0_to_float,
 )
 from mono_runtime.stream.layout import MX_GROUP as MX_BLOCK
+from mono_runtime.stream.layout import quantize_mxfp4_k32 as pack_mxfp4
 from mono_runtime.stream.layout import unpack_fp8_b128 as unpack_fp8
 from mono_runtime.stream.layout import unpack_mxfp4_k32 as unpack_mxfp4
 
@@ -61,26 +62,6 @@ class WeightFormat(str, enum.Enum):
         """The shared expert is a plain linear MLP: vLLM's Mxfp4Config leaves linear layers
         unquantized (bf16), while an FP8 checkpoint quantizes them like the experts."""
         return WeightFormat.FP8 if self is WeightFormat.FP8 else WeightFormat.BF16
-
-
-def pack_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize ``w[..., K]`` to the ``mxfp4-k32`` layout: (values uint8[..., K/2],
-    scales uint8[..., K/32]). Scale = 2**(floor(log2(amax)) - 2) (OCP), codes rounded to
-    nearest e2m1 magnitude and saturated at 6."""
-    k = w.shape[-1]
-    if k % MX_BLOCK:
-        raise ValueError(f"w: last dim {k} is not a multiple of {MX_BLOCK}")
-    blocks = w.float().reshape(*w.shape[:-1], k // MX_BLOCK, MX_BLOCK)
-    amax = blocks.abs().amax(-1, keepdim=True)
-    exp = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(2.0**-126))) - 2, -127.0)
-    exp = exp.clamp(-127, 127)
-    scaled = blocks / torch.exp2(exp)
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=w.device)
-    mag = scaled.abs().clamp(max=6.0)
-    idx = (mag.unsqueeze(-1) - table).abs().argmin(-1)
-    codes = (idx | torch.where(scaled < 0, 8, 0)).to(torch.uint8).reshape(*w.shape[:-1], k)
-    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return packed.contiguous(), (exp + 127).to(torch.uint8).squeeze(-1).contiguous()
 
 
 def pack_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from mono_runtime.routing import sigmoid_topk
 
 from ..config import MiniMaxM3Config
 from .spec import Experts
@@ -70,13 +71,7 @@ def seam(cfg: MiniMaxM3Config, parts, residual, norm) -> tuple[torch.Tensor, tor
 def route(cfg: MiniMaxM3Config, normed, router, bias) -> tuple[torch.Tensor, torch.Tensor]:
     """(topk_ids [S, K] int64, topk_weights [S, K] fp32)."""
     logits = normed.float() @ router.float().t()
-    scores = torch.sigmoid(logits)
-    key = scores + bias.float()
-    key = torch.where(torch.isnan(key), torch.full_like(key, float("-inf")), key)
-    # stable descending sort: equal keys keep ascending expert order
-    ids = torch.sort(key, dim=-1, descending=True, stable=True).indices[:, : cfg.top_k]
-    w = scores.gather(1, ids)
-    w = w / w.sum(-1, keepdim=True) * cfg.routed_scaling_factor
+    ids, w = sigmoid_topk(logits, bias, cfg.top_k, cfg.routed_scaling_factor)
     return ids, w.float()
 
 

@@ -142,6 +142,26 @@ def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
     return torch.exp2(scales.to(torch.float32) - 127.0)
 
 
+def quantize_mxfp4_k32(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``w[..., K]`` to ``mxfp4-k32``: (codes uint8[..., K/2], e8m0 uint8[..., K/32]).
+    Scale = 2**(floor(log2(amax)) - 2) (OCP), codes rounded to the nearest e2m1 magnitude
+    and saturated at 6: how the tests make checkpoint-format weights."""
+    k = w.shape[-1]
+    if k % MX_GROUP:
+        raise ValueError(f"w: last dim {k} is not a multiple of {MX_GROUP}")
+    blocks = w.float().reshape(*w.shape[:-1], k // MX_GROUP, MX_GROUP)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    exp = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(2.0**-126))) - 2, -127.0)
+    exp = exp.clamp(-127, 127)
+    scaled = blocks / torch.exp2(exp)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=w.device)
+    mag = scaled.abs().clamp(max=6.0)
+    idx = (mag.unsqueeze(-1) - table).abs().argmin(-1)
+    codes = (idx | torch.where(scaled < 0, 8, 0)).to(torch.uint8).reshape(*w.shape[:-1], k)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed.contiguous(), (exp + 127).to(torch.uint8).squeeze(-1).contiguous()
+
+
 def unpack_mxfp4_k32(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """fp32 ``[..., K]`` of ``mxfp4-k32`` codes ``[..., K/2]`` and e8m0 ``[..., K/32]``."""
     lo, hi = _codes(values)
