@@ -173,7 +173,7 @@ def test_minimax_copies_padded_experts_exactly():
     a copy of its own, the checkpoint's rows and columns, bit for bit; check() dry-runs
     it on shapes only."""
     from mono_kernels_minimax.config import MiniMaxM3Config
-    from mono_kernels_minimax.ffn.sources import ExpertLayout
+    from mono_runtime.stream.sources import ExpertLayout
 
     backbone = minimax_backbone("mxfp4", "amd", Backend.EMULATION, inter_pad=256)
     family = MiniMaxFfnKernels(backbone, DEPLOY, 0, 1)

@@ -1,4 +1,4 @@
-"""vLLM's post-load expert layouts back to the checkpoint's mxfp4-k32 (ffn.sources).
+"""vLLM's post-load expert layouts back to the checkpoint's mxfp4-k32 (mono_runtime.stream.sources).
 
 The layouts are made here the way vLLM 0.33 makes them, then unpacked and compared bit for
 bit with the checkpoint:
@@ -29,7 +29,7 @@ from unittest import mock
 
 import pytest
 import torch
-from mono_kernels_minimax.ffn.sources import ExpertLayout, unpack_experts
+from mono_runtime.stream.sources import ExpertLayout, unpack_experts
 
 ENV = {"TRITON_INTERPRET": "1"}
 

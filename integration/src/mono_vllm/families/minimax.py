@@ -17,8 +17,8 @@ Experts: the kernel reads MXFP4 experts as the checkpoint stores them (``mxfp4-k
 When vLLM's MoE backend keeps them so (EMULATION), the kernel streams vLLM's tensors in
 place. When it rewrites them for its own kernels (HUMMING, vLLM's default on Hopper;
 AITER on ROCm), vLLM's MoE still needs its layout for every step the kernels do not take,
-so the kernel gets a copy of its own, unpacked from vLLM's (`ffn.sources`) and packed into
-the kernel's layout: one more copy of the routed experts, logged at startup.
+so the kernel gets a copy of its own, unpacked from vLLM's (`mono_runtime.stream.sources`)
+and packed into the kernel's layout: one more copy of the routed experts, logged at startup.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def routed_experts(layer: Any) -> Any:
 
 
 def _layouts() -> dict[str, Any]:
-    from mono_kernels_minimax.ffn.sources import ExpertLayout
+    from mono_runtime.stream.sources import ExpertLayout
 
     # vLLM's MXFP4 MoE backends (Mxfp4MoeBackend names) by the layout they leave
     return {
@@ -88,8 +88,8 @@ def _layouts() -> dict[str, Any]:
 def expert_source(experts: Any) -> tuple[Any, Any]:
     """(`WeightFormat`, `ExpertLayout` or None) of the experts vLLM's MoE layer holds
     (`experts`: its ``RoutedExperts``); ValueError for a layout mono does not read."""
-    from mono_kernels_minimax.ffn.sources import ExpertLayout
     from mono_kernels_minimax.formats import WeightFormat
+    from mono_runtime.stream.sources import ExpertLayout
 
     backend = getattr(experts.quant_method, "mxfp4_backend", None)
     shuffled = getattr(experts.w13_weight, "is_shuffled", False)
@@ -132,7 +132,7 @@ def _weight_and_scale(module: Any, prefix: str) -> tuple[torch.Tensor, torch.Ten
 def unpacked_experts(experts: Any, layout: Any, cfg: Any, tp: int, device: Any = None) -> dict:
     """The kernel's own mxfp4-k32 copy of the experts vLLM keeps in `layout` (w13, w2 and
     their scales), on `device` (``"meta"``: shapes only, nothing copied)."""
-    from mono_kernels_minimax.ffn.sources import unpack_experts
+    from mono_runtime.stream.sources import unpack_experts
 
     h, i = cfg.hidden_size, cfg.per_rank_intermediate(tp)
     up = experts.moe_config.intermediate_size_per_partition  # vLLM's, maybe rounded up
@@ -255,7 +255,7 @@ class MiniMaxFfnKernels:
     def _copies(self, layout: Any) -> bool:
         """Whether the kernel needs experts of its own: vLLM keeps them in another layout
         than the checkpoint's, or padded."""
-        from mono_kernels_minimax.ffn.sources import ExpertLayout
+        from mono_runtime.stream.sources import ExpertLayout
 
         if layout is None:
             return False

@@ -1,9 +1,10 @@
 """vLLM 0.33's post-load MXFP4 expert layouts, converted back to the checkpoint's ``mxfp4-k32``.
 
 vLLM's MoE backends rewrite the loaded experts into their own layouts before the first
-step; the FFN kernel reads ``mxfp4-k32`` (codes ``uint8[E, N, K/2]``, even k in the low
-nibble; e8m0 scales ``uint8[E, N, K/32]``), which `FfnWeights` holds and `FfnRunner.pack`
-turns into the kernel's own layout. Each layout here is a pure permutation of the
+step; the kernels read ``mxfp4-k32`` (codes ``uint8[E, N, K/2]``, even k in the low
+nibble; e8m0 scales ``uint8[E, N, K/32]``), which their weight bundles hold and their
+runners' `pack` turns into the engine's ``mxfp4-rot``. Model-agnostic: the MiniMax-M3
+FFN and Kimi-K3's K2 read their experts through it. Each layout here is a pure permutation of the
 checkpoint's codes and scales (plus zero padding), so the conversion is exact:
 
 - ``humming``: vLLM's HUMMING MXFP4 MoE backend (its default on Hopper) with bf16
@@ -33,7 +34,7 @@ import enum
 
 import torch
 
-from ..formats import MX_BLOCK
+from .layout import MX_GROUP as MX_BLOCK
 
 
 class ExpertLayout(str, enum.Enum):
