@@ -14,9 +14,9 @@ from mono_vllm.families.kimi import AmdKdaLayer, KimiKdaKernels
 from mono_vllm.families.minimax import (
     MiniMaxFfnKernels,
     expert_source,
+    ffn_experts,
     ffn_weights,
     routed_experts,
-    unpacked_experts,
 )
 
 DEPLOY = Deployment(architecture="x", tp=1)
@@ -178,7 +178,7 @@ def test_minimax_copies_padded_experts_exactly():
     backbone = minimax_backbone("mxfp4", "amd", Backend.EMULATION, inter_pad=256)
     family = MiniMaxFfnKernels(backbone, DEPLOY, 0, 1)
     assert family._copies(ExpertLayout.K32) and family.check() == []
-    copy = unpacked_experts(
+    copy = ffn_experts(
         routed_experts(backbone.layers[1]), ExpertLayout.K32, MiniMaxM3Config.tiny(), 1
     )
     for name, t in copy.items():

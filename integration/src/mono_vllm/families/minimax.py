@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..deployment import Deployment, KernelSupport
+from ..experts import mxfp4_layout, unpacked_experts, weight_and_scale
 from ..variants import AMD, NVIDIA, variant
 
 
@@ -71,84 +72,27 @@ def routed_experts(layer: Any) -> Any:
     return layer.block_sparse_moe.experts.routed_experts
 
 
-def _layouts() -> dict[str, Any]:
-    from mono_runtime.stream.sources import ExpertLayout
-
-    # vLLM's MXFP4 MoE backends (Mxfp4MoeBackend names) by the layout they leave
-    return {
-        "EMULATION": ExpertLayout.K32,
-        "B12X_MXFP4_BF16": ExpertLayout.K32,
-        "B12X_MXFP4_MXFP8": ExpertLayout.K32,
-        "HUMMING": ExpertLayout.HUMMING,
-        "AITER_MXFP4_BF16": ExpertLayout.AITER_A16W4,
-        "AITER_MXFP4_MXFP4": ExpertLayout.AITER_A4W4,
-    }
-
-
 def expert_source(experts: Any) -> tuple[Any, Any]:
     """(`WeightFormat`, `ExpertLayout` or None) of the experts vLLM's MoE layer holds
     (`experts`: its ``RoutedExperts``); ValueError for a layout mono does not read."""
     from mono_kernels_minimax.formats import WeightFormat
-    from mono_runtime.stream.sources import ExpertLayout
 
-    backend = getattr(experts.quant_method, "mxfp4_backend", None)
-    shuffled = getattr(experts.w13_weight, "is_shuffled", False)
-    if backend is None:
-        if shuffled:
-            raise ValueError("experts shuffled for AITER's MoE kernels (mono reads them as loaded)")
-        dtype = experts.w13_weight.dtype
-        if dtype == torch.bfloat16:
-            return WeightFormat.BF16, None
-        if dtype == torch.float8_e4m3fn:
-            return WeightFormat.FP8, None
-        raise ValueError(f"expert weights of dtype {dtype}")
-    layouts = _layouts()
-    layout = layouts.get(backend.name)
-    if layout is None:
-        raise ValueError(
-            f"MXFP4 experts in the layout of vLLM's {backend.name} MoE backend (mono reads "
-            f"those of {', '.join(layouts)}; --moe-backend emulation keeps the checkpoint's)"
-        )
-    if layout is ExpertLayout.HUMMING:
-        cfg = experts.humming_configs["w13"]
-        if cfg.sm_version // 10 != 9 or cfg.a_dtype.num_bits != 16 or cfg.use_fused_e8m0_scale:
-            raise ValueError(
-                f"HUMMING experts for sm{cfg.sm_version} with {cfg.a_dtype} activations "
-                "(mono unpacks HUMMING's SM90 layout for 16-bit activations)"
-            )
-    if layout in (ExpertLayout.AITER_A16W4, ExpertLayout.AITER_A4W4) and not shuffled:
-        raise ValueError(f"{backend.name} experts that AITER's shuffle did not rewrite")
-    return WeightFormat.MXFP4, layout
+    layout = mxfp4_layout(experts)
+    if layout is not None:
+        return WeightFormat.MXFP4, layout
+    if getattr(experts.w13_weight, "is_shuffled", False):
+        raise ValueError("experts shuffled for AITER's MoE kernels (mono reads them as loaded)")
+    dtype = experts.w13_weight.dtype
+    if dtype == torch.bfloat16:
+        return WeightFormat.BF16, None
+    if dtype == torch.float8_e4m3fn:
+        return WeightFormat.FP8, None
+    raise ValueError(f"expert weights of dtype {dtype}")
 
 
-def _weight_and_scale(module: Any, prefix: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    weight = getattr(module, f"{prefix}weight")
-    scale = getattr(module, f"{prefix}weight_scale", None)
-    if scale is None:
-        scale = getattr(module, f"{prefix}weight_scale_inv", None)
-    return weight.data, None if scale is None else scale.data
-
-
-def unpacked_experts(experts: Any, layout: Any, cfg: Any, tp: int, device: Any = None) -> dict:
-    """The kernel's own mxfp4-k32 copy of the experts vLLM keeps in `layout` (w13, w2 and
-    their scales), on `device` (``"meta"``: shapes only, nothing copied)."""
-    from mono_runtime.stream.sources import unpack_experts
-
-    h, i = cfg.hidden_size, cfg.per_rank_intermediate(tp)
-    up = experts.moe_config.intermediate_size_per_partition  # vLLM's, maybe rounded up
-    out = {}
-    for name, n, k, up_row in (("w13", 2 * i, h, up), ("w2", h, i, None)):
-        codes, scales = _weight_and_scale(experts, f"{name}_")
-        if device == "meta":
-            codes, scales = codes.to("meta"), scales.to("meta")
-        e = codes.shape[0]
-        dev = codes.device if device is None else device
-        into = (torch.empty(e, n, k // 2, dtype=torch.uint8, device=dev),
-                torch.empty(e, n, k // 32, dtype=torch.uint8, device=dev))  # fmt: skip
-        out[name], out[f"{name}_scale"] = unpack_experts(
-            layout, codes, scales, n, k, up_row=up_row, out=into
-        )
-    return out
+def ffn_experts(experts: Any, layout: Any, cfg: Any, tp: int, device: Any = None) -> dict:
+    """The FFN's own mxfp4-k32 copy of a layer's experts (`unpacked_experts` at its sizes)."""
+    return unpacked_experts(experts, layout, cfg.hidden_size, cfg.per_rank_intermediate(tp), device)
 
 
 def ffn_weights(layer: Any, experts: dict | None = None) -> Any:
@@ -158,10 +102,10 @@ def ffn_weights(layer: Any, experts: dict | None = None) -> Any:
 
     moe = layer.block_sparse_moe
     routed = routed_experts(layer)
-    w13, w13_scale = _weight_and_scale(routed, "w13_")
-    w2, w2_scale = _weight_and_scale(routed, "w2_")
-    sw13, sw13_scale = _weight_and_scale(moe.shared_experts.gate_up_proj, "")
-    sw2, sw2_scale = _weight_and_scale(moe.shared_experts.down_proj, "")
+    w13, w13_scale = weight_and_scale(routed, "w13_")
+    w2, w2_scale = weight_and_scale(routed, "w2_")
+    sw13, sw13_scale = weight_and_scale(moe.shared_experts.gate_up_proj, "")
+    sw2, sw2_scale = weight_and_scale(moe.shared_experts.down_proj, "")
     bundle = {"w13": w13, "w13_scale": w13_scale, "w2": w2, "w2_scale": w2_scale}
     bundle.update(experts or {})
     return FfnWeights(
@@ -239,9 +183,7 @@ class MiniMaxFfnKernels:
             for i in self.layers:
                 layer = self.backbone.layers[i]
                 if self._copies(layout):  # what build will unpack, as shapes only
-                    experts = unpacked_experts(
-                        routed_experts(layer), layout, cfg, self.world, "meta"
-                    )
+                    experts = ffn_experts(routed_experts(layer), layout, cfg, self.world, "meta")
                     ffn_weights(layer, experts).validate(cfg, self.world)
                 else:
                     ffn_weights(layer).validate(cfg, self.world, device)
@@ -293,7 +235,7 @@ class MiniMaxFfnKernels:
         for i in self.layers:
             experts = None
             if copies:
-                experts = unpacked_experts(routed_experts(layers[i]), layout, cfg, self.world)
+                experts = ffn_experts(routed_experts(layers[i]), layout, cfg, self.world)
             weights[i] = ffn.pack(ffn_weights(layers[i], experts))
         if copies:
             size = sum(weights[i].w13.nbytes + weights[i].w2.nbytes for i in self.layers)
