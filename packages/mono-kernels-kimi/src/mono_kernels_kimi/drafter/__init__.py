@@ -1,0 +1,1 @@
+"""The DSpark drafter: its config, plain-torch reference, weights and step inputs."""
