@@ -1,0 +1,101 @@
+"""K2 on mono_runtime's Build interface, registered for `mono qualify` and `mono bench`:
+the Triton build (CUDA GPUs and the CPU interpreter; compiled ahead of time for sm_90,
+and checked to compile for gfx950).
+
+The launch spec is spec.ARGS (the layer's weights as one K2Weights bundle, which
+triton_build.kernel_args unpacks) then the runtime's words, so the runner, the compile
+checks and `mono` name one argument list.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from mono_runtime.builds import DeviceLimits, Resources, residency_problem
+from mono_runtime.errors import MonoUnsupported
+from mono_runtime.kernel import INTERPRETER, RUNTIME_ARGS, Arg, Build, Compiled, KernelSpec
+from mono_runtime.kernel.registry import register
+
+from ..config import KimiK3Config
+from . import triton_build
+from .spec import ARGS, K2Build
+from .weights import K2Weights
+
+OWN_ARGS = (  # name, type, layout (None: the build's expert layout)
+    ("core", "*bf16", ""),
+    ("prefix", "*bf16", ""),
+    ("blocks", "*bf16", ""),
+    ("out", "*bf16", ""),
+    ("slots", "*i64", ""),
+    ("weights", K2Weights, None),
+    ("scratch", "*u8", "spec.scratch_layout"),
+    ("sources", "i32", ""),
+    ("reset", "i1", ""),
+    ("slot", "i32", ""),
+    ("final", "i1", ""),
+)
+
+
+def launch_spec(b: K2Build) -> KernelSpec:
+    """What a launch of `b` takes, by name: triton_build.kernel_args's keywords."""
+    docs = dict(ARGS)
+    own = tuple(
+        Arg(name, kind, docs[name], b.layout if layout is None else layout)
+        for name, kind, layout in OWN_ARGS
+    )
+    return KernelSpec("k2", own + RUNTIME_ARGS)
+
+
+@register
+class K2Triton(Build):
+    """The Triton build (triton_build)."""
+
+    family = "k2"
+    backend = "triton"
+    targets = ("sm90",)
+    key: K2Build
+
+    @classmethod
+    def example(cls) -> Build:
+        """A TP8 rank of Kimi-K3 at 4 rows."""
+        return cls(K2Build(KimiK3Config(tp=8), 4))
+
+    @cached_property
+    def spec(self) -> KernelSpec:
+        return launch_spec(self.key)
+
+    def supports(self, target: str) -> str | None:
+        if target == INTERPRETER or target.startswith("sm") or target.startswith("gfx"):
+            return None
+        return f"K2's Triton build serves GPUs and the interpreter, not {target}"
+
+    def _compile(self, target: str) -> Compiled:
+        kernel = triton_build.compile_for(self.key, target)
+        return Compiled(target, kernel.metadata.shared, binary=kernel)
+
+    def warm(self, programs: int, **args: Any) -> None:
+        """Compile and load (Triton's warmup), then refuse a grid that cannot be resident
+        at once; nothing on a CPU (the interpreter compiles nothing)."""
+        self.spec.check(args)
+        device = args["scratch"].device
+        if device.type == "cpu":
+            return
+        kernel = triton_build.k2_kernel.warmup(
+            *triton_build.kernel_args(self.key, **args),
+            grid=(programs,),
+            **triton_build.constexprs(self.key, False),
+            num_warps=self.key.plan.warps,
+        )
+        problem = residency_problem(
+            Resources.of_compiled(kernel),
+            programs,
+            DeviceLimits.of(device),
+            f"K2 width {self.key.rows}",
+        )
+        if problem:
+            raise MonoUnsupported(problem)
+
+    def launch(self, programs: int, **args: Any) -> None:
+        self.spec.check(args)
+        triton_build.launch(self.key, programs, args["scratch"].device.type == "cpu", **args)

@@ -1,0 +1,286 @@
+"""K2Runner: one rank's K2 launches, one build and scratch region per width.
+
+A LayerRunner (mono_runtime.kernel) on a MonoRunner, like KdaRunner and the FFN's runner:
+built collectively (every rank of the TP group, same arguments), it owns a MonoRunner
+unless given one to share (then its owner closes it, and `scratch_offset` places K2's
+regions past what the runner's other kernels use). Epoch scheme: the runtime's:
+`step_begin()` bumps the epoch once per forward (graph-capturable) and each launch of the
+step takes the next tag slot, which also names its ticket counter; every rank issuing the
+same launches derives the same tags. `after_step()` once per executed step raises
+MonoFault on every rank after any give-up; `reset()` makes the runner usable again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from mono_runtime import protocol as P
+from mono_runtime.errors import MonoUnsupported
+from mono_runtime.kernel import LayerRunner, target_name
+from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
+
+from ..config import KimiK3Config
+from .build import K2Triton
+from .spec import K2Build, peer_bytes, scratch_bytes, scratch_layout, table_offsets
+from .weights import K2Weights
+
+BF16 = torch.bfloat16
+
+
+def _cpu_interpreter() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+class K2Runner(LayerRunner):
+    def __init__(
+        self,
+        cfg: KimiK3Config,
+        group: Any,
+        rank: int,
+        device: torch.device | str,
+        widths: Iterable[int] = range(1, 17),
+        deadline_ns: int = DEFAULT_DEADLINE_NS,
+        programs: int | None = None,
+        runner: MonoRunner | None = None,
+        pack: bool = True,
+        scratch_offset: int = 0,
+    ) -> None:
+        """`cfg.tp` ranks; `pack`: stream the experts as mxfp4-rot, which `pack(weights)`
+        converts them to once, in place (False: the checkpoint's mxfp4-k32 as loaded)."""
+        self.cfg, self.rank, self.tp = cfg, rank, cfg.tp
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # tensors report an indexed device; "cuda" alone would never compare equal
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        widths = list(widths)
+        if not widths or any(isinstance(w, bool) or not isinstance(w, int) for w in widths):
+            raise ValueError(f"widths: expected a non-empty list of ints, got {widths!r}")
+        self.widths = tuple(sorted(set(widths)))
+        if programs is not None and (
+            isinstance(programs, bool) or not isinstance(programs, int) or programs < 1
+        ):
+            raise ValueError(f"programs: expected an int >= 1, got {programs!r}")
+        if isinstance(scratch_offset, bool) or not isinstance(scratch_offset, int):
+            raise ValueError(f"scratch_offset: expected an int, got {scratch_offset!r}")
+        if scratch_offset < 0 or scratch_offset % 256:
+            raise ValueError(f"scratch_offset: {scratch_offset} is not a multiple of 256 >= 0")
+        if self.device.type == "cpu" and not _cpu_interpreter():  # before any allocation
+            raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
+        self.builds = {s: K2Build(cfg, s, packed=bool(pack)) for s in self.widths}
+        self.kernels = {s: K2Triton(b) for s, b in self.builds.items()}
+        target = target_name(self.device)
+        for kernel in self.kernels.values():
+            reason = kernel.supports(target)
+            if reason:
+                raise MonoUnsupported(f"K2 runner on {target}: {reason}")
+        self.offsets, off = {}, scratch_offset
+        for s, b in self.builds.items():
+            self.offsets[s] = off
+            off += scratch_bytes(b)
+        need_peer = peer_bytes(cfg)
+        self._owns_mono = runner is None
+        if runner is None:
+            runner = MonoRunner(self.device, group, rank, self.tp, off, need_peer, deadline_ns)
+        elif runner.scratch.numel() < off or runner.peer.bytes.numel() < P.PEER_HEAD + need_peer:
+            raise ValueError("runner: its scratch or peer buffer is smaller than this runner needs")
+        self.mono = runner
+        self.cpu = self.device.type == "cpu"
+        if programs is None:
+            programs = (
+                2
+                if self.cpu
+                else torch.cuda.get_device_properties(self.device).multi_processor_count
+            )
+        self.programs = programs
+        self._slot = 0
+        self._opened()
+
+    def pack(self, weights: K2Weights) -> K2Weights:
+        """`weights` in the expert layout this runner streams, converted once, in place;
+        call it at load, before any launch."""
+        self._live()
+        if not isinstance(weights, K2Weights):
+            raise ValueError(f"weights: expected K2Weights, got {type(weights).__name__}")
+        return weights.packed(self.builds[self.widths[0]].packed)
+
+    # -- protocol (LayerRunner's hooks) ----------------------------------------------------
+    def _step_begin(self) -> None:
+        """Bumps the (shared) runner's epoch; launches take tag slots from 0 again."""
+        self.mono.step_begin()
+        self._slot = 0
+
+    def _after_step(self) -> None:
+        self.mono.after_step()
+
+    def _reset(self) -> None:
+        """Collective: clears the scratch, peer buffer, health and the tag era."""
+        self.mono.reset()
+        self._slot = 0
+
+    def _inject(self, rank: int | None, delay_ns: int) -> None:
+        self.mono.inject(rank, delay_ns)
+
+    def _release(self) -> None:
+        if self._owns_mono:
+            self.mono.close()
+
+    # -- views ----------------------------------------------------------------------------
+    def region(self, s: int, name: str) -> torch.Tensor:
+        """uint8 view of region `name` of width s's scratch (spec.scratch_layout)."""
+        self._live()
+        off, n = scratch_layout(self.builds[s])[name]
+        base = self.offsets[s] + off
+        return self.mono.scratch[base : base + n]
+
+    def routing(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topk_ids int32 [S, K], topk_weights fp32 [S, K]) of width s's last launch."""
+        b, k = self.builds[s], self.cfg.num_experts_per_token
+        t = table_offsets(b)
+        table = self.region(s, "table")
+        ids = table[t["topk_ids"] : t["topk_ids"] + 4 * s * k].view(torch.int32).view(s, k)
+        w = table[t["topk_w"] : t["topk_w"] + 4 * s * k].view(torch.float32).view(s, k)
+        return ids, w
+
+    # -- launches -------------------------------------------------------------------------
+    def warm(self) -> None:
+        """Compile every width before memory profiling and graph capture; refuse a width
+        whose grid cannot be resident (GPU only: the interpreter compiles nothing)."""
+        self._live()
+        for s, kernel in self.kernels.items():
+            kernel.warm(self.programs, **self._args(s, *self._dummies(s)))
+
+    def _dummies(self, s: int):
+        c, dev = self.cfg, self.device
+        h = c.hidden_size
+        core = torch.zeros(s, c.o_proj_in, dtype=BF16, device=dev)
+        z = torch.zeros(s, h, dtype=BF16, device=dev)
+        blocks = torch.zeros(s, c.num_attn_res_blocks, h, dtype=BF16, device=dev)
+        slots = torch.zeros(s, dtype=torch.int64, device=dev)
+        made = {
+            name: torch.empty(64, dtype=dtype, device=dev)
+            for name, (_, dtype) in K2Weights.expected(c).items()
+        }
+        w = K2Weights(**made, rot=self.builds[s].packed)
+        return core, z, blocks, z, slots, w
+
+    def _args(
+        self, s, core, prefix, blocks, out, slots, weights, sources=0, reset=False, final=False
+    ) -> dict:
+        la, pa = self.mono.launch_args(), self.mono.peer_args()
+        b = self.builds[s]
+        region = self.mono.scratch[self.offsets[s] : self.offsets[s] + scratch_bytes(b)]
+        return dict(
+            core=core,
+            prefix=prefix,
+            blocks=blocks,
+            out=out,
+            slots=slots,
+            weights=weights,
+            scratch=region,
+            sources=sources,
+            reset=reset,
+            slot=self._slot,
+            final=final,
+            ctl=la["ctl"],
+            health=la["health"],
+            tickets=la["tickets"],
+            peers=pa["peers"],
+            rank=pa["rank"],
+            world=pa["world"],
+        )
+
+    def __call__(
+        self,
+        core: torch.Tensor,
+        prefix: torch.Tensor,
+        blocks: torch.Tensor,
+        weights: K2Weights,
+        slots: torch.Tensor,
+        layer_idx: int,
+        out: torch.Tensor | None = None,
+        final: bool = False,
+    ) -> torch.Tensor:
+        """One MoE layer on S rows: returns out [S, H] (all-reduced; 0 on padding rows,
+        `slots[s] < 0`) and updates `prefix` in place on live rows. `final` ends the launch
+        in the TP fault handshake. Bad input raises ValueError before any launch."""
+        self._live()
+        s, sources, reset = self._check(core, prefix, blocks, weights, slots, layer_idx, out)
+        if not isinstance(final, bool):
+            raise ValueError(f"final: expected a bool, got {type(final).__name__}")
+        if self._slot >= P.SLOTS:
+            raise ValueError(f"more than {P.SLOTS} launches in one step (call step_begin())")
+        if out is None:
+            out = torch.empty_like(prefix)
+        args = self._args(s, core, prefix, blocks, out, slots, weights, sources, reset, final)
+        self.kernels[s].launch(self.programs, **args)
+        self._slot += 1
+        return out
+
+    def _check(self, core, prefix, blocks, weights, slots, layer_idx, out):
+        c = self.cfg
+        h = c.hidden_size
+        if not isinstance(core, torch.Tensor) or core.dim() != 2:
+            raise ValueError(f"core: expected a 2-D tensor [S, {c.o_proj_in}]")
+        s = core.shape[0]
+        if s not in self.builds:
+            raise ValueError(f"core: {s} rows, this runner serves widths {self.widths}")
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int):
+            raise ValueError(f"layer_idx: expected an int, got {type(layer_idx).__name__}")
+        if not 0 <= layer_idx < c.num_hidden_layers:
+            raise ValueError(f"layer_idx: {layer_idx} outside 0..{c.num_hidden_layers - 1}")
+        sources, reset = c.mlp_attn_res(layer_idx)
+        for name, t, shape, dtype in (
+            ("core", core, (s, c.o_proj_in), BF16),
+            ("prefix", prefix, (s, h), BF16),
+            ("slots", slots, (s,), torch.int64),
+            ("out", out, (s, h), BF16),
+        ):
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {shape}")
+            if t.dtype != dtype:
+                raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
+            if not t.is_contiguous():
+                raise ValueError(f"{name}: must be contiguous (strides {t.stride()})")
+            if t.device != self.device:
+                raise ValueError(f"{name}: on {t.device}, expected {self.device}")
+        if not isinstance(blocks, torch.Tensor) or blocks.dim() != 3:
+            raise ValueError(f"blocks: expected a 3-D tensor [S, blocks, {h}]")
+        if blocks.shape[0] != s or blocks.shape[2] != h or blocks.shape[1] < sources:
+            raise ValueError(
+                f"blocks: shape {tuple(blocks.shape)}, expected [{s}, >= {sources}, {h}]"
+            )
+        if blocks.dtype != BF16:
+            raise ValueError(f"blocks: dtype {blocks.dtype}, expected {BF16}")
+        if blocks.stride(2) != 1:
+            raise ValueError(f"blocks: columns must be contiguous (strides {blocks.stride()})")
+        if blocks.device != self.device:
+            raise ValueError(f"blocks: on {blocks.device}, expected {self.device}")
+        if out is not None:
+            for name, t in (("prefix", prefix), ("core", core), ("blocks", blocks)):
+                a, b = _span(out)
+                lo, hi = _span(t)
+                if a < hi and lo < b:
+                    raise ValueError(f"out: shares memory with {name}")
+        if not isinstance(weights, K2Weights):
+            raise ValueError(f"weights: expected K2Weights, got {type(weights).__name__}")
+        weights.validate(c, self.device)
+        if weights.rot != self.builds[s].packed:
+            have, want = (
+                ("mxfp4-rot" if x else "mxfp4-k32") for x in (weights.rot, self.builds[s].packed)
+            )
+            raise ValueError(
+                f"weights: experts in {have}, this runner streams {want}"
+                + (": K2Runner.pack(weights) converts them once" if not weights.rot else "")
+            )
+        return s, sources, reset

@@ -1,0 +1,436 @@
+"""K2's contract: build key, item plan, scratch and peer layouts, arguments.
+
+The Triton build (triton_build.py), the runner and the tests read only this module; it is
+pure Python, so a CPU checks every layout and the ticket order.
+
+One launch = one Kimi-K3 MoE layer on one TP rank, S = 1..16 rows. Items in ticket order
+(`stages`); an item waits only on done pairs of smaller tickets of its own launch, or on
+peers' pushes (made by their items of earlier stages), so the launch finishes at any
+residency and under the interpreter, where programs run one after another:
+
+    oproj    NO      OC columns of o_proj (K = Ko) -> bf16 partial -> every rank's `ar1`
+    col      S x NCH row s, RC columns: the ranks' partials in rank order -> o (bf16); the
+                     new prefix (reset: o; else bf16(prefix + o)) -> `pnew` and, on live
+                     rows, the prefix; per-source sums of squares and dots with
+                     mlp_res_norm * mlp_res_proj over the chunk -> `ssq`, `dot`
+    row      S       row s: softmax over the sources (blocks 0..sources-1, the prefix),
+                     the mix, post_attention_layernorm -> x (bf16)
+    router   NR      16 rows of this rank's E/tp router rows, fp32 logits -> every rank's `lg`
+    latdown  NL      16 rows of this rank's LAT/tp latent_down rows, bf16 -> every rank's `lat`
+    shup     NSU     SB gate + SB up rows of the shared gate_up, SiTU -> `smid` (bf16)
+    shdown   NSD     SD output columns of the shared down (K = SI) -> every rank's `sh`
+    gather   S       row s of the gathered latent input -> `xlat`
+    route    S       row s: sigmoid + bias top-k of the gathered logits -> ids, weights
+    union    1       the union of the live rows' experts, ascending id -> the slot table
+    up       MAXSLOTS x NC  slot j, BN gate + BN up rows of w13 (K = LAT, MXFP4), SiTU ->
+                     `mid[j]` (bf16); a slot past the route's count does nothing
+    down     ND      DC latent columns over the slots in order, weights applied (fp32),
+                     rounded once -> every rank's `rl`
+    lred     S       row s: the ranks' routed partials in rank order -> bf16 -> RMSNorm ->
+                     `nlat` (bf16)
+    upproj   NU      UC of this rank's H/tp up_proj rows (K = LAT) -> bf16 -> every rank's `upo`
+    final    S x NF  row s, FC columns: bf16(bf16(sum of the ranks' `sh`) + `upo`) -> out
+    handshake 1      final launches only: the TP fault handshake (as the FFN's)
+
+The up stage is sized for the widest union (MAXSLOTS): the ticket count is static, so no
+program has to learn the slot count before it knows how many tickets there are.
+
+Peer regions are sized for 16 rows so that every width shares them, and one copy of each
+suffices: a rank's launch n ends only after every peer's `upo` push of launch n, which each
+peer makes after it read every region of launch n except `sh` and `upo`, and those a rank
+overwrites only after its peers entered launch n + 1 (see `peer_layout`). They start past
+K1's handshake pairs, so K1 and K2 launches of one step never overwrite each other's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import KimiK3Config
+
+MAX_ROWS = 16
+DOT_ROWS = 16  # rows of every tl.dot tile's activation side; rows >= S are masked
+PAIR = 8  # bytes of a mailbox pair
+ALIGN = 256
+TPS = (1, 2, 4, 8)
+
+
+def p2(n: int) -> int:
+    """n rounded up to a power of two (Triton block sizes)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _step(k: int, want: int) -> int:
+    """The largest power-of-two step <= `want` that divides k."""
+    while k % want:
+        want //= 2
+    return want
+
+
+@dataclass(frozen=True)
+class K2Build:
+    """A compiled variant: width `rows`, the config's shapes (its `tp`), the expert layout."""
+
+    cfg: KimiK3Config
+    rows: int
+    packed: bool = True  # stream the experts as mxfp4-rot (False: the checkpoint's mxfp4-k32)
+
+    def __post_init__(self) -> None:
+        c = self.cfg
+        if not 1 <= self.rows <= MAX_ROWS:
+            raise ValueError(f"rows={self.rows}: K2 serves 1..{MAX_ROWS} rows")
+        if c.tp not in TPS:
+            raise ValueError(f"tp={c.tp}: expected one of {TPS}")
+        for name, n in (
+            ("hidden_size", c.hidden_size),
+            ("latent_size", c.latent_size),
+            ("routed_intermediate", c.routed_intermediate),
+            ("shared_intermediate", c.shared_intermediate),
+            ("o_proj_in", c.o_proj_in),
+        ):
+            if n % 32:
+                raise ValueError(f"{name}={n}: must be a multiple of 32")
+        if c.num_experts < 16 or c.latent_size < 16 or c.hidden_size < 16:
+            raise ValueError("num_experts, latent_size and hidden_size must be >= 16")
+        if c.experts_per_rank % 2 or c.latent_per_rank % 2 or c.hidden_per_rank % 16:
+            raise ValueError("per-rank router / latent shares must be even, H/tp a multiple of 16")
+        self.plan  # noqa: B018 - the tiles must fit the shapes
+
+    @property
+    def tp(self) -> int:
+        return self.cfg.tp
+
+    @property
+    def layout(self) -> str:
+        return "mxfp4-rot" if self.packed else "mxfp4-k32"
+
+    @property
+    def max_slots(self) -> int:
+        """The widest union of routed experts a launch can pick."""
+        return min(self.rows * self.cfg.num_experts_per_token, self.cfg.num_experts)
+
+    @property
+    def plan(self) -> Plan:
+        return Plan.of(self)
+
+    def key(self) -> tuple:
+        c = self.cfg
+        return (
+            "k2",
+            self.rows,
+            c.tp,
+            self.layout,
+            c.hidden_size,
+            c.o_proj_in,
+            c.latent_size,
+            c.num_experts,
+            c.num_experts_per_token,
+            c.routed_intermediate,
+            c.shared_intermediate,
+            c.num_attn_res_blocks,
+            c.rms_norm_eps,
+            c.routed_scaling_factor,
+            c.moe_renormalize,
+            c.latent_moe_use_norm,
+            c.activation_situ_beta,
+            c.activation_situ_linear_beta,
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Tiles (powers of two) and item counts. Every weight is streamed by
+    mono_runtime.stream's `stream_rows`, weight rows as the dot's wide operand."""
+
+    oc: int  # o_proj output columns of an oproj item
+    no: int  # oproj items
+    obk: int  # its K step (K = Ko)
+    rc: int  # columns of a col item (and of a row item's chunk)
+    nch: int  # col items per row
+    nr: int  # router items (16 rows each)
+    rbk: int  # their K step (K = H)
+    nl: int  # latdown items (16 rows each)
+    sb: int  # shared gate (and up) rows of a shup item
+    nsu: int
+    sd: int  # output columns of a shdown item
+    nsd: int
+    sdk: int  # its K step (K = SI)
+    bn: int  # gate (and up) rows of a routed up item
+    nc: int  # up items per slot
+    ubk: int  # K step of up items (K = LAT)
+    dc: int  # latent columns of a down item
+    nd: int
+    dbk: int  # its K step (K = RI)
+    uc: int  # up_proj rows of an upproj item
+    nu: int
+    fc: int  # columns of a final item
+    nf: int
+    stages: int
+    warps: int
+
+    @classmethod
+    def of(cls, b: K2Build) -> Plan:
+        c = b.cfg
+        h, ko, lat = c.hidden_size, c.o_proj_in, c.latent_size
+        ri, si = c.routed_intermediate, c.shared_intermediate
+        big = h >= 2048  # real shapes: tiles for bandwidth; tiny ones: several items a stage
+        oc = _step(h, 64 if big else 32)
+        rc = _step(h, 1024 if big else 32)
+        sb = _step(si, 32 if big else 16)
+        sd = _step(h, 64 if big else 32)
+        bn = _step(ri, 32 if big else 16)
+        dc = _step(lat, 64 if big else 32)
+        uc = _step(c.hidden_per_rank, 64 if big else 16)
+        fc = _step(h, 512 if big else 32)
+        for name, v in (("oc", oc), ("sb", sb), ("sd", sd), ("bn", bn), ("dc", dc), ("uc", uc)):
+            if v < 16:
+                raise ValueError(f"K2 tiles: {name} = {v} (< 16) for {c}")
+        return cls(
+            oc=oc,
+            no=h // oc,
+            obk=_step(ko, 256),
+            rc=rc,
+            nch=h // rc,
+            nr=-(-c.experts_per_rank // 16),
+            rbk=_step(h, 256),
+            nl=-(-c.latent_per_rank // 16),
+            sb=sb,
+            nsu=si // sb,
+            sd=sd,
+            nsd=h // sd,
+            sdk=_step(si, 256),
+            bn=bn,
+            nc=ri // bn,
+            ubk=_step(lat, 256),
+            dc=dc,
+            nd=lat // dc,
+            dbk=_step(ri, 128),
+            uc=uc,
+            nu=c.hidden_per_rank // uc,
+            fc=fc,
+            nf=h // fc,
+            stages=3 if big else 2,
+            warps=4,
+        )
+
+
+STAGES = (
+    "oproj",
+    "col",
+    "row",
+    "router",
+    "latdown",
+    "shup",
+    "shdown",
+    "gather",
+    "route",
+    "union",
+    "up",
+    "down",
+    "lred",
+    "upproj",
+    "final",
+    "handshake",
+)
+
+
+def stages(b: K2Build, final: bool = True) -> list[tuple[str, int]]:
+    """(stage, items) in ticket order: the one statement of the order the kernel follows."""
+    p, s = b.plan, b.rows
+    counts = dict(
+        oproj=p.no,
+        col=s * p.nch,
+        row=s,
+        router=p.nr,
+        latdown=p.nl,
+        shup=p.nsu,
+        shdown=p.nsd,
+        gather=s,
+        route=s,
+        union=1,
+        up=b.max_slots * p.nc,
+        down=p.nd,
+        lred=s,
+        upproj=p.nu,
+        final=s * p.nf,
+        handshake=int(final),
+    )
+    return [(name, counts[name]) for name in STAGES]
+
+
+def starts(b: K2Build) -> dict[str, int]:
+    """The first ticket of each stage (the handshake's when it runs)."""
+    out, t = {}, 0
+    for name, n in stages(b):
+        out[name] = t
+        t += n
+    return out
+
+
+def tickets(b: K2Build, final: bool) -> int:
+    return sum(n for _, n in stages(b, final))
+
+
+def waits(b: K2Build, nslots: int) -> dict[int, list[int]]:
+    """Ticket -> the tickets whose done pairs it waits for, when the union holds `nslots`
+    slots (the kernel's waits, item by item; peers' pushes are not tickets)."""
+    p, s, st = b.plan, b.rows, starts(b)
+    out: dict[int, list[int]] = {}
+
+    def span(stage: str, first: int = 0, n: int | None = None) -> list[int]:
+        n = dict(stages(b))[stage] if n is None else n
+        return list(range(st[stage] + first, st[stage] + first + n))
+
+    for r in range(s):
+        out[st["row"] + r] = span("col", r * p.nch, p.nch)
+    for stage in ("router", "latdown", "shup"):
+        for t in span(stage):
+            out[t] = span("row")
+    for t in span("shdown"):
+        out[t] = span("shup")
+    out[st["union"]] = span("route")
+    for j in range(b.max_slots):
+        for c in range(p.nc):
+            out[st["up"] + j * p.nc + c] = span("union") + span("gather")
+    for t in span("down"):
+        out[t] = span("union") + span("up", 0, nslots * p.nc)
+    for t in span("upproj"):
+        out[t] = span("lred")
+    out[st["handshake"]] = span("final")
+    return out
+
+
+# -- layouts ---------------------------------------------------------------------------
+
+
+def _layout(items: list[tuple[str, int]], base: int = 0) -> dict[str, tuple[int, int]]:
+    out, off = {}, base
+    for name, nbytes in items:
+        out[name] = (off, nbytes)
+        off += -(-nbytes // ALIGN) * ALIGN
+    return out
+
+
+def _end(layout: dict[str, tuple[int, int]]) -> int:
+    off, n = list(layout.values())[-1]
+    return off + -(-n // ALIGN) * ALIGN
+
+
+def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
+    """(offset, bytes) of each region of one width's scratch (this rank only).
+
+    done   pairs[tickets]: item t's (tag, 1) once it finished (tags: never zeroed)
+    pnew   bf16[S, H]   the new prefix (every row: padding rows mix it but never store it)
+    ssq    fp32[S, NB + 1, NCH]  per row, source (blocks, then the prefix at NB) and chunk
+    dot    fp32[S, NB + 1, NCH]  the same, dot with mlp_res_norm * mlp_res_proj
+    mix    fp32[S, H]   the AttnRes mix (a row item's two passes)
+    x      bf16[S, H]   the MoE input
+    smid   bf16[S, SI]  the shared expert's SiTU output
+    xlat   bf16[S, LAT] the gathered latent input of the routed experts
+    table  the route: int32 nslots, int32 slot_expert[MAXSLOTS], fp32 wtab[MAXSLOTS, S],
+           int32 topk_ids[S, K], fp32 topk_w[S, K], int32 pos[E] (the union's scratch)
+    mid    bf16[MAXSLOTS, S, RI]  the routed experts' SiTU outputs, by slot
+    nlat   bf16[S, LAT] the normed latent the up-projection reads
+    """
+    c, s = b.cfg, b.rows
+    h, lat, nb = c.hidden_size, c.latent_size, c.num_attn_res_blocks
+    return _layout(
+        [
+            ("done", PAIR * tickets(b, True)),
+            ("pnew", 2 * s * h),
+            ("ssq", 4 * s * (nb + 1) * b.plan.nch),
+            ("dot", 4 * s * (nb + 1) * b.plan.nch),
+            ("mix", 4 * s * h),
+            ("x", 2 * s * h),
+            ("smid", 2 * s * c.shared_intermediate),
+            ("xlat", 2 * s * lat),
+            ("table", sum(table_sizes(b).values())),
+            ("mid", 2 * b.max_slots * s * c.routed_intermediate),
+            ("nlat", 2 * s * lat),
+        ]
+    )
+
+
+def table_sizes(b: K2Build) -> dict[str, int]:
+    s, k, m = b.rows, b.cfg.num_experts_per_token, b.max_slots
+    return {
+        "nslots": 4,
+        "slot_expert": 4 * m,
+        "wtab": 4 * m * s,
+        "topk_ids": 4 * s * k,
+        "topk_w": 4 * s * k,
+        "pos": 4 * b.cfg.num_experts,
+    }
+
+
+def table_offsets(b: K2Build) -> dict[str, int]:
+    """Byte offsets inside the `table` region."""
+    out, off = {}, 0
+    for name, n in table_sizes(b).items():
+        out[name] = off
+        off += n
+    return out
+
+
+def scratch_bytes(b: K2Build) -> int:
+    return _end(scratch_layout(b))
+
+
+def peer_base(tp: int) -> int:
+    """Where K2's peer regions start: past K1's handshake pairs (kda.triton_build)."""
+    return -(-PAIR * tp // ALIGN) * ALIGN
+
+
+def peer_layout(cfg: KimiK3Config) -> dict[str, tuple[int, int]]:
+    """(offset, bytes) of each region in a rank's peer data (past the runtime's head).
+
+    ar1  pairs[tp src][16][H / 2]  bf16 pairs of the o_proj partials
+    lg   pairs[16][E]              fp32 router logits, each from the rank that owns it
+    lat  pairs[16][LAT / 2]        bf16 pairs of the latent input, likewise
+    rl   pairs[tp src][16][LAT / 2] bf16 pairs of the routed partials
+    sh   pairs[tp src][16][H / 2]  bf16 pairs of the shared partials
+    upo  pairs[16][H / 2]          bf16 pairs of the up-projection, from each column's owner
+    hs   pairs[tp]                 the step-end fault handshake (final launches)
+
+    Reuse across launches: a rank's launch n ends after its final items read every peer's
+    `upo` pushes of launch n; a peer pushes `upo` after its lred items, which come after
+    its col (ar1), route (lg), gather (lat) and lred (rl) reads. `sh` and `upo` of launch
+    n + 1 come after a push that needs every peer's launch n + 1 oproj, so after that
+    peer's launch n finished reading them.
+    """
+    tp, h, lat = cfg.tp, cfg.hidden_size, cfg.latent_size
+    row, lrow = PAIR * (h // 2), PAIR * (lat // 2)
+    return _layout(
+        [
+            ("ar1", tp * MAX_ROWS * row),
+            ("lg", PAIR * MAX_ROWS * cfg.num_experts),
+            ("lat", MAX_ROWS * lrow),
+            ("rl", tp * MAX_ROWS * lrow),
+            ("sh", tp * MAX_ROWS * row),
+            ("upo", MAX_ROWS * row),
+            ("hs", PAIR * tp),
+        ],
+        peer_base(tp),
+    )
+
+
+def peer_bytes(cfg: KimiK3Config) -> int:
+    return _end(peer_layout(cfg))
+
+
+# -- arguments ---------------------------------------------------------------------------
+
+ARGS: tuple[tuple[str, str], ...] = (
+    ("core", "bf16[S, Ko] this rank's o_proj input (the attention output's K slice)"),
+    ("prefix", "bf16[S, H] the AttnRes prefix, updated in place on live rows"),
+    ("blocks", "bf16[S, >= sources, H] the AttnRes block bank (rows may be strided)"),
+    ("out", "bf16[S, H] the layer's output, all-reduced (0 on padding rows)"),
+    ("slots", "int64[S] the rows' KV slots: negative = padding"),
+    ("weights", "the layer's K2Weights (experts in the build's layout)"),
+    ("scratch", "uint8 this width's scratch region (scratch_layout)"),
+    ("sources", "int32 AttnRes block sources before the prefix (KimiK3Config.mlp_attn_res)"),
+    ("reset", "int32 1: a block-write layer (the prefix restarts at o)"),
+    ("slot", "int32 the launch's tag slot in its step (0..255; also its ticket counter)"),
+    ("final", "int32 1: the launch ends in the TP fault handshake"),
+)
+"""Then mono_runtime's: ctl, health, tickets, peers, rank, world."""

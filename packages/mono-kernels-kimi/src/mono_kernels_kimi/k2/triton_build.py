@@ -1,0 +1,1437 @@
+"""Triton build of K2 (spec.py): one persistent launch per Kimi-K3 MoE layer and TP rank.
+
+A grid of programs takes tickets from the runtime's per-slot counter; ticket t's item is
+fixed by spec.stages (static counts: the up stage is sized for the widest union), and the
+kernel reads top to bottom as one function per stage. Every weight is streamed once by
+mono_runtime.stream's `stream_rows`, weight rows as the dot's wide operand against the
+step's <= 16 token rows. bf16 activations travel between ranks as int32 pairs (column 2i
+in the low half), which is exactly a mailbox payload; rank sums add in rank order (fp32),
+so every rank gets bit-identical results.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from mono_runtime import protocol_triton as pt
+from mono_runtime.protocol import region_id
+from mono_runtime.stream import device as st
+from mono_runtime.topk_triton import sigmoid_topk_row
+
+from .spec import K2Build, p2, peer_layout, scratch_layout, starts, table_offsets
+
+NAN_PAIR = tl.constexpr(0x7FC07FC0)  # two bf16 quiet NaNs: what a failed gather stores
+
+
+@triton.jit
+def _bf16(x):
+    """x rounded to bf16 (nearest even, as the pair packing rounds), as fp32."""
+    return (pt.bf16_bits(x) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh through one exp of -2|x| (no overflow)."""
+    e = tl.exp(-2.0 * tl.abs(x))
+    y = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -y, y)
+
+
+@triton.jit
+def _situ(g, u, BETA: tl.constexpr, LBETA: tl.constexpr):
+    """vLLM's SituAndMul on fp32 gate and up: beta tanh(g/beta) sigmoid(g) * lb tanh(u/lb)."""
+    return BETA * _tanh(g / BETA) * tl.sigmoid(g) * (LBETA * _tanh(u / LBETA))
+
+
+@triton.jit
+def _pairs(acc, BN: tl.constexpr):
+    """fp32 [BN weight rows, 16 tokens] -> int32 [16, BN / 2] bf16 pairs (rounded)."""
+    lo, hi = tl.split(tl.reshape(tl.trans(acc), (16, BN // 2, 2)))
+    return pt.bf16x2_pack(lo, hi)
+
+
+@triton.jit
+def _push(peers, world, off, row_pairs, q, payload, keep, tag, S: tl.constexpr):
+    """Publish `payload` [16 tokens, Q] at pair `off + token * row_pairs + q` of every
+    rank's peer data (tokens < S, lanes where `keep`)."""
+    t = tl.arange(0, 16)[:, None]
+    for dst in range(world):
+        pt.publish(
+            pt.peer_data(peers, dst) + off + t * row_pairs + q[None, :],
+            payload,
+            tag,
+            (t < S) & keep[None, :],
+            "sys",
+        )
+
+
+@triton.jit
+def _share(rank, g, SHARE: tl.constexpr, TOTAL: tl.constexpr, BN: tl.constexpr):
+    """Item g of this rank's SHARE rows of a whole [TOTAL, *] weight: (first row of the BN
+    streamed, which rows of them to keep). A share smaller than BN streams neighbouring
+    rows too (the weight is whole on every rank) and keeps only its own."""
+    first = rank * SHARE + g * BN
+    r0 = tl.minimum(first, TOTAL - BN)
+    rows = r0 + tl.arange(0, BN)
+    keep = (rows >= first) & (rows < tl.minimum(first + BN, (rank + 1) * SHARE))
+    return r0, rows, keep
+
+
+@triton.jit
+def _expert(e, w, ws, N: tl.constexpr, K: tl.constexpr):
+    """(values, scales) of expert e's MXFP4 [N, K] matrix in a stacked tensor."""
+    eo = e.to(tl.int64)
+    return w + eo * (N * K // 2), ws + eo * (N * K // 32)
+
+
+@triton.jit
+def _wait(
+    done,
+    first,
+    N: tl.constexpr,
+    N2: tl.constexpr,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    region,
+    CPU: tl.constexpr,
+):
+    """Wait (bounded) for items first..first+N-1 (smaller tickets); then their stores are
+    visible to this program. N2: N rounded up to a power of two."""
+    return pt.wait_done(
+        done, first, N, N2, tag, ctl, health, peers, rank, world, region, first, CPU
+    )
+
+
+# Integer arguments that vary per launch or per rank: never specialized (a value of 1 or a
+# multiple of 16 would otherwise compile another binary: e.g. one per rank or layer).
+@triton.jit(
+    do_not_specialize=[
+        "blocks_row",
+        "blocks_block",
+        "sources",
+        "reset",
+        "slot",
+        "final",
+        "rank",
+        "world",
+    ]
+)
+def k2_kernel(
+    core,
+    prefix,
+    blocks,
+    out,
+    slots,
+    o_proj,
+    mlp_res_norm,
+    mlp_res_proj,
+    post_norm,
+    router,
+    bias,
+    latent_down,
+    latent_norm,
+    up_proj,
+    shared_w13,
+    shared_w2,
+    w13,
+    w13_scale,
+    w2,
+    w2_scale,
+    scratch,
+    blocks_row,
+    blocks_block,
+    sources,
+    reset,
+    slot,
+    final,
+    ctl,
+    health,
+    tickets,
+    peers,
+    rank,
+    world,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    KO: tl.constexpr,
+    LAT: tl.constexpr,
+    E: tl.constexpr,
+    K: tl.constexpr,
+    RI: tl.constexpr,
+    SI: tl.constexpr,
+    NB: tl.constexpr,
+    EPR: tl.constexpr,
+    LPR: tl.constexpr,
+    HPR: tl.constexpr,
+    MAXSLOTS: tl.constexpr,
+    FMT: tl.constexpr,
+    OC: tl.constexpr,
+    OBK: tl.constexpr,
+    RC: tl.constexpr,
+    NCH: tl.constexpr,
+    RBK: tl.constexpr,
+    SB: tl.constexpr,
+    SD: tl.constexpr,
+    SDK: tl.constexpr,
+    BN: tl.constexpr,
+    NC: tl.constexpr,
+    UBK: tl.constexpr,
+    DC: tl.constexpr,
+    DBK: tl.constexpr,
+    UC: tl.constexpr,
+    FC: tl.constexpr,
+    NF: tl.constexpr,
+    STAGES: tl.constexpr,
+    S2: tl.constexpr,
+    NS2: tl.constexpr,
+    NCH2: tl.constexpr,
+    NSU2: tl.constexpr,
+    NC2: tl.constexpr,
+    SNF2: tl.constexpr,
+    LP2: tl.constexpr,
+    E2: tl.constexpr,
+    KP: tl.constexpr,
+    SK2: tl.constexpr,
+    WT2: tl.constexpr,
+    T_COL: tl.constexpr,
+    T_ROW: tl.constexpr,
+    T_ROUTER: tl.constexpr,
+    T_LATDOWN: tl.constexpr,
+    T_SHUP: tl.constexpr,
+    T_SHDOWN: tl.constexpr,
+    T_GATHER: tl.constexpr,
+    T_ROUTE: tl.constexpr,
+    T_UNION: tl.constexpr,
+    T_UP: tl.constexpr,
+    T_DOWN: tl.constexpr,
+    T_LRED: tl.constexpr,
+    T_UPPROJ: tl.constexpr,
+    T_FINAL: tl.constexpr,
+    T_HS: tl.constexpr,
+    O_DONE: tl.constexpr,
+    O_PNEW: tl.constexpr,
+    O_SSQ: tl.constexpr,
+    O_DOT: tl.constexpr,
+    O_MIX: tl.constexpr,
+    O_X: tl.constexpr,
+    O_SMID: tl.constexpr,
+    O_XLAT: tl.constexpr,
+    O_TABLE: tl.constexpr,
+    O_MID: tl.constexpr,
+    O_NLAT: tl.constexpr,
+    T_SLOTE: tl.constexpr,
+    T_WTAB: tl.constexpr,
+    T_IDS: tl.constexpr,
+    T_TOPW: tl.constexpr,
+    T_POS: tl.constexpr,
+    P_AR1: tl.constexpr,
+    P_LG: tl.constexpr,
+    P_LAT: tl.constexpr,
+    P_RL: tl.constexpr,
+    P_SH: tl.constexpr,
+    P_UPO: tl.constexpr,
+    P_HS: tl.constexpr,
+    R_AR1: tl.constexpr,
+    R_LG: tl.constexpr,
+    R_LAT: tl.constexpr,
+    R_RL: tl.constexpr,
+    R_SH: tl.constexpr,
+    R_UPO: tl.constexpr,
+    R_ITEMS: tl.constexpr,
+    R_HS: tl.constexpr,
+    EPS: tl.constexpr,
+    RSF: tl.constexpr,
+    RENORM: tl.constexpr,
+    LNORM: tl.constexpr,
+    BETA: tl.constexpr,
+    LBETA: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    tag = pt.step_tag(ctl, slot)
+    counter = tickets + slot
+    done = (scratch + O_DONE).to(tl.pointer_type(tl.int64))
+    me = pt.peer_data(peers, rank)
+    pt.fault_stall(ctl, peers, rank, world, CPU)
+    total = T_HS + final  # the handshake closes final launches
+    t = pt.ticket_take(counter, total)
+    while t < total:
+        if t < T_COL:
+            _oproj(t, core, o_proj, peers, rank, world, tag, S, H, KO, OC, OBK, STAGES, P_AR1, CPU)
+        elif t < T_ROW:
+            _col(
+                t,
+                (t - T_COL) // NCH,
+                (t - T_COL) % NCH,
+                prefix,
+                blocks,
+                slots,
+                mlp_res_norm,
+                mlp_res_proj,
+                scratch,
+                done,
+                blocks_row,
+                blocks_block,
+                sources,
+                reset,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                me,
+                S,
+                H,
+                NB,
+                RC,
+                NCH,
+                O_PNEW,
+                O_SSQ,
+                O_DOT,
+                P_AR1,
+                R_AR1,
+                CPU,
+            )
+        elif t < T_ROUTER:
+            _wait(
+                done,
+                T_COL + (t - T_ROW) * NCH,
+                NCH,
+                NCH2,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                R_ITEMS,
+                CPU,
+            )
+            _row(
+                t - T_ROW,
+                blocks,
+                post_norm,
+                scratch,
+                blocks_row,
+                blocks_block,
+                sources,
+                H,
+                NB,
+                RC,
+                NCH,
+                NS2,
+                NCH2,
+                O_PNEW,
+                O_SSQ,
+                O_DOT,
+                O_MIX,
+                O_X,
+                EPS,
+            )
+            pt.ticket_finish(done, t, tag)
+        elif t < T_SHDOWN:
+            # router, latent down and shared up: each reads x, all rows of it
+            _wait(done, T_ROW, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+            x = (scratch + O_X).to(tl.pointer_type(tl.bfloat16))
+            if t < T_LATDOWN:
+                _router(
+                    t - T_ROUTER,
+                    x,
+                    router,
+                    peers,
+                    rank,
+                    world,
+                    tag,
+                    S,
+                    H,
+                    E,
+                    EPR,
+                    RBK,
+                    STAGES,
+                    P_LG,
+                    CPU,
+                )
+            elif t < T_SHUP:
+                _latdown(
+                    t - T_LATDOWN,
+                    x,
+                    latent_down,
+                    peers,
+                    rank,
+                    world,
+                    tag,
+                    S,
+                    H,
+                    LAT,
+                    LPR,
+                    RBK,
+                    STAGES,
+                    P_LAT,
+                    CPU,
+                )
+            else:
+                _shup(
+                    t - T_SHUP,
+                    x,
+                    shared_w13,
+                    scratch,
+                    S,
+                    H,
+                    SI,
+                    SB,
+                    RBK,
+                    STAGES,
+                    O_SMID,
+                    BETA,
+                    LBETA,
+                    CPU,
+                )
+                pt.ticket_finish(done, t, tag)
+        elif t < T_GATHER:
+            _wait(done, T_SHUP, SI // SB, NSU2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+            smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
+            acc = st.stream_rows(
+                shared_w2,
+                shared_w2,
+                smid,
+                (t - T_SHDOWN) * SD,
+                0,
+                SI // SDK,
+                SI,
+                SD,
+                SDK,
+                S,
+                0,
+                STAGES,
+                CPU,
+                True,
+            )
+            q = (t - T_SHDOWN) * (SD // 2) + tl.arange(0, SD // 2)
+            _push(
+                peers,
+                world,
+                P_SH // 8 + rank * 16 * (H // 2),
+                H // 2,
+                q,
+                _pairs(acc, SD),
+                q >= 0,
+                tag,
+                S,
+            )
+        elif t < T_ROUTE:
+            _gather(
+                t - T_GATHER,
+                scratch,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                me,
+                LAT,
+                LP2,
+                O_XLAT,
+                P_LAT,
+                R_LAT,
+                CPU,
+            )
+            pt.ticket_finish(done, t, tag)
+        elif t < T_UNION:
+            _route(
+                t - T_ROUTE,
+                bias,
+                slots,
+                scratch,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                me,
+                E,
+                E2,
+                K,
+                KP,
+                O_TABLE,
+                T_IDS,
+                T_TOPW,
+                P_LG,
+                R_LG,
+                RSF,
+                RENORM,
+                CPU,
+            )
+            pt.ticket_finish(done, t, tag)
+        elif t < T_UP:
+            _wait(done, T_ROUTE, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+            _union(
+                scratch,
+                S,
+                E,
+                K,
+                MAXSLOTS,
+                E2,
+                SK2,
+                WT2,
+                O_TABLE,
+                T_SLOTE,
+                T_WTAB,
+                T_IDS,
+                T_TOPW,
+                T_POS,
+            )
+            pt.ticket_finish(done, t, tag)
+        elif t < T_DOWN:
+            ok = _wait(done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+            ok = ok & _wait(
+                done, T_GATHER, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
+            _up(
+                (t - T_UP) // NC,
+                (t - T_UP) % NC,
+                w13,
+                w13_scale,
+                scratch,
+                ok,
+                S,
+                E,
+                LAT,
+                RI,
+                MAXSLOTS,
+                BN,
+                UBK,
+                FMT,
+                STAGES,
+                O_TABLE,
+                T_SLOTE,
+                O_XLAT,
+                O_MID,
+                BETA,
+                LBETA,
+                CPU,
+            )
+            pt.ticket_finish(done, t, tag)
+        elif t < T_LRED:
+            _down(
+                t - T_DOWN,
+                w2,
+                w2_scale,
+                scratch,
+                done,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                S,
+                E,
+                LAT,
+                RI,
+                MAXSLOTS,
+                NC,
+                NC2,
+                DC,
+                DBK,
+                FMT,
+                STAGES,
+                T_UNION,
+                T_UP,
+                O_TABLE,
+                T_SLOTE,
+                T_WTAB,
+                O_MID,
+                P_RL,
+                R_ITEMS,
+                CPU,
+            )
+        elif t < T_UPPROJ:
+            _lred(
+                t - T_LRED,
+                latent_norm,
+                scratch,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                me,
+                LAT,
+                LP2,
+                O_NLAT,
+                P_RL,
+                R_RL,
+                EPS,
+                LNORM,
+                CPU,
+            )
+            pt.ticket_finish(done, t, tag)
+        elif t < T_FINAL:
+            _wait(done, T_LRED, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+            nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.bfloat16))
+            r0 = rank * HPR + (t - T_UPPROJ) * UC
+            acc = st.stream_rows(
+                up_proj, up_proj, nlat, r0, 0, LAT // UBK, LAT, UC, UBK, S, 0, STAGES, CPU, True
+            )
+            q = r0 // 2 + tl.arange(0, UC // 2)
+            _push(peers, world, P_UPO // 8, H // 2, q, _pairs(acc, UC), q >= 0, tag, S)
+        elif t < T_HS:
+            _final(
+                (t - T_FINAL) // NF,
+                (t - T_FINAL) % NF,
+                out,
+                slots,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                me,
+                H,
+                FC,
+                P_SH,
+                P_UPO,
+                R_SH,
+                R_UPO,
+                CPU,
+            )
+            pt.ticket_finish(done, t, tag)
+        else:
+            # the TP fault handshake: every final item here is done; tell every rank, hear
+            # from every rank (a rank that gave up has set its alarm here)
+            _wait(done, T_FINAL, S * NF, SNF2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+            i = tl.arange(0, 8)
+            for dst in range(world):
+                pt.publish(pt.peer_data(peers, dst) + P_HS // 8 + rank + i, i, tag, i == 0, "sys")
+            pt.poll(
+                me + P_HS // 8 + i, i < world, tag, ctl, health, peers, rank, world, R_HS, 0, CPU
+            )
+        t = pt.ticket_take(counter, total)
+
+
+# -- the stages, in ticket order ---------------------------------------------------------
+
+
+@triton.jit
+def _oproj(
+    i,
+    core,
+    o_proj,
+    peers,
+    rank,
+    world,
+    tag,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    KO: tl.constexpr,
+    OC: tl.constexpr,
+    OBK: tl.constexpr,
+    STAGES: tl.constexpr,
+    P_AR1: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """OC columns of this rank's o_proj partial (bf16, as a GEMM leaves it) -> every rank's
+    ar1[this rank]."""
+    acc = st.stream_rows(
+        o_proj, o_proj, core, i * OC, 0, KO // OBK, KO, OC, OBK, S, 0, STAGES, CPU, True
+    )
+    q = i * (OC // 2) + tl.arange(0, OC // 2)
+    _push(
+        peers, world, P_AR1 // 8 + rank * 16 * (H // 2), H // 2, q, _pairs(acc, OC), q >= 0, tag, S
+    )
+
+
+@triton.jit
+def _col(
+    t,
+    s,
+    ch,
+    prefix,
+    blocks,
+    slots,
+    mlp_res_norm,
+    mlp_res_proj,
+    scratch,
+    done,
+    blocks_row,
+    blocks_block,
+    sources,
+    reset,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    me,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    NB: tl.constexpr,
+    RC: tl.constexpr,
+    NCH: tl.constexpr,
+    O_PNEW: tl.constexpr,
+    O_SSQ: tl.constexpr,
+    O_DOT: tl.constexpr,
+    P_AR1: tl.constexpr,
+    R_AR1: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """Row s, columns [ch RC, (ch + 1) RC): o = the ranks' partials in rank order (bf16);
+    the new prefix (reset: o; else bf16(prefix + o)) -> pnew (and the prefix, live rows);
+    each source's sum of squares and dot with norm * proj over the chunk."""
+    p = ch * (RC // 2) + tl.arange(0, RC // 2)
+    lo, hi, ok = pt.reduce_bf16x2(
+        me + P_AR1 // 8 + s * (H // 2) + p,
+        16 * (H // 2),
+        p >= 0,
+        tag,
+        ctl,
+        health,
+        peers,
+        rank,
+        world,
+        R_AR1,
+        s * (H // 2) + ch * (RC // 2),
+        CPU,
+    )
+    ol, oh = _bf16(lo), _bf16(hi)
+    old = tl.load(prefix + s * (H // 2) + p)
+    pl = tl.where(reset != 0, ol, _bf16(pt.bf16x2_lo(old) + ol))
+    ph = tl.where(reset != 0, oh, _bf16(pt.bf16x2_hi(old) + oh))
+    pl = tl.where(ok, pl, float("nan"))
+    ph = tl.where(ok, ph, float("nan"))
+    packed = pt.bf16x2_pack(pl, ph)
+    tl.store((scratch + O_PNEW).to(tl.pointer_type(tl.int32)) + s * (H // 2) + p, packed)
+    live = tl.load(slots + s) >= 0
+    tl.store(prefix + s * (H // 2) + p, packed, mask=(p >= 0) & live)
+    wl = tl.load(mlp_res_norm + 2 * p).to(tl.float32) * tl.load(mlp_res_proj + 2 * p).to(tl.float32)
+    wh = tl.load(mlp_res_norm + 2 * p + 1).to(tl.float32) * tl.load(mlp_res_proj + 2 * p + 1).to(
+        tl.float32
+    )
+    ssq = (scratch + O_SSQ).to(tl.pointer_type(tl.float32)) + s * ((NB + 1) * NCH) + ch
+    dot = (scratch + O_DOT).to(tl.pointer_type(tl.float32)) + s * ((NB + 1) * NCH) + ch
+    tl.store(ssq + NB * NCH, tl.sum(pl * pl + ph * ph, 0))
+    tl.store(dot + NB * NCH, tl.sum(pl * wl + ph * wh, 0))
+    for j in range(0, sources):
+        src = blocks + s * blocks_row + j * blocks_block + 2 * p
+        bl = tl.load(src).to(tl.float32)
+        bh = tl.load(src + 1).to(tl.float32)
+        tl.store(ssq + j * NCH, tl.sum(bl * bl + bh * bh, 0))
+        tl.store(dot + j * NCH, tl.sum(bl * wl + bh * wh, 0))
+    pt.ticket_finish(done, t, tag)
+
+
+@triton.jit
+def _row(
+    s,
+    blocks,
+    post_norm,
+    scratch,
+    blocks_row,
+    blocks_block,
+    sources,
+    H: tl.constexpr,
+    NB: tl.constexpr,
+    RC: tl.constexpr,
+    NCH: tl.constexpr,
+    NS2: tl.constexpr,
+    NCH2: tl.constexpr,
+    O_PNEW: tl.constexpr,
+    O_SSQ: tl.constexpr,
+    O_DOT: tl.constexpr,
+    O_MIX: tl.constexpr,
+    O_X: tl.constexpr,
+    EPS: tl.constexpr,
+):
+    """Row s's MoE input: softmax over the sources of (dot x rstd), the mix (blocks in
+    order, then the prefix), then post_attention_layernorm -> x (bf16)."""
+    jj = tl.arange(0, NS2)
+    cc = tl.arange(0, NCH2)
+    m2 = (jj[:, None] <= NB) & (cc[None, :] < NCH)
+    off = s * ((NB + 1) * NCH) + jj[:, None] * NCH + cc[None, :]
+    sq = tl.sum(
+        tl.load(
+            (scratch + O_SSQ).to(tl.pointer_type(tl.float32)) + off,
+            mask=m2,
+            other=0.0,
+            volatile=True,
+        ),
+        1,
+    )
+    dt = tl.sum(
+        tl.load(
+            (scratch + O_DOT).to(tl.pointer_type(tl.float32)) + off,
+            mask=m2,
+            other=0.0,
+            volatile=True,
+        ),
+        1,
+    )
+    valid = (jj < sources) | (jj == NB)
+    logit = tl.where(valid, dt / tl.sqrt_rn(sq / H + EPS), float("-inf"))
+    ex = tl.where(valid, tl.exp(logit - tl.max(logit, 0)), 0.0)
+    wts = ex / tl.sum(ex, 0)
+    wpre = tl.sum(tl.where(jj == NB, wts, 0.0), 0)
+    pnew = (scratch + O_PNEW).to(tl.pointer_type(tl.bfloat16)) + s * H
+    mix = (scratch + O_MIX).to(tl.pointer_type(tl.float32)) + s * H
+    ss = tl.sum(tl.zeros((2,), tl.float32), 0)
+    for q in tl.static_range(NCH):
+        k = q * RC + tl.arange(0, RC)
+        acc = tl.zeros((RC,), tl.float32)
+        for j in range(0, sources):
+            wj = tl.sum(tl.where(jj == j, wts, 0.0), 0)
+            acc += wj * tl.load(blocks + s * blocks_row + j * blocks_block + k).to(tl.float32)
+        acc += wpre * tl.load(pnew + k, volatile=True).to(tl.float32)
+        ss += tl.sum(acc * acc, 0)
+        tl.store(mix + k, acc)
+    tl.debug_barrier()
+    rstd = 1.0 / tl.sqrt_rn(ss / H + EPS)
+    x = (scratch + O_X).to(tl.pointer_type(tl.bfloat16)) + s * H
+    for q in tl.static_range(NCH):
+        k = q * RC + tl.arange(0, RC)
+        v = tl.load(mix + k, volatile=True) * rstd * tl.load(post_norm + k).to(tl.float32)
+        tl.store(x + k, _bf16(v).to(tl.bfloat16))
+
+
+@triton.jit
+def _router(
+    g,
+    x,
+    router,
+    peers,
+    rank,
+    world,
+    tag,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    E: tl.constexpr,
+    EPR: tl.constexpr,
+    RBK: tl.constexpr,
+    STAGES: tl.constexpr,
+    P_LG: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """16 of this rank's router rows, fp32 logits -> every rank's lg (all-gather)."""
+    r0, rows, keep = _share(rank, g, EPR, E, 16)
+    acc = st.stream_rows(router, router, x, r0, 0, H // RBK, H, 16, RBK, S, 0, STAGES, CPU, True)
+    _push(peers, world, P_LG // 8, E, rows, tl.trans(acc).to(tl.int32, bitcast=True), keep, tag, S)
+
+
+@triton.jit
+def _latdown(
+    g,
+    x,
+    latent_down,
+    peers,
+    rank,
+    world,
+    tag,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    LAT: tl.constexpr,
+    LPR: tl.constexpr,
+    RBK: tl.constexpr,
+    STAGES: tl.constexpr,
+    P_LAT: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """16 of this rank's latent_down rows, bf16 -> every rank's lat (all-gather)."""
+    r0, rows, keep = _share(rank, g, LPR, LAT, 16)
+    acc = st.stream_rows(
+        latent_down, latent_down, x, r0, 0, H // RBK, H, 16, RBK, S, 0, STAGES, CPU, True
+    )
+    q = r0 // 2 + tl.arange(0, 8)
+    kq = tl.sum(tl.reshape(keep.to(tl.int32), (8, 2)), 1) == 2
+    _push(peers, world, P_LAT // 8, LAT // 2, q, _pairs(acc, 16), kq, tag, S)
+
+
+@triton.jit
+def _shup(
+    c,
+    x,
+    shared_w13,
+    scratch,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    SI: tl.constexpr,
+    SB: tl.constexpr,
+    RBK: tl.constexpr,
+    STAGES: tl.constexpr,
+    O_SMID: tl.constexpr,
+    BETA: tl.constexpr,
+    LBETA: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """SB gate + SB up rows of the shared gate_up (bf16, as its GEMM leaves them), SiTU
+    -> smid (bf16)."""
+    g = st.stream_rows(
+        shared_w13, shared_w13, x, c * SB, 0, H // RBK, H, SB, RBK, S, 0, STAGES, CPU, True
+    )
+    u = st.stream_rows(
+        shared_w13, shared_w13, x, SI + c * SB, 0, H // RBK, H, SB, RBK, S, 0, STAGES, CPU, True
+    )
+    h = _situ(_bf16(g), _bf16(u), BETA, LBETA)
+    n = tl.arange(0, SB)
+    t = tl.arange(0, 16)
+    smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
+    tl.store(
+        smid + t[None, :] * SI + (c * SB + n)[:, None],
+        _bf16(h).to(tl.bfloat16),
+        mask=t[None, :] < S,
+    )
+
+
+@triton.jit
+def _gather(
+    s,
+    scratch,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    me,
+    LAT: tl.constexpr,
+    LP2: tl.constexpr,
+    O_XLAT: tl.constexpr,
+    P_LAT: tl.constexpr,
+    R_LAT: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """Row s of the gathered latent input (every rank's share) -> xlat."""
+    i = tl.arange(0, LP2)
+    m = i < LAT // 2
+    v, ok = pt.poll(
+        me + P_LAT // 8 + s * (LAT // 2) + i,
+        m,
+        tag,
+        ctl,
+        health,
+        peers,
+        rank,
+        world,
+        R_LAT,
+        s * (LAT // 2),
+        CPU,
+    )
+    xlat = (scratch + O_XLAT).to(tl.pointer_type(tl.int32))
+    tl.store(xlat + s * (LAT // 2) + i, tl.where(ok, v, NAN_PAIR), mask=m)
+
+
+@triton.jit
+def _route(
+    s,
+    bias,
+    slots,
+    scratch,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    me,
+    E: tl.constexpr,
+    E2: tl.constexpr,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    O_TABLE: tl.constexpr,
+    T_IDS: tl.constexpr,
+    T_TOPW: tl.constexpr,
+    P_LG: tl.constexpr,
+    R_LG: tl.constexpr,
+    RSF: tl.constexpr,
+    RENORM: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """Row s: top-k of the gathered fp32 logits (mono_runtime.routing's rule) -> topk_ids,
+    topk_w (-1 and 0 on a padding row)."""
+    e = tl.arange(0, E2)
+    v, ok = pt.poll(
+        me + P_LG // 8 + s * E + e, e < E, tag, ctl, health, peers, rank, world, R_LG, s * E, CPU
+    )
+    logits = tl.where(ok, v.to(tl.float32, bitcast=True), float("nan"))
+    b = tl.load(bias + e, mask=e < E, other=0.0)
+    ids, w = sigmoid_topk_row(logits, b, E, K, KP, RSF, RENORM)
+    live = tl.load(slots + s) >= 0
+    kk = tl.arange(0, KP)
+    ids_p = (scratch + O_TABLE + T_IDS).to(tl.pointer_type(tl.int32))
+    topw_p = (scratch + O_TABLE + T_TOPW).to(tl.pointer_type(tl.float32))
+    tl.store(ids_p + s * K + kk, tl.where(live, ids, -1), mask=kk < K)
+    tl.store(topw_p + s * K + kk, tl.where(live, w, 0.0), mask=kk < K)
+
+
+@triton.jit
+def _union(
+    scratch,
+    S: tl.constexpr,
+    E: tl.constexpr,
+    K: tl.constexpr,
+    MAXSLOTS: tl.constexpr,
+    E2: tl.constexpr,
+    SK2: tl.constexpr,
+    WT2: tl.constexpr,
+    O_TABLE: tl.constexpr,
+    T_SLOTE: tl.constexpr,
+    T_WTAB: tl.constexpr,
+    T_IDS: tl.constexpr,
+    T_TOPW: tl.constexpr,
+    T_POS: tl.constexpr,
+):
+    """The slot table: the live rows' experts in ascending id (slot_expert, nslots) and
+    wtab[slot, row], the row's weight for the slot's expert (0 where it did not pick it)."""
+    table = scratch + O_TABLE
+    pos = (table + T_POS).to(tl.pointer_type(tl.int32))
+    slot_e = (table + T_SLOTE).to(tl.pointer_type(tl.int32))
+    wtab = (table + T_WTAB).to(tl.pointer_type(tl.float32))
+    ex = tl.arange(0, E2)
+    tl.store(pos + ex, 0, mask=ex < E)
+    z = tl.arange(0, WT2)
+    tl.store(wtab + z, 0.0, mask=z < MAXSLOTS * S)
+    tl.debug_barrier()
+    i = tl.arange(0, SK2)
+    ids = tl.load(
+        (table + T_IDS).to(tl.pointer_type(tl.int32)) + i, mask=i < S * K, other=-1, volatile=True
+    )
+    picked = (i < S * K) & (ids >= 0) & (ids < E)
+    tl.store(pos + ids, 1, mask=picked)
+    tl.debug_barrier()
+    used = tl.load(pos + ex, mask=ex < E, other=0, volatile=True)
+    at = tl.cumsum(used, 0) - 1
+    tl.debug_barrier()
+    tl.store(slot_e + at, ex, mask=used > 0)
+    tl.store(pos + ex, at, mask=ex < E)
+    tl.store(table.to(tl.pointer_type(tl.int32)), tl.sum(used, 0))
+    tl.debug_barrier()
+    j = tl.load(pos + ids, mask=picked, other=0, volatile=True)
+    w = tl.load(
+        (table + T_TOPW).to(tl.pointer_type(tl.float32)) + i, mask=picked, other=0.0, volatile=True
+    )
+    tl.store(wtab + j * S + i // K, w, mask=picked)
+
+
+@triton.jit
+def _slot_count(scratch, O_TABLE: tl.constexpr, MAXSLOTS: tl.constexpr):
+    """The union's slot count, clamped (a failed wait may read a stale table)."""
+    n = tl.load((scratch + O_TABLE).to(tl.pointer_type(tl.int32)), volatile=True)
+    return tl.minimum(tl.maximum(n, 0), MAXSLOTS)
+
+
+@triton.jit
+def _slot_expert(scratch, j, E: tl.constexpr, O_TABLE: tl.constexpr, T_SLOTE: tl.constexpr):
+    e = tl.load((scratch + O_TABLE + T_SLOTE).to(tl.pointer_type(tl.int32)) + j, volatile=True)
+    return tl.minimum(tl.maximum(e, 0), E - 1)
+
+
+@triton.jit
+def _up(
+    j,
+    c,
+    w13,
+    w13_scale,
+    scratch,
+    ok,
+    S: tl.constexpr,
+    E: tl.constexpr,
+    LAT: tl.constexpr,
+    RI: tl.constexpr,
+    MAXSLOTS: tl.constexpr,
+    BN: tl.constexpr,
+    UBK: tl.constexpr,
+    FMT: tl.constexpr,
+    STAGES: tl.constexpr,
+    O_TABLE: tl.constexpr,
+    T_SLOTE: tl.constexpr,
+    O_XLAT: tl.constexpr,
+    O_MID: tl.constexpr,
+    BETA: tl.constexpr,
+    LBETA: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """Slot j's gate and up rows [c BN, (c + 1) BN) (MXFP4, fp32 sums), SiTU -> mid[j]
+    (bf16); nothing for a slot past the union's count."""
+    if j < _slot_count(scratch, O_TABLE, MAXSLOTS):
+        e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
+        w, ws = _expert(e, w13, w13_scale, 2 * RI, LAT)
+        xlat = (scratch + O_XLAT).to(tl.pointer_type(tl.bfloat16))
+        g = st.stream_rows(
+            w, ws, xlat, c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU, True
+        )
+        u = st.stream_rows(
+            w, ws, xlat, RI + c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU, True
+        )
+        h = tl.where(ok, _situ(g, u, BETA, LBETA), float("nan"))
+        n = tl.arange(0, BN)
+        t = tl.arange(0, 16)
+        mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
+        tl.store(
+            mid + (j * S + t[None, :]) * RI + (c * BN + n)[:, None],
+            _bf16(h).to(tl.bfloat16),
+            mask=t[None, :] < S,
+        )
+
+
+@triton.jit
+def _down(
+    d,
+    w2,
+    w2_scale,
+    scratch,
+    done,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    S: tl.constexpr,
+    E: tl.constexpr,
+    LAT: tl.constexpr,
+    RI: tl.constexpr,
+    MAXSLOTS: tl.constexpr,
+    NC: tl.constexpr,
+    NC2: tl.constexpr,
+    DC: tl.constexpr,
+    DBK: tl.constexpr,
+    FMT: tl.constexpr,
+    STAGES: tl.constexpr,
+    T_UNION: tl.constexpr,
+    T_UP: tl.constexpr,
+    O_TABLE: tl.constexpr,
+    T_SLOTE: tl.constexpr,
+    T_WTAB: tl.constexpr,
+    O_MID: tl.constexpr,
+    P_RL: tl.constexpr,
+    R_ITEMS: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """Latent columns [d DC, (d + 1) DC) of this rank's routed partial: the slots in
+    order (ascending expert id), each as soon as its up items are done, weighted by wtab,
+    summed in fp32 and rounded once -> every rank's rl[this rank]."""
+    ok = _wait(done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+    nslots = _slot_count(scratch, O_TABLE, MAXSLOTS)
+    wtab = (scratch + O_TABLE + T_WTAB).to(tl.pointer_type(tl.float32))
+    mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
+    t = tl.arange(0, 16)
+    acc = tl.zeros((DC, 16), tl.float32)
+    for j in range(0, nslots):
+        e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
+        wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
+        w, ws = _expert(e, w2, w2_scale, LAT, RI)
+        ok = ok & _wait(
+            done, T_UP + j * NC, NC, NC2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+        )
+        y = st.stream_rows(
+            w, ws, mid + j * S * RI, d * DC, 0, RI // DBK, RI, DC, DBK, S, FMT, STAGES, CPU, True
+        )
+        acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
+    acc = tl.where(ok, acc, float("nan"))
+    q = d * (DC // 2) + tl.arange(0, DC // 2)
+    _push(
+        peers,
+        world,
+        P_RL // 8 + rank * 16 * (LAT // 2),
+        LAT // 2,
+        q,
+        _pairs(acc, DC),
+        q >= 0,
+        tag,
+        S,
+    )
+
+
+@triton.jit
+def _lred(
+    s,
+    latent_norm,
+    scratch,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    me,
+    LAT: tl.constexpr,
+    LP2: tl.constexpr,
+    O_NLAT: tl.constexpr,
+    P_RL: tl.constexpr,
+    R_RL: tl.constexpr,
+    EPS: tl.constexpr,
+    LNORM: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """Row s: the ranks' routed partials in rank order -> bf16 -> routed_expert_norm
+    (normalized in fp32, rounded, times the bf16 weight, rounded) -> nlat."""
+    i = tl.arange(0, LP2)
+    m = i < LAT // 2
+    lo, hi, ok = pt.reduce_bf16x2(
+        me + P_RL // 8 + s * (LAT // 2) + i,
+        16 * (LAT // 2),
+        m,
+        tag,
+        ctl,
+        health,
+        peers,
+        rank,
+        world,
+        R_RL,
+        s * (LAT // 2),
+        CPU,
+    )
+    vl = tl.where(ok, _bf16(lo), float("nan"))
+    vh = tl.where(ok, _bf16(hi), float("nan"))
+    if LNORM:
+        ss = tl.sum(tl.where(m, vl * vl + vh * vh, 0.0), 0)
+        rstd = 1.0 / tl.sqrt_rn(ss / LAT + EPS)
+        wl = tl.load(latent_norm + 2 * i, mask=m, other=0.0).to(tl.float32)
+        wh = tl.load(latent_norm + 2 * i + 1, mask=m, other=0.0).to(tl.float32)
+        vl = _bf16(vl * rstd) * wl
+        vh = _bf16(vh * rstd) * wh
+    nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.int32))
+    tl.store(nlat + s * (LAT // 2) + i, pt.bf16x2_pack(vl, vh), mask=m)
+
+
+@triton.jit
+def _final(
+    s,
+    f,
+    out,
+    slots,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    me,
+    H: tl.constexpr,
+    FC: tl.constexpr,
+    P_SH: tl.constexpr,
+    P_UPO: tl.constexpr,
+    R_SH: tl.constexpr,
+    R_UPO: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """Row s, FC columns: bf16(the ranks' shared partials in rank order) + the column
+    owner's up-projection -> out (bf16; 0 on a padding row)."""
+    p = f * (FC // 2) + tl.arange(0, FC // 2)
+    lo, hi, ok = pt.reduce_bf16x2(
+        me + P_SH // 8 + s * (H // 2) + p,
+        16 * (H // 2),
+        p >= 0,
+        tag,
+        ctl,
+        health,
+        peers,
+        rank,
+        world,
+        R_SH,
+        s * (H // 2) + f * (FC // 2),
+        CPU,
+    )
+    up, got = pt.poll(
+        me + P_UPO // 8 + s * (H // 2) + p,
+        p >= 0,
+        tag,
+        ctl,
+        health,
+        peers,
+        rank,
+        world,
+        R_UPO,
+        s * (H // 2) + f * (FC // 2),
+        CPU,
+    )
+    ok = ok & got
+    ol = tl.where(ok, _bf16(lo) + pt.bf16x2_lo(up), float("nan"))
+    oh = tl.where(ok, _bf16(hi) + pt.bf16x2_hi(up), float("nan"))
+    live = tl.load(slots + s) >= 0
+    tl.store(out + s * (H // 2) + p, tl.where(live, pt.bf16x2_pack(ol, oh), 0))
+
+
+# -- host side ---------------------------------------------------------------------------
+
+REGIONS = {
+    name: region_id(f"k2.{name}")
+    for name in ("ar1", "lg", "lat", "rl", "sh", "upo", "items", "handshake")
+}
+
+LAUNCH_ARGS = (
+    "core", "prefix", "blocks", "out", "slots", "o_proj", "mlp_res_norm", "mlp_res_proj",
+    "post_norm", "router", "bias", "latent_down", "latent_norm", "up_proj", "shared_w13",
+    "shared_w2", "w13", "w13_scale", "w2", "w2_scale", "scratch", "blocks_row",
+    "blocks_block", "sources", "reset", "slot", "final", "ctl", "health", "tickets",
+    "peers", "rank", "world",
+)  # fmt: skip
+
+
+def constexprs(b: K2Build, cpu: bool) -> dict:
+    """The kernel's compile-time arguments for build `b`."""
+    c, p = b.cfg, b.plan
+    sl, tb, pl, st_ = scratch_layout(b), table_offsets(b), peer_layout(c), starts(b)
+    return dict(
+        S=b.rows,
+        H=c.hidden_size,
+        KO=c.o_proj_in,
+        LAT=c.latent_size,
+        E=c.num_experts,
+        K=c.num_experts_per_token,
+        RI=c.routed_intermediate,
+        SI=c.shared_intermediate,
+        NB=c.num_attn_res_blocks,
+        EPR=c.experts_per_rank,
+        LPR=c.latent_per_rank,
+        HPR=c.hidden_per_rank,
+        MAXSLOTS=b.max_slots,
+        FMT=1 if b.packed else 3,
+        OC=p.oc,
+        OBK=p.obk,
+        RC=p.rc,
+        NCH=p.nch,
+        RBK=p.rbk,
+        SB=p.sb,
+        SD=p.sd,
+        SDK=p.sdk,
+        BN=p.bn,
+        NC=p.nc,
+        UBK=p.ubk,
+        DC=p.dc,
+        DBK=p.dbk,
+        UC=p.uc,
+        FC=p.fc,
+        NF=p.nf,
+        STAGES=p.stages,
+        S2=p2(b.rows),
+        NS2=p2(c.num_attn_res_blocks + 1),
+        NCH2=p2(p.nch),
+        NSU2=p2(p.nsu),
+        NC2=p2(p.nc),
+        SNF2=p2(b.rows * p.nf),
+        LP2=p2(c.latent_size // 2),
+        E2=p2(c.num_experts),
+        KP=p2(c.num_experts_per_token),
+        SK2=p2(b.rows * c.num_experts_per_token),
+        WT2=p2(b.max_slots * b.rows),
+        **{f"T_{n.upper()}": st_[n] for n in st_ if n not in ("oproj", "handshake")},
+        T_HS=st_["handshake"],
+        **{f"O_{name.upper()}": sl[name][0] for name in sl},
+        T_SLOTE=tb["slot_expert"],
+        T_WTAB=tb["wtab"],
+        T_IDS=tb["topk_ids"],
+        T_TOPW=tb["topk_w"],
+        T_POS=tb["pos"],
+        **{f"P_{name.upper()}": pl[name][0] for name in pl},
+        **{f"R_{name.upper()}": REGIONS[name] for name in REGIONS if name != "handshake"},
+        R_HS=REGIONS["handshake"],
+        EPS=c.rms_norm_eps,
+        RSF=c.routed_scaling_factor,
+        RENORM=c.moe_renormalize,
+        LNORM=c.latent_moe_use_norm,
+        BETA=c.activation_situ_beta,
+        LBETA=c.activation_situ_linear_beta,
+        CPU=bool(cpu),
+    )
+
+
+def kernel_types() -> dict[str, str]:
+    """Triton types of the kernel's runtime arguments (bf16 prefix and out as int32 pairs)."""
+    bf16 = ("o_proj", "mlp_res_norm", "mlp_res_proj", "post_norm", "router", "latent_down",
+            "latent_norm", "up_proj", "shared_w13", "shared_w2", "core", "blocks")  # fmt: skip
+    types = {name: "*bf16" for name in bf16}
+    types.update(
+        prefix="*i32",
+        out="*i32",
+        slots="*i64",
+        bias="*fp32",
+        w13="*u8",
+        w13_scale="*u8",
+        w2="*u8",
+        w2_scale="*u8",
+        scratch="*u8",
+        blocks_row="i32",
+        blocks_block="i32",
+        sources="i32",
+        reset="i32",
+        slot="i32",
+        final="i32",
+        ctl="*i64",
+        health="i64",
+        tickets="*i64",
+        peers="*i64",
+        rank="i32",
+        world="i32",
+    )
+    return {name: types[name] for name in LAUNCH_ARGS}
+
+
+def kernel_args(
+    b: K2Build,
+    *,
+    core,
+    prefix,
+    blocks,
+    out,
+    slots,
+    weights,
+    scratch,
+    sources,
+    reset,
+    slot,
+    final,
+    ctl,
+    health,
+    tickets,
+    peers,
+    rank,
+    world,
+) -> list:
+    """The runtime arguments in LAUNCH_ARGS order (the runner checked the tensors)."""
+    w = weights
+    named = dict(
+        core=core,
+        prefix=prefix.view(torch.int32),
+        blocks=blocks,
+        out=out.view(torch.int32),
+        slots=slots,
+        **{name: getattr(w, name) for name in LAUNCH_ARGS[5:20]},
+        scratch=scratch,
+        blocks_row=blocks.stride(0),
+        blocks_block=blocks.stride(1),
+        sources=int(sources),
+        reset=int(bool(reset)),
+        slot=slot,
+        final=int(bool(final)),
+        ctl=ctl,
+        health=health,
+        tickets=tickets,
+        peers=peers,
+        rank=rank,
+        world=world,
+    )
+    return [named[name] for name in LAUNCH_ARGS]
+
+
+def compile_for(b: K2Build, target: str):
+    """Compile build `b` ahead of time for `target` ("sm90" or "gfx950") without a GPU, with
+    a real launch's specialization. Run it in a subprocess: a backend abort would take the
+    caller down."""
+    from mono_runtime.compile_check import compile_for as compile_kernel
+
+    return compile_kernel(
+        k2_kernel, kernel_types(), constexprs(b, cpu=False), num_warps=b.plan.warps, target=target
+    )
+
+
+def launch(b: K2Build, grid: int, cpu: bool, **args):
+    """Launch build `b` on already-validated arguments (the runner checks them)."""
+    return k2_kernel[(grid,)](*kernel_args(b, **args), **constexprs(b, cpu), num_warps=b.plan.warps)
