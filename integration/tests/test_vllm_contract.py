@@ -54,11 +54,15 @@ TOUCHES = {
     ("kimi", "KimiLinearModel"): {"both": "config start_layer end_layer layers"},
     ("kimi", "KimiDecoderLayer"): {
         "both": "self_attn self_attention_res_norm self_attention_res_proj input_layernorm "
-        "prev_valid_blocks block_write_idx is_block_write_layer mlp",
+        "prev_valid_blocks block_write_idx is_block_write_layer mlp "
+        "mlp_res_proj mlp_res_norm post_attention_layernorm",
         "nvidia": "_post_attn_norm",
-        "amd": "mlp_res_proj mlp_res_norm post_attention_layernorm",
     },
-    ("kimi", "KimiMLP"): {"amd": "get_input_quant_key"},
+    ("kimi", "KimiMoE"): {  # families.kimi.k2_weights
+        "both": "experts gate shared_experts routed_expert_down_proj routed_expert_norm "
+        "routed_expert_up_proj",
+    },
+    ("kimi", "KimiMLP"): {"both": "gate_up_proj down_proj", "amd": "get_input_quant_key"},
     ("kda", "KimiK3DeltaAttention"): {
         "both": "prefix kv_cache in_proj_qkvgfab f_b_proj conv1d A_log dt_bias o_norm o_proj "
         "local_projection_size",

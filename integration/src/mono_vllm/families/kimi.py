@@ -22,7 +22,78 @@ from typing import Any
 import torch
 
 from ..deployment import Deployment, KernelSupport
+from ..experts import weight_and_scale
 from ..variants import AMD, variant
+
+# KimiLinearConfig fields K2 reads, by the same names (KimiK3Config's)
+MOE_FIELDS = (
+    "routed_expert_hidden_size",
+    "num_experts",
+    "num_experts_per_token",
+    "moe_intermediate_size",
+    "num_shared_experts",
+    "routed_scaling_factor",
+    "moe_renormalize",
+    "latent_moe_use_norm",
+    "activation_situ_beta",
+    "activation_situ_linear_beta",
+)
+
+
+def k2_reasons(text: Any, world: int) -> list[str]:
+    """Why K2 cannot serve the MoE layers of vLLM's loaded text config at TP `world`
+    (empty: it can); the weights are checked per layer when the runner is built."""
+    checks = (
+        (text.num_experts is None, "a model without MoE layers"),
+        (text.routed_expert_hidden_size is None, "a MoE without the latent projection"),
+        (not text.latent_moe_use_norm, "a latent MoE without its RMSNorm"),
+        (not text.num_shared_experts, "a MoE without shared experts"),
+        (text.hidden_act != "situ", f"activation {text.hidden_act} (K2: situ)"),
+        (
+            text.moe_router_activation_func != "sigmoid",
+            f"router {text.moe_router_activation_func} (K2: sigmoid)",
+        ),
+        (not text.moe_renormalize, "top-k weights without renormalization"),
+        (
+            text.use_grouped_topk and (text.num_expert_group, text.topk_group) != (1, 1),
+            f"grouped top-k over {text.num_expert_group} groups (K2: one group)",
+        ),
+        (text.attn_res_block_size is None, "a model without AttnRes"),
+    )
+    reasons = [why for bad, why in checks if bad]
+    for name in ("num_experts", "routed_expert_hidden_size", "moe_intermediate_size"):
+        size = getattr(text, name, None)
+        if size is not None and size % world:
+            reasons.append(f"{name} {size} not split over TP {world}")
+    return reasons
+
+
+def k2_weights(layer: Any, experts: dict | None = None) -> Any:
+    """One loaded MoE layer's K2 weights (`K2Weights`): zero-copy views of vLLM's tensors,
+    with `experts` (the kernel's mxfp4-k32 copy: w13, w2 and their scales) in place of
+    vLLM's when given."""
+    from mono_kernels_kimi.k2.weights import K2Weights
+
+    moe = layer.mlp
+    routed = getattr(moe.experts, "routed_experts", moe.experts)
+    w13, w13_scale = weight_and_scale(routed, "w13_")
+    w2, w2_scale = weight_and_scale(routed, "w2_")
+    bundle = {"w13": w13, "w13_scale": w13_scale, "w2": w2, "w2_scale": w2_scale}
+    bundle.update(experts or {})
+    return K2Weights(
+        o_proj=layer.self_attn.o_proj.weight.data,
+        mlp_res_norm=layer.mlp_res_norm.weight.data,
+        mlp_res_proj=layer.mlp_res_proj.weight.data.squeeze(0),
+        post_norm=layer.post_attention_layernorm.weight.data,
+        router=moe.gate.weight.data,
+        bias=moe.gate.e_score_correction_bias.data,
+        latent_down=moe.routed_expert_down_proj.weight.data,
+        latent_norm=moe.routed_expert_norm.weight.data,
+        up_proj=moe.routed_expert_up_proj.weight.data,
+        shared_w13=moe.shared_experts.gate_up_proj.weight.data,
+        shared_w2=moe.shared_experts.down_proj.weight.data,
+        **bundle,
+    )
 
 
 def kernel_config(text: Any, world: int, in_proj_rows: int) -> Any:
@@ -30,6 +101,7 @@ def kernel_config(text: Any, world: int, in_proj_rows: int) -> Any:
     from mono_kernels_kimi.config import KimiK3Config
 
     kda = text.linear_attn_config
+    moe = {f: getattr(text, f) for f in MOE_FIELDS if getattr(text, f, None) is not None}
     cfg = KimiK3Config(
         hidden_size=text.hidden_size,
         num_hidden_layers=text.num_hidden_layers,
@@ -41,6 +113,7 @@ def kernel_config(text: Any, world: int, in_proj_rows: int) -> Any:
         attn_res_block_size=text.attn_res_block_size,
         kda_layers=tuple(kda["kda_layers"]),
         tp=world,
+        **moe,
     )
     for alignment in (16, 128):  # bf16 in_proj pads rows to 16, FP8_PB_WO weights to 128
         padded = cfg.in_proj_rows_unpadded + (-cfg.in_proj_rows_unpadded % alignment)
