@@ -21,6 +21,7 @@ import json
 from dataclasses import replace
 
 import torch
+from mono_runtime.report import fixed_width
 from mono_runtime.timing import copy_bandwidth, graph_time
 
 from ..config import KimiK3Config
@@ -208,21 +209,17 @@ COLUMNS = (
 
 def table(rows: list[dict]) -> str:
     """The rows as fixed-width text, one line each; baseline failures after the table."""
-    cells = [[name for name, _ in COLUMNS]] + [
-        ["-" if r.get(n) is None else f.format(r[n]) for n, f in COLUMNS] for r in rows
-    ]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
+    notes = []
     if rows:
-        lines.append(
+        notes.append(
             f"copy bandwidth {rows[0]['copy_GBps']} GB/s; {rows[0]['layers']} layers a graph"
         )
-    lines += [
+    notes += [
         f"{r['R']}x{r['L']}: op-by-op failed: {r['op_by_op_error']}"
         for r in rows
         if "op_by_op_error" in r
     ]
-    return "\n".join(lines)
+    return fixed_width(rows, COLUMNS, notes)
 
 
 def _parse_shapes(text: str) -> list[tuple[int, ...]]:

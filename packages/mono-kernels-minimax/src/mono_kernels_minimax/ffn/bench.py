@@ -28,20 +28,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import replace
 
 import torch
+from mono_runtime.opbyop import bf16_copy, grouped_experts
+from mono_runtime.report import fixed_width
+from mono_runtime.stream.layout import BF16, FP8_B128, MXFP4_K32, random_mxfp4_k32
 from mono_runtime.timing import copy_bandwidth, graph_time
 
 from ..config import MiniMaxM3Config
-from ..formats import WeightFormat, dequantize
+from ..formats import WeightFormat
 from .reference import swiglu_oai
 from .runner import FfnRunner
 from .weights import FfnWeights
 
 MAX_LAYERS = 64  # far below the 256 launches a step may tag apart
-E2M1_RMS = 2.93  # root mean square of the 16 e2m1 values: sets the e8m0 scale of a std
 
 
 def rank_config(tp: int = 4) -> MiniMaxM3Config:
@@ -79,11 +80,9 @@ def random_layer(cfg: MiniMaxM3Config, fmt: WeightFormat, seed: int, device) -> 
         std = k**-0.5
         if dtype == torch.bfloat16:
             made[name], made[f"{name}_scale"] = randn(shape, std, torch.bfloat16), None
-        elif dtype == torch.uint8:  # two e2m1 codes a byte, every byte a valid pair
-            made[name] = torch.randint(0, 256, shape, generator=g, device=device, dtype=torch.uint8)
-            e = 127 + round(math.log2(std / E2M1_RMS))
-            made[f"{name}_scale"] = torch.randint(
-                e - 1, e + 2, sshape, generator=g, device=device, dtype=torch.uint8
+        elif dtype == torch.uint8:
+            made[name], made[f"{name}_scale"] = random_mxfp4_k32(
+                (*shape[:-1], 2 * shape[-1]), std, g, device
             )
         else:  # e4m3 values of std 1, fp32 block scales near the weight's std
             made[name] = randn(shape, 1.0, torch.bfloat16).to(dtype)
@@ -116,21 +115,14 @@ def bytes_read(cfg: MiniMaxM3Config, w: FfnWeights, ids: torch.Tensor, rows: int
     return n + 3 * rows * cfg.hidden_size * 2  # part, residual in; plus the output
 
 
-def _bf16(w: FfnWeights, name: str, chunk: int = 16) -> torch.Tensor:
-    """bf16 copy of a weight, dequantised `chunk` experts at a time (bounded scratch)."""
-    vals, scales = getattr(w, name), getattr(w, f"{name}_scale")
+_STREAMED = {WeightFormat.BF16: BF16, WeightFormat.MXFP4: MXFP4_K32, WeightFormat.FP8: FP8_B128}
+
+
+def _bf16(w: FfnWeights, name: str) -> torch.Tensor:
+    """bf16 copy of a weight of `w` (in the checkpoint layout: the copies are made before
+    the runner packs the experts)."""
     fmt = w.fmt.shared_format if name.startswith("shared") else w.fmt
-    if vals.dim() == 2:
-        return dequantize(vals, scales, fmt).to(torch.bfloat16)
-    out = None
-    for i in range(0, vals.shape[0], chunk):
-        part = dequantize(
-            vals[i : i + chunk], None if scales is None else scales[i : i + chunk], fmt
-        ).to(torch.bfloat16)
-        if out is None:
-            out = torch.empty(vals.shape[0], *part.shape[1:], dtype=part.dtype, device=part.device)
-        out[i : i + chunk] = part
-    return out
+    return bf16_copy(getattr(w, name), getattr(w, f"{name}_scale"), _STREAMED[fmt])
 
 
 class OpByOp:
@@ -167,21 +159,11 @@ class OpByOp:
         return ids, wt / wt.sum(-1, keepdim=True) * self.cfg.routed_scaling_factor
 
     def __call__(self, part, residual, layer: int = 0):
-        cfg, w = self.cfg, self.layers[layer]
+        w = self.layers[layer]
         x, res = self.seam(part, residual, w["norm"])
         logits = torch.nn.functional.linear(x.float(), w["router"])
         ids, wt = self.route(logits, w["bias"])
-        flat = ids.reshape(-1)
-        order = torch.sort(flat, stable=True).indices
-        counts = torch.zeros(cfg.num_experts, dtype=torch.int32, device=x.device)
-        counts.scatter_add_(0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int32))
-        offs = counts.cumsum(0, dtype=torch.int32)
-        xa = x.repeat_interleave(cfg.top_k, 0)[order]
-        gu = torch._grouped_mm(xa, w["w13"].transpose(-1, -2), offs=offs)
-        y = torch._grouped_mm(self.act(gu), w["w2"].transpose(-1, -2), offs=offs)
-        back = torch.empty_like(y)
-        back[order] = y
-        routed = (back.view(-1, cfg.top_k, cfg.hidden_size).float() * wt[..., None]).sum(1)
+        routed = grouped_experts(x, ids, wt, w["w13"], w["w2"], self.act)
         shared = torch.nn.functional.linear(
             self.act(torch.nn.functional.linear(x, w["sw13"])), w["sw2"]
         )
@@ -304,17 +286,13 @@ COLUMNS = (
 
 def table(rows: list[dict]) -> str:
     """The rows as fixed-width text, one line each; notes after the table."""
-    cells = [[name for name, _ in COLUMNS]] + [
-        ["-" if r[n] is None else f.format(r[n]) for n, f in COLUMNS] for r in rows
-    ]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
+    notes = []
     if rows:
-        lines.append(
+        notes.append(
             f"copy bandwidth {rows[0]['copy_tbps']:.2f} TB/s; {rows[0]['layers']} layers a graph"
         )
-    lines += [f"{r['format']} S={r['rows']}: {r['note']}" for r in rows if r["note"]]
-    return "\n".join(lines)
+    notes += [f"{r['format']} S={r['rows']}: {r['note']}" for r in rows if r["note"]]
+    return fixed_width(rows, COLUMNS, notes)
 
 
 def main(argv=None) -> int:

@@ -20,6 +20,7 @@ packing at load never doubles expert memory.
 from __future__ import annotations
 
 import enum
+import math
 
 import torch
 
@@ -160,6 +161,27 @@ def quantize_mxfp4_k32(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     codes = (idx | torch.where(scaled < 0, 8, 0)).to(torch.uint8).reshape(*w.shape[:-1], k)
     packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
     return packed.contiguous(), (exp + 127).to(torch.uint8).squeeze(-1).contiguous()
+
+
+E2M1_RMS = 2.93  # root mean square of the 16 e2m1 values: sets the e8m0 scale of a std
+
+
+def random_mxfp4_k32(
+    shape: tuple[int, ...], std: float, generator: torch.Generator, device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ``mxfp4-k32`` weights of ``shape`` ([..., N, K]) and about `std`, drawn in
+    the stored format (every code byte a valid pair, e8m0 scales within one binade of
+    std / E2M1_RMS): full-size benchmark layers in seconds, no fp32 weight in between."""
+    *lead, k = shape
+    if k % MX_GROUP:
+        raise ValueError(f"shape: last dim {k} is not a multiple of {MX_GROUP}")
+    g, dev = generator, device
+    codes = torch.randint(0, 256, (*lead, k // 2), generator=g, device=dev, dtype=torch.uint8)
+    e = 127 + round(math.log2(std / E2M1_RMS))
+    scales = torch.randint(
+        e - 1, e + 2, (*lead, k // MX_GROUP), generator=g, device=dev, dtype=torch.uint8
+    )
+    return codes, scales
 
 
 def unpack_mxfp4_k32(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
