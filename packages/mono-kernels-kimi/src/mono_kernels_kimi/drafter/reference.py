@@ -41,6 +41,7 @@ itself is from the exact math). The ranks' partials are summed in rank order in 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,9 +62,11 @@ class DraftResult:
     caches: list[torch.Tensor]  # per layer [blocks, block_size, entry]: after the writes
 
 
+@functools.lru_cache(maxsize=4)
 def cos_sin_cache(cfg: DrafterConfig) -> torch.Tensor:
     """[max_position_embeddings, R] fp32: cos then sin of position x inv_freq, as
-    `RotaryEmbedding._compute_cos_sin_cache` builds the default RoPE's table in fp32."""
+    `RotaryEmbedding._compute_cos_sin_cache` builds the default RoPE's table in fp32
+    (cached: a real config's table is 64 MiB; callers must not modify it)."""
     r = cfg.qk_rope_head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, r, 2, dtype=F32) / r))
     t = torch.arange(cfg.max_position_embeddings, dtype=F32)
