@@ -121,14 +121,16 @@ def transcribe(cfg, w: DrafterWeights, embeds, positions, context, bad=None):
         mlp = []
         for xt in x:
             gu = lw.gate_up_proj.double() @ xt
-            mlp.append(lw.down_proj.double() @ (torch.nn.functional.silu(gu[:d]) * gu[d:]))
+            g, u = gu[:d], gu[d:]
+            act = g * torch.sigmoid(g) if cfg.hidden_act == "silu" else torch.tanh(g) * g.sigmoid()
+            mlp.append(lw.down_proj.double() @ (act * u))
     out = [_norm(r + m, w.final_norm, eps) for r, m in zip(res, mlp, strict=True)]
     return torch.stack(out), block_entries
 
 
-@pytest.fixture(scope="module")
-def tp1_case():
-    cfg = DrafterConfig.tiny(1)
+@pytest.fixture(scope="module", params=["silu", "situ"])
+def tp1_case(request):
+    cfg = replace(DrafterConfig.tiny(1), hidden_act=request.param)
     w = random_weights(cfg, seed=11)
     step = step_inputs(cfg, w, 2, seed=12)
     return cfg, w, step, run(cfg, step, [w], acc=F64)

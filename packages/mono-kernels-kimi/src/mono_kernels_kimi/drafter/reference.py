@@ -177,7 +177,8 @@ def context_kv(
     kv = linear(context, layer.fused_qkv_a_proj[cfg.q_lora_rank :], acc, exact)
     kv_c, k_pe = kv.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
     kv_c = rms_norm(kv_c, layer.kv_a_layernorm, cfg.rms_norm_eps, acc)
-    return torch.cat((kv_c, rope(k_pe, positions, cos_sin_cache(cfg), acc)), dim=-1)
+    table = cos_sin_cache(cfg).to(context.device)
+    return torch.cat((kv_c, rope(k_pe, positions, table, acc)), dim=-1)
 
 
 def _attention_partial(
@@ -258,7 +259,7 @@ def drafter_reference(
     rows = live.repeat_interleave(q_len)
     idx = live.nonzero().flatten()
     new_caches = [c.clone() for c in caches]
-    table = cos_sin_cache(cfg)
+    table = cos_sin_cache(cfg).to(device)
     pos = positions[rows]
     live_slots = slot_mapping[rows]
     live_table, live_lens = block_table[idx], seq_lens[idx]
