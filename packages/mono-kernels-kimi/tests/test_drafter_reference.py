@@ -170,6 +170,27 @@ def test_context_kv_matches_the_equations():
     assert rel(got, torch.stack(want)) < 1e-2
 
 
+def test_inputs_page_each_context_over_several_shuffled_blocks():
+    cfg = DrafterConfig.tiny(1)
+    step = step_inputs(cfg, random_weights(cfg, seed=15), 4, seed=16, padding=(2,))
+    bs, q = cfg.block_size, cfg.query_len
+    used = []
+    for r in range(4):
+        n = int(step.seq_lens[r])
+        if r == 2:
+            assert n == 0 and (step.slot_mapping[2 * q : 3 * q] == -1).all()
+            continue
+        assert n - q > 2 * bs  # the context spans at least three blocks
+        blocks = step.block_table[r, : (n + bs - 1) // bs].tolist()
+        assert 0 not in blocks
+        used += blocks
+        for k in range(q):
+            p = int(step.positions[r * q + k])
+            assert p == n - q + k
+            assert int(step.slot_mapping[r * q + k]) == blocks[p // bs] * bs + p % bs
+    assert len(set(used)) == len(used) and used != sorted(used)
+
+
 # ---- TP, precision, padding, fp8 -------------------------------------------------------
 
 
