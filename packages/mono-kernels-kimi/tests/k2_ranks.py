@@ -26,11 +26,12 @@ def _step(cfg, s, seed):
     return step_inputs(cfg, s, seed=seed, padding=(1,) if s > 1 else ())
 
 
-def check_steps(rank, world, group, widths, layers, seed=0, final=True):
-    """One step per (width, layer): per-step records of the distances to the reference."""
+def check_steps(rank, world, group, widths, layers, seed=0, final=True, pack=True):
+    """One step per (width, layer): per-step records of the distances to the reference.
+    `pack` False streams the checkpoint's mxfp4-k32 experts as loaded."""
     cfg = KimiK3Config.tiny(world)
     weights = [random_weights(cfg, seed=seed, rank=r) for r in range(world)]
-    runner = K2Runner(cfg, group, rank, "cpu", widths=widths)
+    runner = K2Runner(cfg, group, rank, "cpu", widths=widths, pack=pack)
     mine = runner.pack(random_weights(cfg, seed=seed, rank=rank))
     runner.warm()
     records = []
@@ -67,3 +68,109 @@ def check_steps(rank, world, group, widths, layers, seed=0, final=True):
     finally:
         runner.close()
     return records
+
+
+def fault_then_reset(rank, world, group, late_rank):
+    """A rank stalls past the deadline: MonoFault on every rank, a poisoned output; after
+    reset() a right step."""
+    from mono_runtime.errors import MonoFault
+
+    cfg = KimiK3Config.tiny(world)
+    weights = [random_weights(cfg, seed=3, rank=r) for r in range(world)]
+    runner = K2Runner(cfg, group, rank, "cpu", widths=[2], deadline_ns=200_000_000)
+    mine = runner.pack(random_weights(cfg, seed=3, rank=rank))  # 200 polls: the interpreter
+    step = _step(cfg, 2, 11)
+    outcome = {}
+    try:
+        runner.inject(late_rank, 2_000_000_000)
+        runner.step_begin()
+        prefix = step.prefix.clone()
+        out = runner(step.cores[rank], prefix, step.blocks, mine, step.slots, 3, final=True)
+        try:
+            runner.after_step()
+            outcome["fault"] = None
+        except MonoFault as err:
+            outcome["fault"] = str(err)
+        outcome["poisoned"] = bool(torch.isnan(out.float()).any())
+        runner.inject(None)
+        runner.reset()
+        # the step after reset must not fault: a rank the interpreter runs slowly (a loaded
+        # CI machine) can be many polls behind, so the deadline goes back to 5 s
+        runner.mono.set_deadline(5_000_000_000)
+        runner.step_begin()
+        prefix = step.prefix.clone()
+        out = runner(step.cores[rank], prefix, step.blocks, mine, step.slots, 3, final=True)
+        runner.after_step()
+        ref = k2_reference(cfg, step.cores, step.prefix, step.blocks, weights, 3, step.live)
+        outcome["after_reset_err"] = max(rel_l2(out, ref.out), rel_l2(prefix, ref.prefix))
+    finally:
+        runner.close()
+    return outcome
+
+
+def bad_inputs(rank, world, group):
+    """Every bad argument of K2Runner.__call__ -> its ValueError message (None: accepted)."""
+    from dataclasses import replace
+
+    cfg = KimiK3Config.tiny(1)
+    runner = K2Runner(cfg, group, rank, "cpu", widths=[1, 2])
+    w = runner.pack(random_weights(cfg))
+    step = _step(cfg, 2, 1)
+    core, prefix, blocks, slots = step.cores[0], step.prefix, step.blocks, step.slots
+    h = cfg.hidden_size
+    other = random_weights(replace(cfg, hidden_size=128))  # another model's shapes
+    cases = [
+        ("core", dict(core=core.float())),
+        ("core", dict(core=torch.zeros(3, cfg.o_proj_in, dtype=torch.bfloat16))),  # width
+        ("prefix", dict(prefix=prefix[:, : h // 2])),
+        ("prefix", dict(prefix=torch.zeros(h, 2, dtype=torch.bfloat16).t())),
+        ("blocks", dict(blocks=blocks[:, :1])),  # fewer blocks than the layer's sources
+        ("blocks", dict(blocks=blocks.float())),
+        ("slots", dict(slots=slots.to(torch.int32))),
+        ("layer_idx", dict(layer_idx=cfg.num_hidden_layers)),
+        ("layer_idx", dict(layer_idx=True)),
+        ("weights.o_proj", dict(weights=other)),
+        ("weights", dict(weights=random_weights(cfg))),  # not packed
+        ("weights", dict(weights=None)),
+        ("out", dict(out=prefix)),
+        ("out", dict(out=torch.zeros(2, h, dtype=torch.float32))),
+        ("final", dict(final=1)),
+    ]
+    errors = []
+    for arg, change in cases:
+        kw = (
+            dict(core=core, prefix=prefix, blocks=blocks, weights=w, slots=slots, layer_idx=3)
+            | change
+        )
+        try:
+            runner(**kw)
+            errors.append((arg, None))
+        except ValueError as err:
+            errors.append((arg, str(err)))
+    runner.close()
+    return errors
+
+
+def compile_checks(rank, world, group, rows, tp):
+    """Compile for sm_90 (PTX + ptxas resources, a real launch's specialization) and gfx950,
+    without a GPU; the facts the parent asserts."""
+    from mono_kernels_kimi.k2 import triton_build
+    from mono_kernels_kimi.k2.spec import K2Build
+    from mono_runtime.builds import DeviceLimits, residency_problem
+    from mono_runtime.compile_check import resources_of
+
+    b = K2Build(KimiK3Config.tiny(tp), rows)
+    facts = {}
+    k = triton_build.compile_for(b, "sm90")
+    ptx = k.asm["ptx"]
+    res = resources_of(k)
+    facts["sys_release_xchg"] = "atom.global.sys.release.exch.b64" in ptx
+    facts["gpu_acquire"] = "atom.global.gpu.acquire" in ptx
+    facts["globaltimer"] = "%globaltimer" in ptx
+    facts["spills"] = res.spill_bytes
+    facts["registers"] = res.registers
+    facts["residency"] = residency_problem(res, 132, DeviceLimits(), "k2")
+    amdgcn = triton_build.compile_for(b, "gfx950").asm["amdgcn"]
+    facts["hip_atomics"] = "global_atomic" in amdgcn or "flat_atomic" in amdgcn
+    facts["hip_clock"] = "s_memrealtime" in amdgcn
+    return facts

@@ -250,6 +250,7 @@ def k2_kernel(
     BETA: tl.constexpr,
     LBETA: tl.constexpr,
     CPU: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     tag = pt.step_tag(ctl, slot)
     counter = tickets + slot
@@ -260,7 +261,9 @@ def k2_kernel(
     t = pt.ticket_take(counter, total)
     while t < total:
         if t < T_COL:
-            _oproj(t, core, o_proj, peers, rank, world, tag, S, H, KO, OC, OBK, STAGES, P_AR1, CPU)
+            _oproj(
+                t, core, o_proj, peers, rank, world, tag, S, H, KO, OC, OBK, STAGES, P_AR1, CPU, ASM
+            )
         elif t < T_ROW:
             _col(
                 t,
@@ -354,6 +357,7 @@ def k2_kernel(
                     STAGES,
                     P_LG,
                     CPU,
+                    ASM,
                 )
             elif t < T_SHUP:
                 _latdown(
@@ -372,6 +376,7 @@ def k2_kernel(
                     STAGES,
                     P_LAT,
                     CPU,
+                    ASM,
                 )
             else:
                 _shup(
@@ -389,6 +394,7 @@ def k2_kernel(
                     BETA,
                     LBETA,
                     CPU,
+                    ASM,
                 )
                 pt.ticket_finish(done, t, tag)
         elif t < T_GATHER:
@@ -515,6 +521,7 @@ def k2_kernel(
                 BETA,
                 LBETA,
                 CPU,
+                ASM,
             )
             pt.ticket_finish(done, t, tag)
         elif t < T_LRED:
@@ -550,6 +557,7 @@ def k2_kernel(
                 P_RL,
                 R_ITEMS,
                 CPU,
+                ASM,
             )
         elif t < T_UPPROJ:
             _lred(
@@ -578,7 +586,7 @@ def k2_kernel(
             nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.bfloat16))
             r0 = rank * HPR + (t - T_UPPROJ) * UC
             acc = st.stream_rows(
-                up_proj, up_proj, nlat, r0, 0, LAT // UBK, LAT, UC, UBK, S, 0, STAGES, CPU, True
+                up_proj, up_proj, nlat, r0, 0, LAT // UBK, LAT, UC, UBK, S, 0, STAGES, CPU, ASM
             )
             q = r0 // 2 + tl.arange(0, UC // 2)
             _push(peers, world, P_UPO // 8, H // 2, q, _pairs(acc, UC), q >= 0, tag, S)
@@ -637,11 +645,12 @@ def _oproj(
     STAGES: tl.constexpr,
     P_AR1: tl.constexpr,
     CPU: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """OC columns of this rank's o_proj partial (bf16, as a GEMM leaves it) -> every rank's
     ar1[this rank]."""
     acc = st.stream_rows(
-        o_proj, o_proj, core, i * OC, 0, KO // OBK, KO, OC, OBK, S, 0, STAGES, CPU, True
+        o_proj, o_proj, core, i * OC, 0, KO // OBK, KO, OC, OBK, S, 0, STAGES, CPU, ASM
     )
     q = i * (OC // 2) + tl.arange(0, OC // 2)
     _push(
@@ -818,10 +827,11 @@ def _router(
     STAGES: tl.constexpr,
     P_LG: tl.constexpr,
     CPU: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """16 of this rank's router rows, fp32 logits -> every rank's lg (all-gather)."""
     r0, rows, keep = _share(rank, g, EPR, E, 16)
-    acc = st.stream_rows(router, router, x, r0, 0, H // RBK, H, 16, RBK, S, 0, STAGES, CPU, True)
+    acc = st.stream_rows(router, router, x, r0, 0, H // RBK, H, 16, RBK, S, 0, STAGES, CPU, ASM)
     _push(peers, world, P_LG // 8, E, rows, tl.trans(acc).to(tl.int32, bitcast=True), keep, tag, S)
 
 
@@ -842,11 +852,12 @@ def _latdown(
     STAGES: tl.constexpr,
     P_LAT: tl.constexpr,
     CPU: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """16 of this rank's latent_down rows, bf16 -> every rank's lat (all-gather)."""
     r0, rows, keep = _share(rank, g, LPR, LAT, 16)
     acc = st.stream_rows(
-        latent_down, latent_down, x, r0, 0, H // RBK, H, 16, RBK, S, 0, STAGES, CPU, True
+        latent_down, latent_down, x, r0, 0, H // RBK, H, 16, RBK, S, 0, STAGES, CPU, ASM
     )
     q = r0 // 2 + tl.arange(0, 8)
     kq = tl.sum(tl.reshape(keep.to(tl.int32), (8, 2)), 1) == 2
@@ -869,14 +880,15 @@ def _shup(
     BETA: tl.constexpr,
     LBETA: tl.constexpr,
     CPU: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """SB gate + SB up rows of the shared gate_up (bf16, as its GEMM leaves them), SiTU
     -> smid (bf16)."""
     g = st.stream_rows(
-        shared_w13, shared_w13, x, c * SB, 0, H // RBK, H, SB, RBK, S, 0, STAGES, CPU, True
+        shared_w13, shared_w13, x, c * SB, 0, H // RBK, H, SB, RBK, S, 0, STAGES, CPU, ASM
     )
     u = st.stream_rows(
-        shared_w13, shared_w13, x, SI + c * SB, 0, H // RBK, H, SB, RBK, S, 0, STAGES, CPU, True
+        shared_w13, shared_w13, x, SI + c * SB, 0, H // RBK, H, SB, RBK, S, 0, STAGES, CPU, ASM
     )
     h = _situ(_bf16(g), _bf16(u), BETA, LBETA)
     n = tl.arange(0, SB)
@@ -1056,6 +1068,7 @@ def _up(
     BETA: tl.constexpr,
     LBETA: tl.constexpr,
     CPU: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """Slot j's gate and up rows [c BN, (c + 1) BN) (MXFP4, fp32 sums), SiTU -> mid[j]
     (bf16); nothing for a slot past the union's count."""
@@ -1064,10 +1077,10 @@ def _up(
         w, ws = _expert(e, w13, w13_scale, 2 * RI, LAT)
         xlat = (scratch + O_XLAT).to(tl.pointer_type(tl.bfloat16))
         g = st.stream_rows(
-            w, ws, xlat, c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU, True
+            w, ws, xlat, c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU, ASM
         )
         u = st.stream_rows(
-            w, ws, xlat, RI + c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU, True
+            w, ws, xlat, RI + c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU, ASM
         )
         h = tl.where(ok, _situ(g, u, BETA, LBETA), float("nan"))
         n = tl.arange(0, BN)
@@ -1113,6 +1126,7 @@ def _down(
     P_RL: tl.constexpr,
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """Latent columns [d DC, (d + 1) DC) of this rank's routed partial: the slots in
     order (ascending expert id), each as soon as its up items are done, weighted by wtab,
@@ -1131,7 +1145,7 @@ def _down(
             done, T_UP + j * NC, NC, NC2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
         )
         y = st.stream_rows(
-            w, ws, mid + j * S * RI, d * DC, 0, RI // DBK, RI, DC, DBK, S, FMT, STAGES, CPU, True
+            w, ws, mid + j * S * RI, d * DC, 0, RI // DBK, RI, DC, DBK, S, FMT, STAGES, CPU, ASM
         )
         acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
     acc = tl.where(ok, acc, float("nan"))
@@ -1275,8 +1289,9 @@ LAUNCH_ARGS = (
 )  # fmt: skip
 
 
-def constexprs(b: K2Build, cpu: bool) -> dict:
-    """The kernel's compile-time arguments for build `b`."""
+def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
+    """The kernel's compile-time arguments for build `b` (`asm`: the MXFP4 decode's inline
+    PTX, NVIDIA only)."""
     c, p = b.cfg, b.plan
     sl, tb, pl, st_ = scratch_layout(b), table_offsets(b), peer_layout(c), starts(b)
     return dict(
@@ -1340,6 +1355,7 @@ def constexprs(b: K2Build, cpu: bool) -> dict:
         BETA=c.activation_situ_beta,
         LBETA=c.activation_situ_linear_beta,
         CPU=bool(cpu),
+        ASM=bool(asm),
     )
 
 
@@ -1428,7 +1444,11 @@ def compile_for(b: K2Build, target: str):
     from mono_runtime.compile_check import compile_for as compile_kernel
 
     return compile_kernel(
-        k2_kernel, kernel_types(), constexprs(b, cpu=False), num_warps=b.plan.warps, target=target
+        k2_kernel,
+        kernel_types(),
+        constexprs(b, cpu=False, asm=target != "gfx950"),
+        num_warps=b.plan.warps,
+        target=target,
     )
 
 

@@ -1,0 +1,136 @@
+"""K2's contract in pure Python: build keys, the item plan, every wait naming a smaller
+ticket, scratch and peer layouts, the launch spec (no kernel runs)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from mono_kernels_kimi.config import KimiK3Config
+from mono_kernels_kimi.k2 import triton_build
+from mono_kernels_kimi.k2.build import K2Triton, launch_spec
+from mono_kernels_kimi.k2.spec import (
+    ALIGN,
+    MAX_ROWS,
+    STAGES,
+    K2Build,
+    peer_base,
+    peer_bytes,
+    peer_layout,
+    scratch_layout,
+    stages,
+    starts,
+    table_offsets,
+    table_sizes,
+    tickets,
+    waits,
+)
+from mono_runtime.kernel import RUNTIME_ARGS, registry
+
+BUILDS = [K2Build(KimiK3Config.tiny(tp), s) for tp in (1, 2, 4) for s in (1, 3, 16)] + [
+    K2Build(KimiK3Config(tp=tp), s) for tp in (1, 2, 4, 8) for s in (1, 4, 16)
+]
+
+
+def _ids(b):
+    return f"{'tiny' if b.cfg.hidden_size < 2048 else 'real'}-tp{b.tp}-s{b.rows}"
+
+
+@pytest.mark.parametrize("b", BUILDS, ids=_ids)
+def test_every_wait_names_a_smaller_ticket(b):
+    for nslots in {0, 1, b.max_slots}:
+        for t, waited in waits(b, nslots).items():
+            assert waited, f"ticket {t} waits for nothing"
+            assert max(waited) < t, f"ticket {t} waits for ticket {max(waited)}"
+
+
+@pytest.mark.parametrize("b", BUILDS, ids=_ids)
+def test_the_plan_covers_every_shape(b):
+    c, p = b.cfg, b.plan
+    assert [name for name, _ in stages(b)] == list(STAGES)
+    assert p.no * p.oc == c.hidden_size and p.nch * p.rc == c.hidden_size
+    assert p.nr * 16 >= c.experts_per_rank and p.nl * 16 >= c.latent_per_rank
+    assert p.nsu * p.sb == c.shared_intermediate and p.nsd * p.sd == c.hidden_size
+    assert p.nc * p.bn == c.routed_intermediate and p.nd * p.dc == c.latent_size
+    assert p.nu * p.uc == c.hidden_per_rank and p.nf * p.fc == c.hidden_size
+    for bk, k in ((p.obk, c.o_proj_in), (p.rbk, c.hidden_size), (p.sdk, c.shared_intermediate)):
+        assert k % bk == 0 and bk >= 16
+    for bk, k in ((p.ubk, c.latent_size), (p.dbk, c.routed_intermediate)):
+        assert k % bk == 0 and bk % 32 == 0  # MXFP4 steps whole scale groups
+    st = starts(b)
+    assert st["oproj"] == 0 and st["handshake"] == tickets(b, False)
+    assert tickets(b, True) == tickets(b, False) + 1
+    assert dict(stages(b))["up"] == b.max_slots * p.nc
+
+
+def test_counts_of_a_tiny_tp2_width_3():
+    b = K2Build(KimiK3Config.tiny(2), 3)
+    assert b.max_slots == 12  # 3 rows x 4 picks of 16 experts
+    assert dict(stages(b)) == dict(
+        oproj=2, col=6, row=3, router=1, latdown=2, shup=2, shdown=2, gather=3, route=3,
+        union=1, up=24, down=2, lred=3, upproj=2, final=6, handshake=1,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("b", BUILDS, ids=_ids)
+def test_layouts_are_aligned_and_disjoint(b):
+    for layout in (scratch_layout(b), peer_layout(b.cfg)):
+        spans = sorted(layout.values())
+        for (off, n), (nxt, _) in zip(spans, spans[1:], strict=False):
+            assert off % ALIGN == 0 and off + n <= nxt
+    assert min(off for off, _ in peer_layout(b.cfg).values()) >= peer_base(b.tp) >= 8 * b.tp
+    assert peer_bytes(b.cfg) >= sum(n for _, n in peer_layout(b.cfg).values())
+    assert scratch_layout(b)["done"][1] == 8 * tickets(b, True)
+    offs = table_offsets(b)
+    assert list(offs.values()) == sorted(offs.values())
+    assert scratch_layout(b)["table"][1] == sum(table_sizes(b).values())
+
+
+def test_peer_regions_hold_16_rows_for_every_width():
+    cfg = KimiK3Config.tiny(2)
+    pl = peer_layout(cfg)
+    assert pl["ar1"][1] == 2 * MAX_ROWS * 8 * cfg.hidden_size // 2
+    assert pl["lg"][1] == MAX_ROWS * 8 * cfg.num_experts
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(rows=0), "rows"),
+        (dict(rows=17), "rows"),
+        (dict(cfg=KimiK3Config(tp=16)), "tp"),
+    ],
+)
+def test_bad_builds_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        K2Build(**({"cfg": KimiK3Config.tiny(1), "rows": 1} | kw))
+
+
+def test_build_keys_differ_by_width_tp_and_layout():
+    keys = {
+        K2Build(KimiK3Config.tiny(tp), s, p).key()
+        for tp in (1, 2)
+        for s in (1, 2)
+        for p in (True, False)
+    }
+    assert len(keys) == 8
+
+
+def test_registered_and_the_launch_spec_is_the_kernel_args_keywords():
+    assert registry.get("k2 triton") is K2Triton
+    example = K2Triton.example().key
+    assert (example.cfg, example.rows) == (KimiK3Config(tp=8), 4)
+    names = list(launch_spec(example).names)
+    assert names == list(inspect.signature(triton_build.kernel_args).parameters)[1:]
+    assert tuple(names[-len(RUNTIME_ARGS) :]) == tuple(a.name for a in RUNTIME_ARGS)
+    assert launch_spec(example).by_name["weights"].layout == "mxfp4-rot"
+    assert K2Triton.example().supports("sm90") is None
+    assert "not cpu" in K2Triton.example().supports("cpu")
+
+
+def test_kernel_parameters_are_the_launch_args_then_constexprs():
+    params = triton_build.k2_kernel.arg_names
+    n = len(triton_build.LAUNCH_ARGS)
+    assert tuple(params[:n]) == triton_build.LAUNCH_ARGS
+    for b in (BUILDS[0], BUILDS[-1]):
+        assert set(params[n:]) == set(triton_build.constexprs(b, cpu=True))

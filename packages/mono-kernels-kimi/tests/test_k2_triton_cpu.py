@@ -1,0 +1,112 @@
+"""K2's Triton build under the CPU interpreter: ranks as processes over the host backend,
+against k2_reference (tiny shapes: the interpreter takes seconds a launch; every width
+runs in the GPU tier)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from mono_peer.testing import spawn
+
+ENV = {"TRITON_INTERPRET": "1"}
+# tiny: layer 2 writes a block (prefix restarts at o), layer 3 adds o to the prefix
+LAYERS = (2, 3)
+
+
+def _load(name):
+    """A helper module of this folder, loaded by path (children re-load it the same way)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ranks = _load("k2_ranks")
+
+
+def _check(records):
+    for r in records:
+        where = f"S={r['s']} layer={r['layer']}"
+        assert r["ids_equal"], f"{where}: expert choice differs from the reference"
+        assert r["w_err"] < 1e-5, f"{where}: routing weights off by {r['w_err']}"
+        assert r["out_err"] < 1e-2, f"{where}: out rel-L2 {r['out_err']}"
+        assert r["prefix_err"] < 1e-2, f"{where}: prefix rel-L2 {r['prefix_err']}"
+        assert r["pad_untouched"], f"{where}: a padding row's prefix was written"
+        assert r["pad_zero"], f"{where}: a padding row got a non-zero output"
+
+
+@pytest.mark.timeout(120)
+def test_tp1_widths_and_layers():
+    (records,) = spawn(ranks.check_steps, 1, 100, [1, 3], LAYERS, 0, env=ENV)
+    _check(records)
+
+
+@pytest.mark.timeout(150)
+def test_tp2_ranks_bit_identical():
+    results = spawn(ranks.check_steps, 2, 130, [2], LAYERS, 5, env=ENV)
+    for records in results:
+        _check(records)
+    for i in range(len(results[0])):
+        for name in ("out", "prefix"):
+            got = [records[i][name].view(torch.int16) for records in results]
+            assert all(g.equal(got[0]) for g in got), f"step {i}: ranks' {name} differ"
+
+
+@pytest.mark.timeout(150)
+def test_tp4_ranks_bit_identical():
+    """TP 4 of the tiny model: a router share (4 experts) smaller than a 16-row tile."""
+    results = spawn(ranks.check_steps, 4, 130, [2], (3,), 1, env=ENV)
+    for records in results:
+        _check(records)
+    outs = [records[0]["out"].view(torch.int16) for records in results]
+    assert all(o.equal(outs[0]) for o in outs), "ranks' outputs differ"
+
+
+@pytest.mark.timeout(100)
+def test_checkpoint_layout_unpacked():
+    """pack=False streams the checkpoint's mxfp4-k32 experts (Triton's scaled dot)."""
+    (records,) = spawn(ranks.check_steps, 1, 80, [2], (3,), 2, True, False, env=ENV)
+    _check(records)
+
+
+@pytest.mark.timeout(150)
+def test_late_rank_faults_every_rank_then_reset():
+    results = spawn(ranks.fault_then_reset, 2, 130, 1, env=ENV)
+    for rank, r in enumerate(results):
+        assert r["fault"] is not None, f"rank {rank}: no MonoFault after a late rank"
+        assert r["poisoned"], f"rank {rank}: the faulted step returned finite outputs"
+        assert r["after_reset_err"] < 1e-2, f"rank {rank}: wrong step after reset()"
+
+
+@pytest.mark.timeout(100)
+def test_bad_input_raises_before_any_launch():
+    (errors,) = spawn(ranks.bad_inputs, 1, 80, env=ENV)
+    for arg, message in errors:
+        assert message is not None, f"{arg}: accepted"
+        assert message.startswith(arg), f"{arg}: the error does not name it: {message}"
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(programs=0), "programs"),
+        (dict(programs=1.5), "programs"),
+        (dict(widths=[]), "widths"),
+        (dict(widths=[2.0]), "widths"),
+        (dict(scratch_offset=100), "scratch_offset"),
+    ],
+)
+def test_bad_construction_raises_before_allocating(kw, match, monkeypatch):
+    """Refused before the MonoRunner (and its peer mapping) exists: nothing to leak."""
+    from mono_kernels_kimi.config import KimiK3Config
+    from mono_kernels_kimi.k2 import runner as k2_runner
+
+    def no_runner(*a, **k):
+        raise AssertionError("MonoRunner built before the arguments were checked")
+
+    monkeypatch.setattr(k2_runner, "MonoRunner", no_runner)
+    with pytest.raises(ValueError, match=match):
+        k2_runner.K2Runner(KimiK3Config.tiny(1), None, 0, "cpu", **({"widths": [1]} | kw))
