@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..k2.reference import linear, rank_ordered_sum, rms_norm
+from ..k2.reference import linear, rank_ordered_sum, rms_norm, situ
 from .config import DrafterConfig
 from .weights import DrafterLayerWeights, DrafterWeights
 
@@ -117,11 +117,11 @@ def bmm(x: torch.Tensor, w: torch.Tensor, acc: torch.dtype, exact: bool) -> torc
 def act_and_mul(cfg: DrafterConfig, gate_up: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
     """`KimiMLP.act_fn` on the [gate | up] halves in `acc`, rounded to bf16: SiluAndMul, or
     SituAndMul as the draft layer builds it (beta 1.0, no linear_beta: up is not clipped)."""
+    if cfg.hidden_act == "situ":
+        return situ(gate_up.to(acc), 1.0).to(BF16)
     d = gate_up.shape[-1] // 2
     g, u = gate_up[..., :d].to(acc), gate_up[..., d:].to(acc)
-    if cfg.hidden_act == "silu":
-        return (g * torch.sigmoid(g) * u).to(BF16)
-    return (torch.tanh(g) * torch.sigmoid(g) * u).to(BF16)
+    return (g * torch.sigmoid(g) * u).to(BF16)
 
 
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

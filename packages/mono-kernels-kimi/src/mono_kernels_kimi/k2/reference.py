@@ -68,13 +68,19 @@ def rank_ordered_sum(parts: Sequence[torch.Tensor], acc: torch.dtype) -> torch.T
     return total
 
 
-def situ(cfg: KimiK3Config, gate_up: torch.Tensor) -> torch.Tensor:
+def situ(gate_up: torch.Tensor, beta: float, linear_beta: float | None = None) -> torch.Tensor:
     """`SituAndMul.forward_native`: beta tanh(g / beta) sigmoid(g) * lb tanh(u / lb) on
-    the [gate | up] halves, in the input's float dtype."""
+    the [gate | up] halves, in the input's float dtype (no `linear_beta`: up unclipped)."""
     d = gate_up.shape[-1] // 2
-    b, lb = cfg.activation_situ_beta, cfg.activation_situ_linear_beta
     g, u = gate_up[..., :d], gate_up[..., d:]
-    return b * torch.tanh(g / b) * torch.sigmoid(g) * (lb * torch.tanh(u / lb))
+    if linear_beta is not None:
+        u = linear_beta * torch.tanh(u / linear_beta)
+    return beta * torch.tanh(g / beta) * torch.sigmoid(g) * u
+
+
+def k3_situ(cfg: KimiK3Config, gate_up: torch.Tensor) -> torch.Tensor:
+    """SiTU with Kimi-K3's betas (routed and shared experts alike)."""
+    return situ(gate_up, cfg.activation_situ_beta, cfg.activation_situ_linear_beta)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, acc: torch.dtype) -> torch.Tensor:
@@ -100,7 +106,7 @@ def routed_partial(
     for e in ids[live].unique().tolist():
         rows = (ids == e).any(-1) & live
         we = (topw * (ids == e)).sum(-1)[rows].to(acc)
-        h = situ(cfg, latent[rows].to(acc) @ w13[e].to(acc).t()).to(BF16)
+        h = k3_situ(cfg, latent[rows].to(acc) @ w13[e].to(acc).t()).to(BF16)
         total[rows] += we[:, None] * (h.to(acc) @ w2[e].to(acc).t())
     return total.to(BF16)
 
@@ -110,7 +116,7 @@ def shared_partial(
 ) -> torch.Tensor:
     """One rank's unreduced shared-expert output (bf16 [S, H])."""
     gate_up = linear(x, w.shared_w13, acc, exact)
-    return linear(situ(cfg, gate_up.to(acc)).to(BF16), w.shared_w2, acc, exact)
+    return linear(k3_situ(cfg, gate_up.to(acc)).to(BF16), w.shared_w2, acc, exact)
 
 
 def k2_reference(
