@@ -31,15 +31,18 @@ if [[ $PART == check+bench || $PART == all ]]; then
     # Phase 1, in parallel.
     tests ffn 270 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench" &
     tests k1 270 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "tiny or bad_slot or 1-1-True-13-full" &
+    tests k2 270 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "not bench" &
     tests rest 270 $P/mono-peer/tests $P/mono-runtime/tests integration/tests/test_toy_decode.py \
         tools/tests/test_gpu_smoke.py &
     step qualify 270 $MONO qualify --ranks 1 --json "$LOG/qualify.json" &
     step warm-ffn 270 python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4 --layers 2 &
+    step warm-k2 270 python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 2 --no-baseline &
     step warm-kda 270 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 2 --skip-no-prefetch &
     wait
     # Phase 2, one at a time.
     step bench-ffn 130 $MONO bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
     step bench-kda 90 $MONO bench kda --rows 1,8 --out "$LOG/bench"
+    step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
     step bench-allreduce 50 $MONO bench allreduce --rows 1,4,16 --out "$LOG/bench"
 fi
 if [[ $PART == tune || $PART == all ]]; then
@@ -60,13 +63,13 @@ fi
 cp "$LOG"/bench/bench-*.png "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
 cat "$LOG/status.txt"
-for name in ffn k1 rest; do
+for name in ffn k1 k2 rest; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== tests $name"
     grep -E "^(FAILED|ERROR) " "$LOG/$name.txt" | head -20
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify bench-ffn bench-kda bench-allreduce gemv-variants tune-ffn timeline-ffn tiles-ffn; do
+for name in qualify bench-ffn bench-kda bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn tiles-ffn; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -22 "$LOG/$name.txt"

@@ -4,7 +4,11 @@ so the list lives here, with the commands that iterate it."""
 
 from __future__ import annotations
 
-BUILD_MODULES = ("mono_kernels_minimax.ffn.build", "mono_kernels_kimi.kda.build")
+BUILD_MODULES = (
+    "mono_kernels_minimax.ffn.build",
+    "mono_kernels_kimi.kda.build",
+    "mono_kernels_kimi.k2.build",
+)
 
 
 def load() -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Run `mono bench ffn|kda|allreduce|gemv`: measure on the GPU, then a table on screen, JSON
+"""Run `mono bench ffn|kda|k2|allreduce|gemv`: measure on the GPU, then a table on screen, JSON
 and a PNG plot in the output folder. Every flag is checked against the kernel's entry in
 KERNELS before anything runs. A kernel package's entry names its family in mono_runtime's
 kernel registry, which says whether this install has it (the runtime's own kernels,
@@ -61,6 +61,7 @@ KERNELS = {
         family="ffn",
     ),
     "kda": Kernel("mono_tools.bench.kda", (1, 2, 4, 8), 8, "K1", family="kda"),  # one dot tile
+    "k2": Kernel("mono_tools.bench.k2", (1, 2, 4, 8, 16), 16, "K2", family="k2"),
     "allreduce": Kernel(
         "mono_tools.bench.allreduce", (1, 2, 4, 8, 16), MAX_ROWS, "the all-reduce", ranks=True
     ),

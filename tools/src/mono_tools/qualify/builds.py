@@ -275,7 +275,61 @@ def _ffn_matches_reference(ctx: RankContext) -> tuple[str, str]:
     return f"FFN (tiny, TP{ctx.world}, {took}) matches its reference ({', '.join(checked)})", took
 
 
-REFERENCE_CHECKS = {"ffn": _ffn_matches_reference, "kda": _k1_matches_reference}
+def _k2_matches_reference(ctx: RankContext) -> tuple[str, str]:
+    """Kimi-K3's K2 at tiny shapes with TP = every rank (its in-kernel all-reduces and
+    all-gathers across the GPUs): a block-write and a plain layer, a padded row, against
+    the reference, the same bits on every rank."""
+    if ctx.world not in FFN_TP:
+        raise NotRun(f"it shards over {FFN_TP} ranks, not {ctx.world}")
+    import torch
+    from mono_kernels_kimi.config import KimiK3Config
+    from mono_kernels_kimi.k2.build import K2Triton
+    from mono_kernels_kimi.k2.inputs import step_inputs
+    from mono_kernels_kimi.k2.reference import k2_reference
+    from mono_kernels_kimi.k2.runner import K2Runner
+    from mono_kernels_kimi.k2.weights import random_weights
+
+    cfg, rows = KimiK3Config.tiny(ctx.world), 4
+    weights = [random_weights(cfg, seed=5, rank=r, device=ctx.device) for r in range(ctx.world)]
+    runner = K2Runner(
+        cfg, ctx.group, ctx.rank, ctx.device, widths=(rows,), deadline_ns=60_000_000_000
+    )  # the first launch meets ranks a few seconds apart
+    checked = []
+    try:
+        mine = runner.pack(weights[ctx.rank])
+        runner.warm()
+        for layer_idx in (2, 3):  # a block-write layer, then a plain one
+            step = step_inputs(cfg, rows, seed=60 + layer_idx, device=ctx.device, padding=(1,))
+            ref = k2_reference(
+                cfg, step.cores, step.prefix, step.blocks, weights, layer_idx, step.live
+            )
+            prefix = step.prefix.clone()
+            runner.step_begin()
+            out = runner(step.cores[ctx.rank], prefix, step.blocks, mine, step.slots, layer_idx)
+            torch.cuda.synchronize(ctx.device)
+            runner.after_step()
+            err_out, err_prefix = _rel(out, ref.out), _rel(prefix, ref.prefix)
+            if not (err_out < 1e-2 and err_prefix < 1e-2):
+                raise CheckFailed(
+                    f"K2 layer {layer_idx} TP{ctx.world} off its reference: out rel "
+                    f"{err_out:.2e}, prefix rel {err_prefix:.2e} (limits 1e-2)"
+                )
+            if not ctx.same_on_every_rank(out):
+                raise CheckFailed(f"K2 layer {layer_idx}: ranks got different bits")
+            checked.append(f"layer {layer_idx} rel {err_out:.0e}")
+    finally:
+        torch.cuda.synchronize(ctx.device)
+        ctx.barrier()
+        runner.close()
+    took = K2Triton.name()
+    return f"K2 (tiny, TP{ctx.world}) matches its reference ({', '.join(checked)})", took
+
+
+REFERENCE_CHECKS = {
+    "ffn": _ffn_matches_reference,
+    "kda": _k1_matches_reference,
+    "k2": _k2_matches_reference,
+}
 """A family's check on a GPU: (detail, the registry name of the build its runner took)."""
 
 
