@@ -24,8 +24,10 @@ residency and under the interpreter, where programs run one after another:
     union    1       the union of the live rows' experts, ascending id -> the slot table
     up       MAXSLOTS x NC  slot j, BN gate + BN up rows of w13 (K = LAT, MXFP4), SiTU ->
                      `mid[j]` (bf16); a slot past the route's count does nothing
-    down     ND      DC latent columns over the slots in order, weights applied (fp32),
-                     rounded once -> every rank's `rl`
+    down     ND x NG DC latent columns over slot group q (slots in order, weights applied,
+                     fp32) -> `dpart[d, q]`: many slots make long items, few slots many
+    dsum     ND      the groups of column block d summed in group order, rounded once ->
+                     every rank's `rl`
     lred     S       row s: the ranks' routed partials in rank order -> bf16 -> RMSNorm ->
                      `nlat` (bf16)
     upproj   NU      UC of this rank's H/tp up_proj rows (K = LAT) -> bf16 -> every rank's `upo`
@@ -160,6 +162,7 @@ class Plan:
     ubk: int  # K step of up items (K = LAT)
     dc: int  # latent columns of a down item
     nd: int
+    ng: int  # slot groups of the down stage
     dbk: int  # its K step (K = RI)
     uc: int  # up_proj rows of an upproj item
     nu: int
@@ -204,6 +207,7 @@ class Plan:
             ubk=_step(lat, 256),
             dc=dc,
             nd=lat // dc,
+            ng=min(b.max_slots, 8 if big else 2),
             dbk=_step(ri, 128),
             uc=uc,
             nu=c.hidden_per_rank // uc,
@@ -227,6 +231,7 @@ STAGES = (
     "union",
     "up",
     "down",
+    "dsum",
     "lred",
     "upproj",
     "final",
@@ -249,7 +254,8 @@ def stages(b: K2Build, final: bool = True) -> list[tuple[str, int]]:
         route=s,
         union=1,
         up=b.max_slots * p.nc,
-        down=p.nd,
+        down=p.nd * p.ng,
+        dsum=p.nd,
         lred=s,
         upproj=p.nu,
         final=s * p.nf,
@@ -292,12 +298,21 @@ def waits(b: K2Build, nslots: int) -> dict[int, list[int]]:
     for j in range(b.max_slots):
         for c in range(p.nc):
             out[st["up"] + j * p.nc + c] = span("union") + span("gather")
-    for t in span("down"):
-        out[t] = span("union") + span("up", 0, nslots * p.nc)
+    for d in range(p.nd):
+        for q in range(p.ng):
+            j0, j1 = group_slots(b, nslots, q)
+            out[st["down"] + d * p.ng + q] = span("union") + span("up", j0 * p.nc, (j1 - j0) * p.nc)
+        out[st["dsum"] + d] = span("down", d * p.ng, p.ng)
     for t in span("upproj"):
         out[t] = span("lred")
     out[st["handshake"]] = span("final")
     return out
+
+
+def group_slots(b: K2Build, nslots: int, q: int) -> tuple[int, int]:
+    """Slots [j0, j1) of down group q when the union holds `nslots`."""
+    per = -(-nslots // b.plan.ng)
+    return min(q * per, nslots), min((q + 1) * per, nslots)
 
 
 # -- layouts ---------------------------------------------------------------------------
@@ -330,6 +345,7 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
     table  the route: int32 nslots, int32 slot_expert[MAXSLOTS], fp32 wtab[MAXSLOTS, S],
            int32 topk_ids[S, K], fp32 topk_w[S, K], int32 pos[E] (the union's scratch)
     mid    bf16[MAXSLOTS, S, RI]  the routed experts' SiTU outputs, by slot
+    dpart  fp32[ND, NG, DC, S]  the down groups' partials
     nlat   bf16[S, LAT] the normed latent the up-projection reads
     """
     c, s = b.cfg, b.rows
@@ -346,6 +362,7 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
             ("xlat", 2 * s * lat),
             ("table", sum(table_sizes(b).values())),
             ("mid", 2 * b.max_slots * s * c.routed_intermediate),
+            ("dpart", 4 * b.plan.nd * b.plan.ng * b.plan.dc * s),
             ("nlat", 2 * s * lat),
         ]
     )

@@ -79,6 +79,14 @@ def _share(rank, g, SHARE: tl.constexpr, TOTAL: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
+def _prefetch(base, stride, row_bytes, NROWS: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr):
+    """L2 prefetch of NROWS weight rows (mono_runtime.stream's, NVIDIA only): a program
+    asks for an item's weights before it waits for the item's inputs."""
+    if ASM:
+        st.prefetch_l2(base, stride, row_bytes, NROWS, CPU)
+
+
+@triton.jit
 def _expert(e, w, ws, N: tl.constexpr, K: tl.constexpr):
     """(values, scales) of expert e's MXFP4 [N, K] matrix in a stacked tensor."""
     eo = e.to(tl.int64)
@@ -182,6 +190,8 @@ def k2_kernel(
     UBK: tl.constexpr,
     DC: tl.constexpr,
     DBK: tl.constexpr,
+    NG: tl.constexpr,
+    NG2: tl.constexpr,
     UC: tl.constexpr,
     FC: tl.constexpr,
     NF: tl.constexpr,
@@ -208,6 +218,7 @@ def k2_kernel(
     T_UNION: tl.constexpr,
     T_UP: tl.constexpr,
     T_DOWN: tl.constexpr,
+    T_DSUM: tl.constexpr,
     T_LRED: tl.constexpr,
     T_UPPROJ: tl.constexpr,
     T_FINAL: tl.constexpr,
@@ -222,6 +233,7 @@ def k2_kernel(
     O_XLAT: tl.constexpr,
     O_TABLE: tl.constexpr,
     O_MID: tl.constexpr,
+    O_DPART: tl.constexpr,
     O_NLAT: tl.constexpr,
     T_SLOTE: tl.constexpr,
     T_WTAB: tl.constexpr,
@@ -524,9 +536,10 @@ def k2_kernel(
                 ASM,
             )
             pt.ticket_finish(done, t, tag)
-        elif t < T_LRED:
+        elif t < T_DSUM:
             _down(
-                t - T_DOWN,
+                (t - T_DOWN) // NG,
+                (t - T_DOWN) % NG,
                 w2,
                 w2_scale,
                 scratch,
@@ -544,6 +557,7 @@ def k2_kernel(
                 MAXSLOTS,
                 NC,
                 NC2,
+                NG,
                 DC,
                 DBK,
                 FMT,
@@ -554,11 +568,28 @@ def k2_kernel(
                 T_SLOTE,
                 T_WTAB,
                 O_MID,
-                P_RL,
+                O_DPART,
                 R_ITEMS,
                 CPU,
                 ASM,
             )
+            pt.ticket_finish(done, t, tag)
+        elif t < T_LRED:
+            _wait(
+                done,
+                T_DOWN + (t - T_DSUM) * NG,
+                NG,
+                NG2,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                R_ITEMS,
+                CPU,
+            )
+            _dsum(t - T_DSUM, scratch, peers, rank, world, tag, S, LAT, NG, DC, O_DPART, P_RL)
         elif t < T_UPPROJ:
             _lred(
                 t - T_LRED,
@@ -1096,6 +1127,7 @@ def _up(
 @triton.jit
 def _down(
     d,
+    q,
     w2,
     w2_scale,
     scratch,
@@ -1113,6 +1145,7 @@ def _down(
     MAXSLOTS: tl.constexpr,
     NC: tl.constexpr,
     NC2: tl.constexpr,
+    NG: tl.constexpr,
     DC: tl.constexpr,
     DBK: tl.constexpr,
     FMT: tl.constexpr,
@@ -1123,24 +1156,27 @@ def _down(
     T_SLOTE: tl.constexpr,
     T_WTAB: tl.constexpr,
     O_MID: tl.constexpr,
-    P_RL: tl.constexpr,
+    O_DPART: tl.constexpr,
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """Latent columns [d DC, (d + 1) DC) of this rank's routed partial: the slots in
-    order (ascending expert id), each as soon as its up items are done, weighted by wtab,
-    summed in fp32 and rounded once -> every rank's rl[this rank]."""
+    """Latent columns [d DC, (d + 1) DC) of this rank's routed partial over the slots of
+    group q in order (ascending expert id), each as soon as its up items are done (its
+    weights asked of L2 first), weighted by wtab, in fp32 -> dpart[d, q]."""
     ok = _wait(done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
     nslots = _slot_count(scratch, O_TABLE, MAXSLOTS)
+    per = (nslots + NG - 1) // NG
+    j1 = tl.minimum((q + 1) * per, nslots)
     wtab = (scratch + O_TABLE + T_WTAB).to(tl.pointer_type(tl.float32))
     mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
     t = tl.arange(0, 16)
     acc = tl.zeros((DC, 16), tl.float32)
-    for j in range(0, nslots):
+    for j in range(tl.minimum(q * per, nslots), j1):
         e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
         wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
         w, ws = _expert(e, w2, w2_scale, LAT, RI)
+        _prefetch(w + d * DC * (RI // 2), RI // 2, RI // 2, DC, CPU, ASM)
         ok = ok & _wait(
             done, T_UP + j * NC, NC, NC2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
         )
@@ -1149,6 +1185,36 @@ def _down(
         )
         acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
     acc = tl.where(ok, acc, float("nan"))
+    n = tl.arange(0, DC)
+    dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
+    tl.store(dpart + ((d * NG + q) * DC + n[:, None]) * S + t[None, :], acc, mask=t[None, :] < S)
+
+
+@triton.jit
+def _dsum(
+    d,
+    scratch,
+    peers,
+    rank,
+    world,
+    tag,
+    S: tl.constexpr,
+    LAT: tl.constexpr,
+    NG: tl.constexpr,
+    DC: tl.constexpr,
+    O_DPART: tl.constexpr,
+    P_RL: tl.constexpr,
+):
+    """Column block d's groups summed in group order, rounded once -> every rank's
+    rl[this rank]."""
+    n = tl.arange(0, DC)
+    t = tl.arange(0, 16)
+    base = (scratch + O_DPART).to(tl.pointer_type(tl.float32)) + (d * NG * DC + n[:, None]) * S
+    acc = tl.zeros((DC, 16), tl.float32)
+    for g in tl.static_range(NG):  # unrolled: the loads fly together, summed in order
+        acc += tl.load(
+            base + g * DC * S + t[None, :], mask=t[None, :] < S, other=0.0, volatile=True
+        )
     q = d * (DC // 2) + tl.arange(0, DC // 2)
     _push(
         peers,
@@ -1322,6 +1388,8 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         UBK=p.ubk,
         DC=p.dc,
         DBK=p.dbk,
+        NG=p.ng,
+        NG2=p2(p.ng),
         UC=p.uc,
         FC=p.fc,
         NF=p.nf,
