@@ -95,3 +95,106 @@ def test_refusals_name_the_setting():
         "routed_expert_hidden_size 64 not split over TP 3",
         "moe_intermediate_size 32 not split over TP 3",
     ]
+
+
+class Backend(NS):
+    pass
+
+
+def kimi_backbone(backend="EMULATION", pad_w2=False):
+    """A tiny Kimi-K3 rank (TP 1) in vLLM's NVIDIA tree: every KDA layer a MoE layer holding
+    one `random_weights` set under vLLM's names; `backend`: vLLM's MXFP4 MoE backend (None:
+    not MXFP4); `pad_w2`: w2 stored wider than the checkpoint's (a backend's padding)."""
+    from mono_kernels_kimi.config import KimiK3Config as Cfg
+
+    cfg = Cfg.tiny(1)
+    text = text_config(cfg)
+    text.linear_attn_config["use_full_rank_gate"] = True
+    text.is_kda_layer = lambda i: (i + 1) in cfg.kda_layers
+    w = random_weights(cfg, seed=1)
+
+    def layer(i):
+        got = loaded_layer(w)
+        routed = got.mlp.experts.routed_experts
+        routed.quant_method = NS(mxfp4_backend=None if backend is None else Backend(name=backend))
+        routed.moe_config = NS(intermediate_size_per_partition=cfg.routed_intermediate)
+        if pad_w2:
+            routed.w2_weight = _param(
+                torch.zeros(*w.w2.shape[:-1], w.w2.shape[-1] + 16, dtype=torch.uint8)
+            )
+        states = [torch.zeros(3, cfg.qkv_dim, 3, dtype=torch.bfloat16), torch.zeros(3, 2, 16, 16)]
+        got.self_attn.prefix = f"model.layers.{i}.self_attn"
+        got.self_attn.kv_cache = states
+        got.self_attn.in_proj_qkvgfab = NS(weight=torch.zeros(cfg.in_proj_rows, cfg.hidden_size))
+        got.input_layernorm = NS(weight=torch.zeros(cfg.hidden_size, dtype=torch.bfloat16))
+        got.is_moe_layer = True
+        return got
+
+    cls = type("Backbone", (NS,), {"__module__": "vllm.models.kimi_k3.nvidia.model"})
+    layers = [layer(i) for i in range(cfg.num_hidden_layers)]
+    return cls(config=text, start_layer=0, end_layer=cfg.num_hidden_layers, layers=layers)
+
+
+def test_k2_runs_on_the_moe_kda_layers_and_sizes_the_runner():
+    from mono_kernels_kimi.k2.spec import peer_bytes
+    from mono_vllm.deployment import Deployment
+    from mono_vllm.families.kimi import KimiKdaKernels
+
+    family = KimiKdaKernels(kimi_backbone(), Deployment(architecture="x", tp=1), 0, 1)
+    assert family.moe_layers == family.layers
+    assert family.check() == [] and family.k2_off() == [] and family.notes == []
+    assert family._k2_layout()[1] is False  # the checkpoint's layout: vLLM's tensors, no copy
+    scratch, peer = family.runner_bytes([1, 2])
+    k1_scratch, k1_peer = family._k1_bytes([1, 2])
+    assert scratch > k1_scratch and peer == max(k1_peer, peer_bytes(family._config()))
+    padded = KimiKdaKernels(kimi_backbone(pad_w2=True), Deployment(architecture="x", tp=1), 0, 1)
+    assert padded.check() == [] and padded._k2_layout()[1] is True  # K2 unpacks its own
+
+
+def test_k2_off_leaves_k1_and_says_why():
+    from mono_vllm.deployment import Deployment
+    from mono_vllm.families.kimi import KimiKdaKernels
+
+    family = KimiKdaKernels(kimi_backbone(backend=None), Deployment(architecture="x", tp=1), 0, 1)
+    assert family.check() == []  # K1 still runs
+    assert family.k2_off() == [
+        "loaded weights: routed experts not in MXFP4 (K2 streams MXFP4 experts)"
+    ]
+    assert family.notes == ["K2 off, the MoE layers run vLLM's: " + family.k2_off()[0]]
+    assert family.runner_bytes([1]) == family._k1_bytes([1])
+    marlin = KimiKdaKernels(
+        kimi_backbone(backend="MARLIN"), Deployment(architecture="x", tp=1), 0, 1
+    )
+    marlin.check()
+    assert "MARLIN MoE backend" in marlin.k2_off()[0]
+
+
+def test_live_rows_follow_k1s_state_slots():
+    from mono_vllm.families.kimi import live_rows
+
+    assert live_rows(torch.tensor([5, 0, -1, 7]), 4).tolist() == [0, -1, -1, 3]
+    assert live_rows(torch.tensor([[3, 4], [0, 0]]), 4).tolist() == [0, 1, -1, -1]
+
+
+@pytest.mark.parametrize("block_write", [True, False])
+def test_k2_layer_hands_the_prefix_on(block_write):
+    """K1's core then K2: a block-write layer's new prefix is a new tensor (the one passed
+    in keeps its values), any other layer's is the one passed in, updated."""
+    from mono_vllm.families.kimi import KdaLayer
+
+    seen = {}
+
+    def k2(core, prefix, blocks, slots):
+        seen.update(core=core, prefix=prefix, slots=slots)
+        prefix.fill_(7)
+        return core * 2
+
+    layer = KdaLayer(NS(is_block_write_layer=block_write), None, 2, {}, k2=k2)
+    core, indices = torch.ones(2, 4), torch.tensor([9, 0])
+    layer.core = lambda prefix, delta, blocks: (core, indices)
+    prefix = torch.zeros(2, 4)
+    out, new_prefix, blocks = layer(None, "delta", "blocks", prefix_sum=prefix)
+    assert torch.equal(out, core * 2) and blocks == "blocks"
+    assert seen["slots"].tolist() == [0, -1] and seen["prefix"] is new_prefix
+    assert (new_prefix is prefix) is not block_write
+    assert bool((prefix == 7).all()) is not block_write

@@ -79,3 +79,19 @@ def test_runner_bad_arguments_single_rank():
             runner.set_deadline(0)
         with pytest.raises(ValueError, match="inject: rank 1"):
             runner.inject(1, 5)
+
+
+def test_kernels_sharing_a_runner_draw_slots_from_one_count():
+    """K1 and K2 launch into one step on one runner: each launch takes the next slot."""
+    from mono_runtime import MonoRunner
+    from mono_runtime import protocol as P
+
+    with MonoRunner("cpu", None, 0, 1, 64, 64) as runner:
+        runner.step_begin()
+        assert [runner.take_slot() for _ in range(P.SLOTS)] == list(range(P.SLOTS))
+        with pytest.raises(ValueError, match=f"more than {P.SLOTS} launches in one step"):
+            runner.take_slot()
+        runner.step_begin()
+        assert runner.take_slot() == 0
+        runner.reset()
+        assert runner.take_slot() == 0

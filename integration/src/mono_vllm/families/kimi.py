@@ -1,17 +1,22 @@
-"""Kimi-K3: every KDA decoder layer takes K1.
+"""Kimi-K3: every KDA decoder layer takes K1, and K2 after it where the layer is a MoE layer.
 
 K1 (`mono_kernels_kimi.kda`) runs a KDA layer from its AttnRes inputs to the gated-norm
 output that o_proj reads: AttnRes (with the block write), input RMSNorm, in_proj, f_b
 gate, short conv update, l2norm, the delta-rule recurrence into the step's state slots,
-gated RMSNorm. It reads vLLM's loaded weights and KDA states in place. The rest of the
-layer (o_proj, the MLP AttnRes and the MoE) stays vLLM's: the replaced layer calls the
-layer's own ``self_attn.o_proj`` and ``mlp``, and the MLP AttnRes of the vLLM tree it
-comes from (`mono_vllm.variants`): ``KimiDecoderLayer._post_attn_norm`` in the NVIDIA
-tree, ``_apply_attn_res`` in the AMD one (private to vLLM: called, not changed). The two
-trees also pass the AttnRes prefix differently between layers. K1 runs on the rank's
-`MonoRunner` (its scratch, tickets, tags, health and alarm words), so a K1 wait that gives
-up makes `after_step` raise on every rank (the last KDA layer's launch ends in the TP fault
-handshake) and the executor's guard poison the step.
+gated RMSNorm. K2 (`mono_kernels_kimi.k2`) runs the rest of a MoE layer from there: o_proj,
+its all-reduce, the MLP AttnRes, the latent MoE with its shared experts and the final
+all-reduce. Both read vLLM's loaded weights in place (K2 reads its own copy of the routed
+experts when vLLM keeps them in another layout than the checkpoint's, e.g. HUMMING's).
+Without K2 (a refusal in `k2_reasons`, logged, or a dense layer) the rest of the layer
+stays vLLM's: the replaced layer calls the layer's own ``self_attn.o_proj`` and ``mlp``,
+and the MLP AttnRes of the vLLM tree it comes from (`mono_vllm.variants`):
+``KimiDecoderLayer._post_attn_norm`` in the NVIDIA tree, ``_apply_attn_res`` in the AMD
+one (private to vLLM: called, not changed). The two trees also pass the AttnRes prefix
+differently between layers. K1 and K2 run on the rank's `MonoRunner` (its scratch, tickets,
+tags, health and alarm words), so a wait that gives up makes `after_step` raise on every
+rank (the step's last launch ends in the TP fault handshake) and the executor's guard
+poison the step. MLA layers stay vLLM's: K2 after vLLM's MLA needs o_proj's input, which
+vLLM's NVIDIA MLA layer does not hand out.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import torch
 
 from ..deployment import Deployment, KernelSupport
-from ..experts import weight_and_scale
+from ..experts import mxfp4_layout, unpacked_experts, weight_and_scale
 from ..variants import AMD, variant
 
 # KimiLinearConfig fields K2 reads, by the same names (KimiK3Config's)
@@ -96,6 +101,11 @@ def k2_weights(layer: Any, experts: dict | None = None) -> Any:
     )
 
 
+def _k2_offset(k1_scratch: int) -> int:
+    """Where K2's scratch starts on the shared runner: past K1's, 256-byte aligned."""
+    return -(-k1_scratch // 256) * 256
+
+
 def kernel_config(text: Any, world: int, in_proj_rows: int) -> Any:
     """The `KimiK3Config` of vLLM's loaded text config at TP `world`."""
     from mono_kernels_kimi.config import KimiK3Config
@@ -138,21 +148,49 @@ def k1_weights(layer: Any) -> dict[str, torch.Tensor]:
     }
 
 
+def live_rows(state_indices: torch.Tensor, rows: int) -> torch.Tensor:
+    """K2's per-row slots of a step from K1's state indices ([R] or [R, L], one a row): the
+    row's index, or -1 where the state slot marks a padded request (<= 0)."""
+    idx = state_indices.reshape(-1)[:rows]
+    own = torch.arange(rows, device=idx.device)
+    return torch.where(idx > 0, own, torch.full_like(own, -1))
+
+
+class K2Launch:
+    """K2 on one MoE layer: `self(core, prefix, blocks, slots)` runs it (the prefix
+    updated in place) and returns the layer's output."""
+
+    def __init__(self, runner: Any, weights: Any, layer_idx: int, final: bool) -> None:
+        self.runner, self.weights, self.layer_idx, self.final = runner, weights, layer_idx, final
+
+    def __call__(self, core, prefix, blocks, slots) -> torch.Tensor:
+        return self.runner(
+            core, prefix, blocks, self.weights, slots, self.layer_idx, final=self.final
+        )
+
+
 class KdaLayer:
-    """One KDA decoder layer on K1 at one width (what `Step.layer(i)` returns): K1 from
-    the AttnRes inputs to o_proj's input, then vLLM's o_proj, MLP AttnRes and MLP, in the
-    calling convention of vLLM's NVIDIA tree: ``(positions, hidden_states=delta,
-    residual=blocks, prefix_sum=prefix) -> (MLP output, prefix, blocks)``."""
+    """One KDA decoder layer on K1 (then K2 when `k2` is given) at one width (what
+    `Step.layer(i)` returns), in the calling convention of vLLM's NVIDIA tree:
+    ``(positions, hidden_states=delta, residual=blocks, prefix_sum=prefix) -> (MLP
+    output, prefix, blocks)``. Without K2: K1, then vLLM's o_proj, MLP AttnRes and MLP."""
 
     def __init__(
-        self, layer: Any, k1: Any, requests: int, weights: dict, final: bool = False
+        self,
+        layer: Any,
+        k1: Any,
+        requests: int,
+        weights: dict,
+        final: bool = False,
+        k2: K2Launch | None = None,
     ) -> None:
         self.layer, self.k1, self.requests, self.weights = layer, k1, requests, weights
-        self.final = final  # the step's last KDA layer: its launch ends in the handshake
+        self.final = final  # K1's launch is the step's last: it ends in the handshake
+        self.k2 = k2
 
-    def attention(self, prefix, delta, blocks) -> torch.Tensor:
-        """K1 (which adds `delta` into `prefix` and writes the layer's block), then vLLM's
-        o_proj: the attention output."""
+    def core(self, prefix, delta, blocks) -> tuple[torch.Tensor, torch.Tensor]:
+        """K1 (which adds `delta` into `prefix` and writes the layer's block): (o_proj's
+        input, the step's state indices)."""
         from vllm.forward_context import get_forward_context
         from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
@@ -162,6 +200,7 @@ class KdaLayer:
         if not is_conv_state_dim_first():
             conv_state = conv_state.transpose(-1, -2)
         spec = self.k1.spec
+        indices = md.spec_state_indices_tensor if spec else md.non_spec_state_indices_tensor
         core = torch.empty(
             prefix.shape[0], attn.local_projection_size, dtype=prefix.dtype, device=prefix.device
         )
@@ -176,15 +215,30 @@ class KdaLayer:
             weights=self.weights,
             conv_state=conv_state,
             state=state,
-            state_indices=md.spec_state_indices_tensor
-            if spec
-            else md.non_spec_state_indices_tensor,
+            state_indices=indices,
             num_accepted=md.num_accepted_tokens if spec else None,
             out=core,
         )
-        return attn.o_proj(core)[0]
+        return core, indices
+
+    def attention(self, prefix, delta, blocks) -> torch.Tensor:
+        """K1, then vLLM's o_proj: the attention output."""
+        return self.layer.self_attn.o_proj(self.core(prefix, delta, blocks)[0])[0]
+
+    def moe(self, prefix, delta, blocks) -> tuple[torch.Tensor, torch.Tensor]:
+        """K1 then K2: (the layer's output, the prefix after it). A block-write layer's
+        prefix restarts at the attention output: K2 writes it into a new tensor, so the
+        one passed in (which the layer before may still hold) keeps its values."""
+        core, indices = self.core(prefix, delta, blocks)
+        if self.layer.is_block_write_layer:
+            prefix = prefix.clone()
+        out = self.k2(core, prefix, blocks, live_rows(indices, prefix.shape[0]))
+        return out, prefix
 
     def __call__(self, positions, hidden_states, residual, prefix_sum=None, **kwargs):
+        if self.k2 is not None:
+            out, prefix_sum = self.moe(prefix_sum, hidden_states, residual)
+            return out, prefix_sum, residual
         layer = self.layer
         hidden = self.attention(prefix_sum, hidden_states, residual)
         hidden, prefix_sum, residual = layer._post_attn_norm(hidden, residual, prefix_sum)
@@ -193,11 +247,15 @@ class KdaLayer:
 
 class AmdKdaLayer(KdaLayer):
     """The same in the calling convention of vLLM's AMD tree: ``(positions, prefix,
-    blocks, prefix_delta) -> (prefix, blocks, MLP output)``; the MLP's AttnRes is that
-    tree's ``_apply_attn_res`` (a private function of vllm/models/kimi_k3/amd/linear.py:
-    called, not changed), with the arguments its ``KimiDecoderLayer`` passes."""
+    blocks, prefix_delta) -> (prefix, blocks, MLP output)``; without K2 the MLP's AttnRes
+    is that tree's ``_apply_attn_res`` (a private function of
+    vllm/models/kimi_k3/amd/linear.py: called, not changed), with the arguments its
+    ``KimiDecoderLayer`` passes."""
 
     def __call__(self, positions, hidden_states, residual, prefix_delta=None, **kwargs):
+        if self.k2 is not None:
+            out, prefix = self.moe(hidden_states, prefix_delta, residual)
+            return prefix, residual, out
         from vllm.models.kimi_k3.amd.linear import KimiMLP, _apply_attn_res
 
         layer = self.layer
@@ -219,9 +277,10 @@ class AmdKdaLayer(KdaLayer):
 
 
 class KimiKdaKernels:
-    """K1 on every KDA layer of one rank (a `LayerKernels`)."""
+    """K1 on every KDA layer of one rank, K2 after it on those that are MoE layers (a
+    `LayerKernels`)."""
 
-    name = "Kimi-K3 KDA (K1)"
+    name = "Kimi-K3 KDA (K1) + MoE (K2)"
     support = KernelSupport(tp=(1, 2, 4, 8, 16), max_rows=8)
     dtypes: dict[str, str] = {}
 
@@ -232,8 +291,13 @@ class KimiKdaKernels:
         text = backbone.config
         stage = range(backbone.start_layer, backbone.end_layer)
         self.layers = tuple(i for i in stage if text.is_kda_layer(i))
+        self.moe_layers = tuple(
+            i for i in self.layers if getattr(backbone.layers[i], "is_moe_layer", False)
+        )
         self.metadata_key = backbone.layers[self.layers[0]].self_attn.prefix if self.layers else ""
         self._k1: Any = None
+        self._k2: Any = None
+        self._k2_off: list[str] | None = None  # why K2 does not run (None: not checked yet)
 
     def check(self) -> list[str]:
         text = self.backbone.config
@@ -252,6 +316,8 @@ class KimiKdaKernels:
             self._config()
         except ValueError as err:
             reasons.append(f"loaded weights: {err}")
+        if not reasons and self.k2_off():
+            self.notes.append("K2 off, the MoE layers run vLLM's: " + "; ".join(self.k2_off()))
         return reasons
 
     def _config(self) -> Any:
@@ -260,12 +326,78 @@ class KimiKdaKernels:
             self.backbone.config, self.world, first.in_proj_qkvgfab.weight.shape[0]
         )
 
-    def runner_bytes(self, widths) -> tuple[int, int]:
+    def _routed(self, i: int) -> Any:
+        experts = self.backbone.layers[i].mlp.experts
+        return getattr(experts, "routed_experts", experts)
+
+    def _k2_layout(self) -> tuple[Any, bool]:
+        """(vLLM's expert layout, whether K2 needs its own copy): vLLM keeps them in
+        another layout than the checkpoint's, or padded. ValueError for non-MXFP4."""
+        from mono_runtime.stream.sources import ExpertLayout
+
+        layout = mxfp4_layout(self._routed(self.moe_layers[0]))
+        if layout is None:
+            raise ValueError("routed experts not in MXFP4 (K2 streams MXFP4 experts)")
+        cfg = self._config()
+        want = {
+            "w13": (2 * cfg.routed_intermediate, cfg.latent_size // 2),
+            "w2": (cfg.latent_size, cfg.routed_intermediate // 2),
+        }
+        experts = self._routed(self.moe_layers[0])
+        stored = {n: tuple(getattr(experts, f"{n}_weight").shape[1:]) for n in want}
+        return layout, layout is not ExpertLayout.K32 or stored != want
+
+    def _k2_weights(self, i: int, copies: bool, layout: Any, device: Any = None) -> Any:
+        cfg = self._config()
+        experts = None
+        if copies:
+            experts = unpacked_experts(
+                self._routed(i), layout, cfg.latent_size, cfg.routed_intermediate, device
+            )
+        return k2_weights(self.backbone.layers[i], experts)
+
+    def k2_off(self) -> list[str]:
+        """Why K2 does not run on this rank's MoE KDA layers (empty: it does)."""
+        if self._k2_off is None:
+            self._k2_off = self._k2_reasons()
+        return self._k2_off
+
+    def _k2_reasons(self) -> list[str]:
+        if not self.moe_layers:
+            return ["no MoE KDA layers on this rank"]
+        reasons = k2_reasons(self.backbone.config, self.world)
+        if reasons:
+            return reasons
+        from mono_kernels_kimi.k2.spec import K2Build
+
+        try:
+            cfg = self._config()
+            K2Build(cfg, 1)
+            layout, copies = self._k2_layout()
+            device = self.backbone.layers[self.layers[0]].input_layernorm.weight.device
+            for i in self.moe_layers:  # what build will unpack, as shapes only
+                w = self._k2_weights(i, copies, layout, "meta" if copies else None)
+                w.validate(cfg, None if copies else device)
+        except ValueError as err:
+            return [f"loaded weights: {err}"]
+        return []
+
+    def _k1_bytes(self, widths) -> tuple[int, int]:
         from mono_kernels_kimi.kda.runner import runner_bytes
 
         q = self.deployment.q
         device = self.backbone.layers[self.layers[0]].input_layernorm.weight.device
         return runner_bytes(self._config(), device, q, self.world, spec=q > 1, max_rows=max(widths))
+
+    def runner_bytes(self, widths) -> tuple[int, int]:
+        scratch, peer = self._k1_bytes(widths)
+        if self.k2_off():
+            return scratch, peer
+        from mono_kernels_kimi.k2.spec import K2Build, peer_bytes, scratch_bytes
+
+        cfg, copies = self._config(), self._k2_layout()[1]
+        k2 = sum(scratch_bytes(K2Build(cfg, w, packed=copies)) for w in widths)
+        return _k2_offset(scratch) + k2, max(peer, peer_bytes(cfg))
 
     def build(self, runner: Any, widths) -> dict[int, dict[int, KdaLayer]]:
         from mono_kernels_kimi.kda.runner import KdaRunner
@@ -277,20 +409,53 @@ class KimiKdaKernels:
         )
         self._k1.warm()  # compiles and loads every width: before profiling and capture
         weights = {i: k1_weights(layers[i]) for i in self.layers}
+        k2 = {} if self.k2_off() else self._build_k2(runner, widths)
+        last = self.layers[-1]
         kind = AmdKdaLayer if self.variant == AMD else KdaLayer
         return {
             w: {
-                i: kind(layers[i], self._k1, w // q, weights[i], i == self.layers[-1])
+                i: kind(
+                    layers[i], self._k1, w // q, weights[i], i == last and i not in k2, k2.get(i)
+                )
                 for i in self.layers
             }
             for w in widths
         }
 
+    def _build_k2(self, runner: Any, widths) -> dict[int, K2Launch]:
+        """K2 on the shared runner (its scratch past K1's) and each MoE KDA layer's weights
+        (vLLM's, or the kernel's own copy of the experts, packed into mxfp4-rot)."""
+        from mono_kernels_kimi.k2.runner import K2Runner
+
+        cfg = self._config()
+        layout, copies = self._k2_layout()
+        k1_scratch = self._k1_bytes(widths)[0]
+        # sharing vLLM's experts, K2 streams them as they are (vLLM's MoE reads them too);
+        # its own copy it packs into its fastest layout
+        self._k2 = K2Runner(
+            cfg, runner.group, self.rank, runner.device, widths=list(widths),
+            runner=runner, pack=copies, scratch_offset=_k2_offset(k1_scratch),
+        )  # fmt: skip
+        self._k2.warm()
+        weights = {i: self._k2.pack(self._k2_weights(i, copies, layout)) for i in self.moe_layers}
+        if copies:
+            size = sum(
+                t.nbytes for w in weights.values() for t in (w.w13, w.w13_scale, w.w2, w.w2_scale)
+            )
+            self.notes.append(
+                f"routed experts copied from vLLM's {layout.value} layout into K2's "
+                f"({size / 2**30:.1f} GiB per rank; vLLM's MoE keeps its own for other steps)"
+            )
+        last = self.layers[-1]
+        return {i: K2Launch(self._k2, weights[i], i, i == last) for i in self.moe_layers}
+
     def step_begin(self, runner: Any) -> None:
-        self._k1.step_begin()  # bumps the runner's epoch once; K1's tag slots from 0
+        runner.step_begin()  # bumps the epoch once; K1 and K2 draw tag slots from 0
 
     def close(self) -> None:
-        self._k1 = None
+        if self._k2 is not None:
+            self._k2.close()  # the shared MonoRunner stays open: the executor closes it
+        self._k1 = self._k2 = None
 
     def _states(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         state = self.backbone.layers[self.layers[0]].self_attn.kv_cache

@@ -120,6 +120,7 @@ class MonoRunner(LayerRunner):
         self.set_deadline(deadline_ns)
         self._steps = 0  # since the last rezero
         self._fault: MonoFault | None = None
+        self._slot = 0  # the next launch's tag slot in this step
 
     def _allocate(self, scratch_bytes: int) -> str | None:
         """Allocate this rank's device state; return why it could not be, or None."""
@@ -160,6 +161,17 @@ class MonoRunner(LayerRunner):
     # -- per step -------------------------------------------------------------------------
     def _step_begin(self) -> None:
         self.ctl[P.CTL_EPOCH : P.CTL_EPOCH + 1].add_(1)
+        self._slot = 0
+
+    def take_slot(self) -> int:
+        """The next launch's tag slot in this step (which also names its ticket counter):
+        one count for every kernel on this runner, so that K1 and K2 launching into one
+        step never share a slot. step_begin() and reset() restart it at 0."""
+        self._live()
+        if self._slot >= P.SLOTS:
+            raise ValueError(f"more than {P.SLOTS} launches in one step (call step_begin())")
+        self._slot += 1
+        return self._slot - 1
 
     def launch_args(self) -> dict[str, Any]:
         """What every protocol kernel takes: control words, health address (an int: it may
@@ -215,6 +227,7 @@ class MonoRunner(LayerRunner):
         tag era."""
         self._rezero()
         self._fault = None
+        self._slot = 0
 
     def _rezero(self) -> None:
         from mono_peer import tp_agree

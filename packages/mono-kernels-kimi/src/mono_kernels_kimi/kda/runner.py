@@ -170,7 +170,6 @@ class KdaRunner(LayerRunner):
         self.scratch = runner.scratch[:need]
         # each launch is a step of its own unless the engine's runner drives the steps
         self.auto_step = self._owns_mono
-        self._slot = 0
         self.check_values = check_values
         self._opened()
 
@@ -187,7 +186,6 @@ class KdaRunner(LayerRunner):
     def _step_begin(self) -> None:
         """Bumps the runner's epoch (graph-capturable); launches take tag slots from 0."""
         self.mono.step_begin()
-        self._slot = 0
 
     def _after_step(self) -> None:
         self.mono.after_step()
@@ -196,7 +194,6 @@ class KdaRunner(LayerRunner):
         """Collective on the runner's group: clears its scratch (K1's with it), tickets,
         peer buffer, health and tag era."""
         self.mono.reset()
-        self._slot = 0
 
     def _inject(self, rank: int | None, delay_ns: int) -> None:
         """The named rank stalls `delay_ns` (or until an alarm) before the TP fault
@@ -232,8 +229,6 @@ class KdaRunner(LayerRunner):
         check_args(build, **step, scratch=self.scratch, values=self.check_values and not capturing)
         if self.auto_step:
             self._step_begin()
-        elif self._slot >= P.SLOTS:
-            raise ValueError(f"more than {P.SLOTS} launches in one step (call step_begin())")
         cfg, w, delta = self.cfg, step["weights"], step["delta"]
         prefix, blocks, conv_state = step["prefix"], step["blocks"], step["conv_state"]
         state, state_indices = step["state"], step["state_indices"]
@@ -275,7 +270,7 @@ class KdaRunner(LayerRunner):
         assert tuple(args) == ARGS
         la, pa = self.mono.launch_args(), self.mono.peer_args()
         args.update(
-            slot=self._slot,
+            slot=self.mono.take_slot(),
             final=final,
             ctl=la["ctl"],
             health=la["health"],
@@ -285,7 +280,6 @@ class KdaRunner(LayerRunner):
             world=pa["world"],
         )
         triton_build.launch(build, args)
-        self._slot += 1
         return step["out"]
 
     def layer_flags(self) -> tuple[tuple[bool, bool], ...]:

@@ -137,7 +137,6 @@ class FfnRunner(LayerRunner):
         self.programs = programs
         # the expert layout the build streams: mxfp4-rot for the Triton build's MXFP4
         self.rot = self.build_name != "flydsl" and self.builds[self.widths[0]].rot
-        self._slot = 0
         self._opened()
 
     def pack(self, weights: FfnWeights) -> FfnWeights:
@@ -153,7 +152,6 @@ class FfnRunner(LayerRunner):
     def _step_begin(self) -> None:
         """Bumps the (shared) runner's epoch; launches take tag slots from 0 again."""
         self.mono.step_begin()
-        self._slot = 0
 
     def _after_step(self) -> None:
         self.mono.after_step()
@@ -161,7 +159,6 @@ class FfnRunner(LayerRunner):
     def _reset(self) -> None:
         """Clears every scratch region, the peer buffer, health and the tag era."""
         self.mono.reset()
-        self._slot = 0
 
     def _inject(self, rank: int | None, delay_ns: int) -> None:
         self.mono.inject(rank, delay_ns)
@@ -265,18 +262,13 @@ class FfnRunner(LayerRunner):
         launch in the TP fault handshake. Bad input raises ValueError before any launch."""
         self._live()
         s = self._check(part, residual, weights, slots, out, residual_out)
-        if self._slot >= P.SLOTS:
-            raise ValueError(f"more than {P.SLOTS} launches in one step (call step_begin())")
         if out is None:
             out = torch.empty_like(part)
         if residual_out is None:
             residual_out = torch.empty_like(residual)
-        b = self.builds[s]
-        args = self._args(
-            b, s, part, residual, out, residual_out, slots, weights, self._slot, final
-        )
+        b, slot = self.builds[s], self.mono.take_slot()
+        args = self._args(b, s, part, residual, out, residual_out, slots, weights, slot, final)
         self.kernels[s].launch(self.programs, **args)
-        self._slot += 1
         return out, residual_out
 
     def _check(self, part, residual, weights, slots, out, residual_out) -> int:
