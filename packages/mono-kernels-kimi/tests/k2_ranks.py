@@ -119,6 +119,7 @@ def bad_inputs(rank, world, group):
     core, prefix, blocks, slots = step.cores[0], step.prefix, step.blocks, step.slots
     h = cfg.hidden_size
     other = random_weights(replace(cfg, hidden_size=128))  # another model's shapes
+    bank = torch.zeros(4 * h, dtype=torch.bfloat16)  # a prefix over a block it reads
     cases = [
         ("core", dict(core=core.float())),
         ("core", dict(core=torch.zeros(3, cfg.o_proj_in, dtype=torch.bfloat16))),  # width
@@ -133,6 +134,7 @@ def bad_inputs(rank, world, group):
         ("weights", dict(weights=random_weights(cfg))),  # not packed
         ("weights", dict(weights=None)),
         ("out", dict(out=prefix)),
+        ("prefix", dict(prefix=bank[: 2 * h].view(2, h), blocks=bank.view(2, 2, h))),
         ("out", dict(out=torch.zeros(2, h, dtype=torch.float32))),
         ("final", dict(final=1)),
     ]

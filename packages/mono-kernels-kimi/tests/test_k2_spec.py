@@ -28,7 +28,7 @@ from mono_kernels_kimi.k2.spec import (
 from mono_runtime.kernel import RUNTIME_ARGS, registry
 
 BUILDS = [K2Build(KimiK3Config.tiny(tp), s) for tp in (1, 2, 4) for s in (1, 3, 16)] + [
-    K2Build(KimiK3Config(tp=tp), s) for tp in (1, 2, 4, 8) for s in (1, 4, 16)
+    K2Build(KimiK3Config(tp=tp), s) for tp, s in ((1, 1), (2, 16), (4, 4), (8, 1), (8, 16))
 ]
 
 

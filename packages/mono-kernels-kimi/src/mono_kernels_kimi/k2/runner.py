@@ -266,12 +266,13 @@ class K2Runner(LayerRunner):
             raise ValueError(f"blocks: columns must be contiguous (strides {blocks.stride()})")
         if blocks.device != self.device:
             raise ValueError(f"blocks: on {blocks.device}, expected {self.device}")
-        if out is not None:
+        written = [("prefix", prefix)] + ([("out", out)] if out is not None else [])
+        for what, w in written:  # outputs must not overlap what the kernel reads
+            a, b = _span(w)
             for name, t in (("prefix", prefix), ("core", core), ("blocks", blocks)):
-                a, b = _span(out)
                 lo, hi = _span(t)
-                if a < hi and lo < b:
-                    raise ValueError(f"out: shares memory with {name}")
+                if name != what and a < hi and lo < b:
+                    raise ValueError(f"{what}: shares memory with {name}")
         if not isinstance(weights, K2Weights):
             raise ValueError(f"weights: expected K2Weights, got {type(weights).__name__}")
         weights.validate(c, self.device)

@@ -349,7 +349,17 @@ def k2_kernel(
             )
             pt.ticket_finish(done, t, tag)
         elif t < T_SHDOWN:
-            # router, latent down and shared up: each reads x, all rows of it
+            # router, latent down and shared up: each reads x, all rows of it; their weights
+            # are asked of L2 while the row items land
+            if t < T_LATDOWN:
+                r0, _, _ = _share(rank, t - T_ROUTER, EPR, E, 16)
+                _prefetch(router + r0 * H, 2 * H, 2 * H, 16, CPU, ASM)
+            elif t < T_SHUP:
+                r0, _, _ = _share(rank, t - T_LATDOWN, LPR, LAT, 16)
+                _prefetch(latent_down + r0 * H, 2 * H, 2 * H, 16, CPU, ASM)
+            else:
+                _prefetch(shared_w13 + (t - T_SHUP) * SB * H, 2 * H, 2 * H, SB, CPU, ASM)
+                _prefetch(shared_w13 + (SI + (t - T_SHUP) * SB) * H, 2 * H, 2 * H, SB, CPU, ASM)
             _wait(done, T_ROW, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
             x = (scratch + O_X).to(tl.pointer_type(tl.bfloat16))
             if t < T_LATDOWN:
@@ -410,6 +420,7 @@ def k2_kernel(
                 )
                 pt.ticket_finish(done, t, tag)
         elif t < T_GATHER:
+            _prefetch(shared_w2 + (t - T_SHDOWN) * SD * SI, 2 * SI, 2 * SI, SD, CPU, ASM)
             _wait(done, T_SHUP, SI // SB, NSU2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
             smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
             acc = st.stream_rows(
@@ -613,9 +624,11 @@ def k2_kernel(
             )
             pt.ticket_finish(done, t, tag)
         elif t < T_FINAL:
+            # this rank's up_proj rows (H/tp output columns), asked of L2 before the wait
+            r0 = rank * HPR + (t - T_UPPROJ) * UC
+            _prefetch(up_proj + r0 * LAT, 2 * LAT, 2 * LAT, UC, CPU, ASM)
             _wait(done, T_LRED, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
             nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.bfloat16))
-            r0 = rank * HPR + (t - T_UPPROJ) * UC
             acc = st.stream_rows(
                 up_proj, up_proj, nlat, r0, 0, LAT // UBK, LAT, UC, UBK, S, 0, STAGES, CPU, ASM
             )
