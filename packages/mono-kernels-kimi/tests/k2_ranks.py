@@ -26,9 +26,10 @@ def _step(cfg, s, seed):
     return step_inputs(cfg, s, seed=seed, padding=(1,) if s > 1 else ())
 
 
-def check_steps(rank, world, group, widths, layers, seed=0, final=True, pack=True):
-    """One step per (width, layer): per-step records of the distances to the reference.
-    `pack` False streams the checkpoint's mxfp4-k32 experts as loaded."""
+def check_steps(rank, world, group, widths, layers, seed=0, pack=True):
+    """One step per width: a launch per layer of `layers`, in order, each on the prefix
+    the one before left (the last launch final); per-launch records of the distances to
+    the reference. `pack` False streams the checkpoint's mxfp4-k32 experts as loaded."""
     cfg = KimiK3Config.tiny(world)
     weights = [random_weights(cfg, seed=seed, rank=r) for r in range(world)]
     runner = K2Runner(cfg, group, rank, "cpu", widths=widths, pack=pack)
@@ -37,34 +38,46 @@ def check_steps(rank, world, group, widths, layers, seed=0, final=True, pack=Tru
     records = []
     try:
         for i, s in enumerate(widths):
-            for layer in layers:
-                step = _step(cfg, s, seed * 100 + i * 10 + layer)
-                prefix = step.prefix.clone()
-                runner.step_begin()
+            step = _step(cfg, s, seed * 100 + i)
+            prefix, ref_prefix = step.prefix.clone(), step.prefix
+            runner.step_begin()
+            outs = []
+            for n, layer in enumerate(layers):
+                before = prefix.clone()
                 out = runner(
-                    step.cores[rank], prefix, step.blocks, mine, step.slots, layer, final=final
+                    step.cores[rank],
+                    prefix,
+                    step.blocks,
+                    mine,
+                    step.slots,
+                    layer,
+                    final=n == len(layers) - 1,
                 )
-                runner.after_step()
+                outs.append((layer, out, before, prefix.clone()))
+            runner.after_step()
+            ids, topw = runner.routing(s)  # the last launch's
+            for layer, out, before, after in outs:
                 ref = k2_reference(
-                    cfg, step.cores, step.prefix, step.blocks, weights, layer, step.live
+                    cfg, step.cores, ref_prefix, step.blocks, weights, layer, step.live
                 )
-                ids, topw = runner.routing(s)
+                ref_prefix = ref.prefix
+                pad = ~step.live
                 records.append(
                     dict(
                         s=s,
                         layer=layer,
-                        out=out.clone(),
-                        prefix=prefix,
+                        out=out,
+                        prefix=after,
                         out_err=rel_l2(out, ref.out),
-                        prefix_err=rel_l2(prefix, ref.prefix),
-                        pad_untouched=bool(
-                            torch.equal(prefix[~step.live], step.prefix[~step.live])
-                        ),
-                        pad_zero=bool((out[~step.live] == 0).all()),
-                        ids_equal=bool(torch.equal(ids.long(), ref.topk_ids)),
-                        w_err=float((topw - ref.topk_weights).abs().max()),
+                        prefix_err=rel_l2(after, ref.prefix),
+                        pad_untouched=bool(torch.equal(after[pad], before[pad])),
+                        pad_zero=bool((out[pad] == 0).all()),
                     )
                 )
+            records[-1].update(
+                ids_equal=bool(torch.equal(ids.long(), ref.topk_ids)),
+                w_err=float((topw - ref.topk_weights).abs().max()),
+            )
     finally:
         runner.close()
     return records

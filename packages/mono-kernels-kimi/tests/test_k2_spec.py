@@ -86,6 +86,14 @@ def test_layouts_are_aligned_and_disjoint(b):
     assert scratch_layout(b)["table"][1] == sum(table_sizes(b).values())
 
 
+def test_peer_regions_start_past_k1s_handshake():
+    """K1 and K2 launches of one step share the peer buffer: K2 never writes K1's pairs."""
+    from mono_kernels_kimi.kda.triton_build import peer_bytes as k1_peer_bytes
+
+    for tp in (1, 2, 4, 8):
+        assert peer_base(tp) >= k1_peer_bytes(tp)
+
+
 def test_peer_regions_hold_16_rows_for_every_width():
     cfg = KimiK3Config.tiny(2)
     pl = peer_layout(cfg)

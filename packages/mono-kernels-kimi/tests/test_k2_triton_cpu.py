@@ -12,7 +12,8 @@ import torch
 from mono_peer.testing import spawn
 
 ENV = {"TRITON_INTERPRET": "1"}
-# tiny: layer 2 writes a block (prefix restarts at o), layer 3 adds o to the prefix
+# tiny: layer 2 writes a block (prefix restarts at o), layer 3 adds o to the prefix; a
+# step launches both (two tag slots over the same peer regions)
 LAYERS = (2, 3)
 
 
@@ -30,8 +31,9 @@ ranks = _load("k2_ranks")
 def _check(records):
     for r in records:
         where = f"S={r['s']} layer={r['layer']}"
-        assert r["ids_equal"], f"{where}: expert choice differs from the reference"
-        assert r["w_err"] < 1e-5, f"{where}: routing weights off by {r['w_err']}"
+        if "ids_equal" in r:  # the step's last launch leaves its routing in scratch
+            assert r["ids_equal"], f"{where}: expert choice differs from the reference"
+            assert r["w_err"] < 1e-5, f"{where}: routing weights off by {r['w_err']}"
         assert r["out_err"] < 1e-2, f"{where}: out rel-L2 {r['out_err']}"
         assert r["prefix_err"] < 1e-2, f"{where}: prefix rel-L2 {r['prefix_err']}"
         assert r["pad_untouched"], f"{where}: a padding row's prefix was written"
@@ -68,7 +70,7 @@ def test_tp4_ranks_bit_identical():
 @pytest.mark.timeout(100)
 def test_checkpoint_layout_unpacked():
     """pack=False streams the checkpoint's mxfp4-k32 experts (Triton's scaled dot)."""
-    (records,) = spawn(ranks.check_steps, 1, 80, [2], (3,), 2, True, False, env=ENV)
+    (records,) = spawn(ranks.check_steps, 1, 80, [2], (3,), 2, False, env=ENV)
     _check(records)
 
 
