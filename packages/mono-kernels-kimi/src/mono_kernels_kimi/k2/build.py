@@ -84,7 +84,7 @@ class K2Triton(Build):
         kernel = triton_build.k2_kernel.warmup(
             *triton_build.kernel_args(self.key, **args),
             grid=(programs,),
-            **triton_build.constexprs(self.key, False),
+            **triton_build.constexprs(self.key, False, triton_build.native_asm()),
             num_warps=self.key.plan.warps,
         )
         problem = residency_problem(

@@ -51,7 +51,6 @@ from dataclasses import dataclass
 from ..config import KimiK3Config
 
 MAX_ROWS = 16
-DOT_ROWS = 16  # rows of every tl.dot tile's activation side; rows >= S are masked
 PAIR = 8  # bytes of a mailbox pair
 ALIGN = 256
 TPS = (1, 2, 4, 8)

@@ -1533,6 +1533,13 @@ def compile_for(b: K2Build, target: str):
     )
 
 
+def native_asm() -> bool:
+    """Whether this torch drives NVIDIA GPUs (the MXFP4 decode's inline PTX); ROCm: no."""
+    return torch.version.hip is None
+
+
 def launch(b: K2Build, grid: int, cpu: bool, **args):
     """Launch build `b` on already-validated arguments (the runner checks them)."""
-    return k2_kernel[(grid,)](*kernel_args(b, **args), **constexprs(b, cpu), num_warps=b.plan.warps)
+    return k2_kernel[(grid,)](
+        *kernel_args(b, **args), **constexprs(b, cpu, native_asm()), num_warps=b.plan.warps
+    )
