@@ -141,7 +141,8 @@ def test_k2_runs_on_the_moe_kda_layers_and_sizes_the_runner():
     from mono_vllm.families.kimi import KimiKdaKernels
 
     family = KimiKdaKernels(kimi_backbone(), Deployment(architecture="x", tp=1), 0, 1)
-    assert family.moe_layers == family.layers
+    assert family.kda_layers == (0, 1, 2, 4, 5, 6)  # 1-based kda_layers skip every 4th
+    assert family.moe_layers == family.layers == tuple(range(8))  # K2 on the MLA layers too
     assert family.check() == [] and family.k2_off() == [] and family.notes == []
     assert family._k2_layout()[1] is False  # the checkpoint's layout: vLLM's tensors, no copy
     scratch, peer = family.runner_bytes([1, 2])
@@ -162,6 +163,7 @@ def test_k2_off_leaves_k1_and_says_why():
     ]
     assert family.notes == ["K2 off, the MoE layers run vLLM's: " + family.k2_off()[0]]
     assert family.runner_bytes([1]) == family._k1_bytes([1])
+    assert family.layers == family.kda_layers  # the MLA layers stay vLLM's
     marlin = KimiKdaKernels(
         kimi_backbone(backend="MARLIN"), Deployment(architecture="x", tp=1), 0, 1
     )
@@ -180,7 +182,7 @@ def test_live_rows_follow_k1s_state_slots():
 def test_k2_layer_hands_the_prefix_on(block_write):
     """K1's core then K2: a block-write layer's new prefix is a new tensor (the one passed
     in keeps its values), any other layer's is the one passed in, updated."""
-    from mono_vllm.families.kimi import KdaLayer
+    from mono_vllm.families.kimi import KdaLayer, StepRows
 
     seen = {}
 
@@ -189,12 +191,53 @@ def test_k2_layer_hands_the_prefix_on(block_write):
         prefix.fill_(7)
         return core * 2
 
-    layer = KdaLayer(NS(is_block_write_layer=block_write), None, 2, {}, k2=k2)
+    rows = StepRows()
+    rows.slots = torch.tensor([0, -1])  # what the step's first KDA layer set
+    layer = KdaLayer(NS(is_block_write_layer=block_write), None, 2, {}, k2=k2, rows=rows)
     core, indices = torch.ones(2, 4), torch.tensor([9, 0])
     layer.core = lambda prefix, delta, blocks: (core, indices)
     prefix = torch.zeros(2, 4)
     out, new_prefix, blocks = layer(None, "delta", "blocks", prefix_sum=prefix)
     assert torch.equal(out, core * 2) and blocks == "blocks"
-    assert seen["slots"].tolist() == [0, -1] and seen["prefix"] is new_prefix
+    assert seen["slots"] is rows.slots and seen["prefix"] is new_prefix
     assert (new_prefix is prefix) is not block_write
     assert bool((prefix == 7).all()) is not block_write
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_mla_k2_layer_runs_vllms_attention_up_to_o_proj(gated):
+    """vLLM's AttnRes and MLA (q-LoRA, output gate) up to o_proj's input, then K2."""
+    from mono_vllm.families.kimi import MlaK2Layer, StepRows
+
+    seen = {}
+    prefix, blocks, h = torch.zeros(2, 4), torch.ones(2, 3, 4), torch.full((2, 4), 3.0)
+    attn_out, gate = torch.full((2, 6), 2.0), torch.zeros(2, 6) if gated else None
+
+    def pre_attn_norm(delta, residual, prefix_sum):
+        seen["pre"] = (delta, residual, prefix_sum)
+        return h, prefix_sum, residual
+
+    def q_lora(positions, hidden):
+        seen["mla"] = (positions, hidden)
+        return attn_out, gate
+
+    def k2(core, prefix, blocks, slots):
+        seen["k2"] = (core, prefix, blocks, slots)
+        return core.sum(-1, keepdim=True)
+
+    layer = NS(
+        _pre_attn_norm=pre_attn_norm, is_block_write_layer=False,
+        self_attn=NS(q_lora_rank=64, _forward_q_lora=q_lora),
+    )  # fmt: skip
+    rows = StepRows()
+    rows.slots = torch.tensor([0, -1])
+    out, new_prefix, new_blocks = MlaK2Layer(layer, k2, rows)("pos", "delta", blocks, prefix)
+    assert seen["pre"] == ("delta", blocks, prefix) and seen["mla"] == ("pos", h)
+    core = seen["k2"][0]
+    assert torch.equal(core, attn_out * 0.5 if gated else attn_out)  # sigmoid(0) = 0.5
+    assert seen["k2"][1] is prefix and seen["k2"][3] is rows.slots
+    assert (
+        new_prefix is prefix
+        and new_blocks is blocks
+        and torch.equal(out, core.sum(-1, keepdim=True))
+    )

@@ -56,7 +56,7 @@ TOUCHES = {
         "both": "self_attn self_attention_res_norm self_attention_res_proj input_layernorm "
         "prev_valid_blocks block_write_idx is_block_write_layer mlp "
         "mlp_res_proj mlp_res_norm post_attention_layernorm",
-        "nvidia": "_post_attn_norm",
+        "nvidia": "_post_attn_norm _pre_attn_norm",
     },
     ("kimi", "KimiMoE"): {  # families.kimi.k2_weights
         "both": "experts gate shared_experts routed_expert_down_proj routed_expert_norm "
@@ -103,6 +103,34 @@ def members(cls: type) -> frozenset[str]:
 
 def vllm_class(model: str, tree: str, name: str) -> type:
     return getattr(importlib.import_module(MODULES[model, tree]), name)
+
+
+# classes and functions of one tree only that the MLA + K2 layers call (families.kimi)
+ONE_TREE = {
+    ("vllm.models.kimi_k3.nvidia.mla", "MultiHeadLatentAttention"): (
+        "_forward_q_lora _forward_full_rank_q q_lora_rank o_proj"
+    ),
+    ("vllm.models.kimi_k3.amd.linear", "KimiMLAAttention"): "mla_attn get_input_quant_key o_proj",
+}
+
+
+@pytest.mark.parametrize("module,name", list(ONE_TREE), ids=[n for _, n in ONE_TREE])
+def test_what_the_mla_k2_layers_touch_exists(module, name):
+    cls = getattr(importlib.import_module(module), name)
+    missing = [a for a in ONE_TREE[module, name].split() if a not in members(cls)]
+    assert not missing, f"vLLM's {name} has no {missing}"
+
+
+def test_the_mla_k2_layers_calls_exist():
+    from vllm.models.kimi_k3.amd.linear import _apply_attn_res
+    from vllm.models.kimi_k3.amd.mla import KimiK3MultiHeadLatentAttentionWrapper
+    from vllm.models.kimi_k3.nvidia.mla import _gate_sigmoid_mul
+
+    assert (
+        "skip_o_proj" in inspect.signature(KimiK3MultiHeadLatentAttentionWrapper.forward).parameters
+    )
+    assert "block_write_idx" in inspect.signature(_apply_attn_res).parameters
+    assert list(inspect.signature(_gate_sigmoid_mul).parameters) == ["attn_out", "gate"]
 
 
 @pytest.mark.parametrize("tree", TREES)

@@ -148,12 +148,28 @@ def k1_weights(layer: Any) -> dict[str, torch.Tensor]:
     }
 
 
+def k2_tail(layer, k2, core, prefix, blocks, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """K2 from o_proj's input: (the layer's output, the prefix after it). A block-write
+    layer's prefix restarts at the attention output: K2 writes it into a new tensor, so the
+    one passed in (which the layer before may still hold) keeps its values."""
+    if layer.is_block_write_layer:
+        prefix = prefix.clone()
+    return k2(core, prefix, blocks, rows.slots), prefix
+
+
 def live_rows(state_indices: torch.Tensor, rows: int) -> torch.Tensor:
     """K2's per-row slots of a step from K1's state indices ([R] or [R, L], one a row): the
     row's index, or -1 where the state slot marks a padded request (<= 0)."""
     idx = state_indices.reshape(-1)[:rows]
     own = torch.arange(rows, device=idx.device)
     return torch.where(idx > 0, own, torch.full_like(own, -1))
+
+
+class StepRows:
+    """K2's per-row slots of the current step: the first KDA layer sets them from K1's
+    state indices, every K2 launch of the step (MLA layers have no K1 indices) reads them."""
+
+    slots: torch.Tensor | None = None
 
 
 class K2Launch:
@@ -183,14 +199,17 @@ class KdaLayer:
         weights: dict,
         final: bool = False,
         k2: K2Launch | None = None,
+        rows: StepRows | None = None,
+        first: bool = False,
     ) -> None:
         self.layer, self.k1, self.requests, self.weights = layer, k1, requests, weights
         self.final = final  # K1's launch is the step's last: it ends in the handshake
-        self.k2 = k2
+        self.k2, self.rows, self.first = k2, rows, first
 
     def core(self, prefix, delta, blocks) -> tuple[torch.Tensor, torch.Tensor]:
         """K1 (which adds `delta` into `prefix` and writes the layer's block): (o_proj's
-        input, the step's state indices)."""
+        input, the step's state indices); the step's first KDA layer also sets the step's
+        K2 row slots."""
         from vllm.forward_context import get_forward_context
         from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
@@ -219,6 +238,8 @@ class KdaLayer:
             num_accepted=md.num_accepted_tokens if spec else None,
             out=core,
         )
+        if self.first and self.rows is not None:
+            self.rows.slots = live_rows(indices, prefix.shape[0])
         return core, indices
 
     def attention(self, prefix, delta, blocks) -> torch.Tensor:
@@ -229,11 +250,8 @@ class KdaLayer:
         """K1 then K2: (the layer's output, the prefix after it). A block-write layer's
         prefix restarts at the attention output: K2 writes it into a new tensor, so the
         one passed in (which the layer before may still hold) keeps its values."""
-        core, indices = self.core(prefix, delta, blocks)
-        if self.layer.is_block_write_layer:
-            prefix = prefix.clone()
-        out = self.k2(core, prefix, blocks, live_rows(indices, prefix.shape[0]))
-        return out, prefix
+        core, _ = self.core(prefix, delta, blocks)
+        return k2_tail(self.layer, self.k2, core, prefix, blocks, self.rows)
 
     def __call__(self, positions, hidden_states, residual, prefix_sum=None, **kwargs):
         if self.k2 is not None:
@@ -276,6 +294,56 @@ class AmdKdaLayer(KdaLayer):
         return prefix, residual, layer.mlp(hidden)
 
 
+class MlaK2Layer:
+    """An MLA MoE layer on K2 at one width, in the calling convention of vLLM's NVIDIA tree:
+    vLLM's AttnRes (``KimiDecoderLayer._pre_attn_norm``) and MLA up to o_proj's input (its
+    ``_forward_q_lora`` / ``_forward_full_rank_q`` and ``_gate_sigmoid_mul``, private to
+    vLLM: called, not changed), then K2 from o_proj on."""
+
+    def __init__(self, layer: Any, k2: K2Launch, rows: StepRows) -> None:
+        self.layer, self.k2, self.rows = layer, k2, rows
+
+    def core(self, positions, hidden) -> torch.Tensor:
+        from vllm.models.kimi_k3.nvidia.mla import _gate_sigmoid_mul
+
+        attn = self.layer.self_attn
+        forward = attn._forward_full_rank_q if attn.q_lora_rank is None else attn._forward_q_lora
+        out, gate = forward(positions, hidden)
+        return out if gate is None else _gate_sigmoid_mul(out, gate)
+
+    def __call__(self, positions, hidden_states, residual, prefix_sum=None, **kwargs):
+        layer = self.layer
+        hidden, prefix_sum, residual = layer._pre_attn_norm(hidden_states, residual, prefix_sum)
+        core = self.core(positions, hidden)
+        out, prefix_sum = k2_tail(layer, self.k2, core, prefix_sum, residual, self.rows)
+        return out, prefix_sum, residual
+
+
+class AmdMlaK2Layer(MlaK2Layer):
+    """The same in vLLM's AMD tree: its ``_apply_attn_res`` with the arguments its
+    ``forward_attn_residual`` passes, and its MLA with ``skip_o_proj`` (what vLLM's own
+    AMD K2 calls)."""
+
+    def __call__(self, positions, hidden_states, residual, prefix_delta=None, **kwargs):
+        from vllm.models.kimi_k3.amd.linear import _apply_attn_res
+
+        layer = self.layer
+        hidden = _apply_attn_res(
+            hidden_states,
+            residual,
+            layer.self_attention_res_proj,
+            layer.self_attention_res_norm,
+            layer.prev_valid_blocks,
+            delta=prefix_delta,
+            output_norm=layer.input_layernorm,
+            block_write_idx=layer.block_write_idx if layer.is_block_write_layer else -1,
+            quant_key=layer.self_attn.get_input_quant_key(),
+        )
+        core = layer.self_attn.mla_attn.forward(positions, hidden, skip_o_proj=True)
+        out, prefix = k2_tail(layer, self.k2, core, hidden_states, residual, self.rows)
+        return prefix, residual, out
+
+
 class KimiKdaKernels:
     """K1 on every KDA layer of one rank, K2 after it on those that are MoE layers (a
     `LayerKernels`)."""
@@ -290,20 +358,31 @@ class KimiKdaKernels:
         self.notes: list[str] = []
         text = backbone.config
         stage = range(backbone.start_layer, backbone.end_layer)
-        self.layers = tuple(i for i in stage if text.is_kda_layer(i))
+        self.kda_layers = tuple(i for i in stage if text.is_kda_layer(i))
+        # K2 runs on every MoE layer: after K1 on a KDA layer, after vLLM's MLA on the rest
         self.moe_layers = tuple(
-            i for i in self.layers if getattr(backbone.layers[i], "is_moe_layer", False)
+            i for i in stage if getattr(backbone.layers[i], "is_moe_layer", False)
         )
-        self.metadata_key = backbone.layers[self.layers[0]].self_attn.prefix if self.layers else ""
+        self.metadata_key = (
+            backbone.layers[self.kda_layers[0]].self_attn.prefix if self.kda_layers else ""
+        )
         self._k1: Any = None
         self._k2: Any = None
         self._k2_off: list[str] | None = None  # why K2 does not run (None: not checked yet)
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The decoder layers the kernels replace: the KDA layers, and the MLA MoE layers
+        when K2 runs."""
+        if not self.kda_layers or self.k2_off():
+            return self.kda_layers
+        return tuple(sorted(set(self.kda_layers) | set(self.moe_layers)))
 
     def check(self) -> list[str]:
         text = self.backbone.config
         kda = text.linear_attn_config or {}
         checks = (
-            (not self.layers, "no KDA layers on this rank"),
+            (not self.kda_layers, "no KDA layers on this rank"),
             (text.attn_res_block_size is None, "a model without AttnRes"),
             (not kda.get("use_full_rank_gate", False), "KDA without the full-rank gate"),
             (kda.get("short_conv_kernel_size") != 4, "a short conv other than 4 wide"),
@@ -321,7 +400,7 @@ class KimiKdaKernels:
         return reasons
 
     def _config(self) -> Any:
-        first = self.backbone.layers[self.layers[0]].self_attn
+        first = self.backbone.layers[self.kda_layers[0]].self_attn
         return kernel_config(
             self.backbone.config, self.world, first.in_proj_qkvgfab.weight.shape[0]
         )
@@ -364,8 +443,10 @@ class KimiKdaKernels:
 
     def _k2_reasons(self) -> list[str]:
         if not self.moe_layers:
-            return ["no MoE KDA layers on this rank"]
+            return ["no MoE layers on this rank"]
         reasons = k2_reasons(self.backbone.config, self.world)
+        if self.moe_layers[0] < self.kda_layers[0]:
+            reasons.append("a MoE layer before the first KDA layer (K2's row slots come from K1)")
         if reasons:
             return reasons
         from mono_kernels_kimi.k2.spec import K2Build
@@ -374,8 +455,9 @@ class KimiKdaKernels:
             cfg = self._config()
             K2Build(cfg, 1)
             layout, copies = self._k2_layout()
-            device = self.backbone.layers[self.layers[0]].input_layernorm.weight.device
-            for i in self.moe_layers:  # what build will unpack, as shapes only
+            device = self.backbone.layers[self.kda_layers[0]].input_layernorm.weight.device
+            for i in self.moe_layers:  # what build will unpack, as shapes only (MLA's
+                # o_proj must take K2's width: the KDA core's)
                 w = self._k2_weights(i, copies, layout, "meta" if copies else None)
                 w.validate(cfg, None if copies else device)
         except ValueError as err:
@@ -386,7 +468,7 @@ class KimiKdaKernels:
         from mono_kernels_kimi.kda.runner import runner_bytes
 
         q = self.deployment.q
-        device = self.backbone.layers[self.layers[0]].input_layernorm.weight.device
+        device = self.backbone.layers[self.kda_layers[0]].input_layernorm.weight.device
         return runner_bytes(self._config(), device, q, self.world, spec=q > 1, max_rows=max(widths))
 
     def runner_bytes(self, widths) -> tuple[int, int]:
@@ -403,24 +485,28 @@ class KimiKdaKernels:
         from mono_kernels_kimi.kda.runner import KdaRunner
 
         q, layers = self.deployment.q, self.backbone.layers
-        device = layers[self.layers[0]].input_layernorm.weight.device
+        device = layers[self.kda_layers[0]].input_layernorm.weight.device
         self._k1 = KdaRunner(
             self._config(), device, q, spec=q > 1, max_rows=max(widths), runner=runner
         )
         self._k1.warm()  # compiles and loads every width: before profiling and capture
-        weights = {i: k1_weights(layers[i]) for i in self.layers}
+        weights = {i: k1_weights(layers[i]) for i in self.kda_layers}
         k2 = {} if self.k2_off() else self._build_k2(runner, widths)
-        last = self.layers[-1]
-        kind = AmdKdaLayer if self.variant == AMD else KdaLayer
-        return {
-            w: {
-                i: kind(
-                    layers[i], self._k1, w // q, weights[i], i == last and i not in k2, k2.get(i)
-                )
+        last = max(self.layers)  # its launch is the step's last: it ends in the handshake
+        amd = self.variant == AMD
+        kda, mla = (AmdKdaLayer, AmdMlaK2Layer) if amd else (KdaLayer, MlaK2Layer)
+        first = self.kda_layers[0]
+        table = {}
+        for w in widths:
+            rows = StepRows() if k2 else None  # K2's row slots: the first KDA layer sets them
+            table[w] = {
+                i: kda(layers[i], self._k1, w // q, weights[i], i == last and i not in k2,
+                       k2.get(i), rows, i == first)
+                if i in weights
+                else mla(layers[i], k2[i], rows)
                 for i in self.layers
-            }
-            for w in widths
-        }
+            }  # fmt: skip
+        return table
 
     def _build_k2(self, runner: Any, widths) -> dict[int, K2Launch]:
         """K2 on the shared runner (its scratch past K1's) and each MoE KDA layer's weights
@@ -446,7 +532,7 @@ class KimiKdaKernels:
                 f"routed experts copied from vLLM's {layout.value} layout into K2's "
                 f"({size / 2**30:.1f} GiB per rank; vLLM's MoE keeps its own for other steps)"
             )
-        last = self.layers[-1]
+        last = max(self.moe_layers[-1], self.kda_layers[-1])
         return {i: K2Launch(self._k2, weights[i], i, i == last) for i in self.moe_layers}
 
     def step_begin(self, runner: Any) -> None:
@@ -458,7 +544,7 @@ class KimiKdaKernels:
         self._k1 = self._k2 = None
 
     def _states(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        state = self.backbone.layers[self.layers[0]].self_attn.kv_cache
+        state = self.backbone.layers[self.kda_layers[0]].self_attn.kv_cache
         if not isinstance(state, (list, tuple)) or len(state) < 2 or not state[1].numel():
             return None
         return state[0], state[1]
