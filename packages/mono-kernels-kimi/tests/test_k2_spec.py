@@ -53,6 +53,7 @@ def test_the_plan_covers_every_shape(b):
     assert p.nsu * p.sb == c.shared_intermediate and p.nsd * p.sd == c.hidden_size
     assert p.nc * p.bn == c.routed_intermediate and p.nd * p.dc == c.latent_size
     assert p.nu * p.uc == c.hidden_per_rank and p.nf * p.fc == c.hidden_size
+    assert c.hidden_size % (p.rbk * p.dks) == 0  # split K: whole steps in every part
     for bk, k in ((p.obk, c.o_proj_in), (p.rbk, c.hidden_size), (p.sdk, c.shared_intermediate)):
         assert k % bk == 0 and bk >= 16
     for bk, k in ((p.ubk, c.latent_size), (p.dbk, c.routed_intermediate)):
@@ -67,7 +68,7 @@ def test_counts_of_a_tiny_tp2_width_3():
     b = K2Build(KimiK3Config.tiny(2), 3)
     assert b.max_slots == 12  # 3 rows x 4 picks of 16 experts
     assert dict(stages(b)) == dict(
-        oproj=2, col=6, row=3, router=1, latdown=2, shup=2, shdown=2, gather=3, route=3,
+        oproj=2, col=6, row=3, router=2, latdown=4, shup=4, shdown=2, gather=3, route=3,
         union=1, up=24, down=4, dsum=2, lred=3, upproj=2, final=6, handshake=1,
     )  # fmt: skip
 

@@ -15,9 +15,13 @@ residency and under the interpreter, where programs run one after another:
                      mlp_res_norm * mlp_res_proj over the chunk -> `ssq`, `dot`
     row      S       row s: softmax over the sources (blocks 0..sources-1, the prefix),
                      the mix, post_attention_layernorm -> x (bf16)
-    router   NR      16 rows of this rank's E/tp router rows, fp32 logits -> every rank's `lg`
-    latdown  NL      16 rows of this rank's LAT/tp latent_down rows, bf16 -> every rank's `lat`
-    shup     NSU     SB gate + SB up rows of the shared gate_up, SiTU -> `smid` (bf16)
+    router   NR x DKS  16 rows of this rank's E/tp router rows, one of DKS parts of K
+                     (= H); the last part to finish sums the parts in order: fp32 logits
+                     -> every rank's `lg`
+    latdown  NL x DKS  16 rows of this rank's LAT/tp latent_down rows, likewise: bf16 ->
+                     every rank's `lat`
+    shup     NSU x DKS  SB gate + SB up rows of the shared gate_up, likewise: SiTU ->
+                     `smid` (bf16)
     shdown   NSD     SD output columns of the shared down (K = SI) -> every rank's `sh`
     gather   S       row s of the gathered latent input -> `xlat`
     route    S       row s: sigmoid + bias top-k of the gathered logits -> ids, weights
@@ -148,8 +152,9 @@ class Plan:
     obk: int  # its K step (K = Ko)
     rc: int  # columns of a col item (and of a row item's chunk)
     nch: int  # col items per row
-    nr: int  # router items (16 rows each)
+    nr: int  # router row blocks (16 rows each)
     rbk: int  # their K step (K = H)
+    dks: int  # K parts of the router, latdown and shup row blocks (items per block)
     nl: int  # latdown items (16 rows each)
     sb: int  # shared gate (and up) rows of a shup item
     nsu: int
@@ -176,13 +181,16 @@ class Plan:
         h, ko, lat = c.hidden_size, c.o_proj_in, c.latent_size
         ri, si = c.routed_intermediate, c.shared_intermediate
         big = h >= 2048  # real shapes: tiles for bandwidth; tiny ones: several items a stage
+        # the router, latdown and shup stages run at once on few rows (E/tp, LAT/tp, SI):
+        # split K, so that they fill the machine
+        dks = 4 if big else 2
         oc = _step(h, 64 if big else 32)
         rc = _step(h, 1024 if big else 32)
-        sb = _step(si, 32 if big else 16)
+        sb = 16
         sd = _step(h, 64 if big else 32)
         bn = _step(ri, 32 if big else 16)
         dc = _step(lat, 64 if big else 32)
-        uc = _step(c.hidden_per_rank, 64 if big else 16)
+        uc = 16
         fc = _step(h, 512 if big else 32)
         for name, v in (("oc", oc), ("sb", sb), ("sd", sd), ("bn", bn), ("dc", dc), ("uc", uc)):
             if v < 16:
@@ -194,7 +202,8 @@ class Plan:
             rc=rc,
             nch=h // rc,
             nr=-(-c.experts_per_rank // 16),
-            rbk=_step(h, 256),
+            rbk=_step(h // dks, 256),
+            dks=dks,
             nl=-(-c.latent_per_rank // 16),
             sb=sb,
             nsu=si // sb,
@@ -245,9 +254,9 @@ def stages(b: K2Build, final: bool = True) -> list[tuple[str, int]]:
         oproj=p.no,
         col=s * p.nch,
         row=s,
-        router=p.nr,
-        latdown=p.nl,
-        shup=p.nsu,
+        router=p.nr * p.dks,
+        latdown=p.nl * p.dks,
+        shup=p.nsu * p.dks,
         shdown=p.nsd,
         gather=s,
         route=s,
@@ -344,10 +353,13 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
     table  the route: int32 nslots, int32 slot_expert[MAXSLOTS], fp32 wtab[MAXSLOTS, S],
            int32 topk_ids[S, K], fp32 topk_w[S, K], int32 pos[E] (the union's scratch)
     mid    bf16[MAXSLOTS, S, RI]  the routed experts' SiTU outputs, by slot
+    count  int32[NR + NL + NSU]  K parts finished per row block of router, latdown, shup
+           (the last resets it)
+    kpart  fp32 their parts: [NR + NL, DKS, 16, S] then [NSU, DKS, 2 SB, S]
     dpart  fp32[ND, NG, DC, S]  the down groups' partials
     nlat   bf16[S, LAT] the normed latent the up-projection reads
     """
-    c, s = b.cfg, b.rows
+    c, s, p = b.cfg, b.rows, b.plan
     h, lat, nb = c.hidden_size, c.latent_size, c.num_attn_res_blocks
     return _layout(
         [
@@ -361,6 +373,8 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
             ("xlat", 2 * s * lat),
             ("table", sum(table_sizes(b).values())),
             ("mid", 2 * b.max_slots * s * c.routed_intermediate),
+            ("count", 4 * (p.nr + p.nl + p.nsu)),
+            ("kpart", 4 * p.dks * s * (16 * (p.nr + p.nl) + 2 * p.sb * p.nsu)),
             ("dpart", 4 * b.plan.nd * b.plan.ng * b.plan.dc * s),
             ("nlat", 2 * s * lat),
         ]

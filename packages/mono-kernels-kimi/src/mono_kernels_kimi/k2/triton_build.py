@@ -182,6 +182,9 @@ def k2_kernel(
     RC: tl.constexpr,
     NCH: tl.constexpr,
     RBK: tl.constexpr,
+    DKS: tl.constexpr,
+    NR: tl.constexpr,
+    NL: tl.constexpr,
     SB: tl.constexpr,
     SD: tl.constexpr,
     SDK: tl.constexpr,
@@ -233,6 +236,8 @@ def k2_kernel(
     O_XLAT: tl.constexpr,
     O_TABLE: tl.constexpr,
     O_MID: tl.constexpr,
+    O_COUNT: tl.constexpr,
+    O_KPART: tl.constexpr,
     O_DPART: tl.constexpr,
     O_NLAT: tl.constexpr,
     T_SLOTE: tl.constexpr,
@@ -349,24 +354,34 @@ def k2_kernel(
             )
             pt.ticket_finish(done, t, tag)
         elif t < T_SHDOWN:
-            # router, latent down and shared up: each reads x, all rows of it; their weights
-            # are asked of L2 while the row items land
+            # router, latent down and shared up, each split over DKS parts of K: all read
+            # x, every row of it; their weights are asked of L2 while the row items land
+            kp = (t - T_ROUTER) % DKS  # every stage of the three has DKS parts an item
+            cnt = (scratch + O_COUNT).to(tl.pointer_type(tl.int32)) + (t - T_ROUTER) // DKS
+            buf = (scratch + O_KPART).to(tl.pointer_type(tl.float32))
             if t < T_LATDOWN:
-                r0, _, _ = _share(rank, t - T_ROUTER, EPR, E, 16)
-                _prefetch(router + r0 * H, 2 * H, 2 * H, 16, CPU, ASM)
+                r0, _, _ = _share(rank, (t - T_ROUTER) // DKS, EPR, E, 16)
+                _prefetch(router + r0 * H + kp * (H // DKS), 2 * H, 2 * (H // DKS), 16, CPU, ASM)
             elif t < T_SHUP:
-                r0, _, _ = _share(rank, t - T_LATDOWN, LPR, LAT, 16)
-                _prefetch(latent_down + r0 * H, 2 * H, 2 * H, 16, CPU, ASM)
+                r0, _, _ = _share(rank, (t - T_LATDOWN) // DKS, LPR, LAT, 16)
+                _prefetch(
+                    latent_down + r0 * H + kp * (H // DKS), 2 * H, 2 * (H // DKS), 16, CPU, ASM
+                )
             else:
-                _prefetch(shared_w13 + (t - T_SHUP) * SB * H, 2 * H, 2 * H, SB, CPU, ASM)
-                _prefetch(shared_w13 + (SI + (t - T_SHUP) * SB) * H, 2 * H, 2 * H, SB, CPU, ASM)
+                w = shared_w13 + ((t - T_SHUP) // DKS) * SB * H + kp * (H // DKS)
+                _prefetch(w, 2 * H, 2 * (H // DKS), SB, CPU, ASM)
+                _prefetch(w + SI * H, 2 * H, 2 * (H // DKS), SB, CPU, ASM)
             _wait(done, T_ROW, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
             x = (scratch + O_X).to(tl.pointer_type(tl.bfloat16))
             if t < T_LATDOWN:
+                g = (t - T_ROUTER) // DKS
                 _router(
-                    t - T_ROUTER,
+                    g,
+                    kp,
                     x,
                     router,
+                    buf + g * (DKS * 16 * S),
+                    cnt,
                     peers,
                     rank,
                     world,
@@ -376,16 +391,21 @@ def k2_kernel(
                     E,
                     EPR,
                     RBK,
+                    DKS,
                     STAGES,
                     P_LG,
                     CPU,
                     ASM,
                 )
             elif t < T_SHUP:
+                g = (t - T_LATDOWN) // DKS
                 _latdown(
-                    t - T_LATDOWN,
+                    g,
+                    kp,
                     x,
                     latent_down,
+                    buf + (NR + g) * (DKS * 16 * S),
+                    cnt,
                     peers,
                     rank,
                     world,
@@ -395,22 +415,28 @@ def k2_kernel(
                     LAT,
                     LPR,
                     RBK,
+                    DKS,
                     STAGES,
                     P_LAT,
                     CPU,
                     ASM,
                 )
             else:
+                c = (t - T_SHUP) // DKS
                 _shup(
-                    t - T_SHUP,
+                    c,
+                    kp,
                     x,
                     shared_w13,
                     scratch,
+                    buf + (NR + NL) * (DKS * 16 * S) + c * (DKS * 2 * SB * S),
+                    cnt,
                     S,
                     H,
                     SI,
                     SB,
                     RBK,
+                    DKS,
                     STAGES,
                     O_SMID,
                     BETA,
@@ -855,10 +881,36 @@ def _row(
 
 
 @triton.jit
+def _sum_parts(acc, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.constexpr):
+    """Split K: store this item's K part kp of a [BN, 16] fp32 sum in buf; (last, total):
+    `last` in the item that finished the last part, which gets the parts summed in part
+    order (results do not depend on timing). The last also resets the counter."""
+    n = tl.arange(0, BN)
+    t = tl.arange(0, 16)
+    live = t[None, :] < S
+    base = buf + n[:, None] * S + t[None, :]
+    total = acc
+    last = kp == kp
+    if PARTS > 1:
+        tl.store(base + kp * (BN * S), acc, mask=live)
+        tl.debug_barrier()
+        last = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == PARTS - 1
+        total = tl.zeros((BN, 16), tl.float32)
+        if last:
+            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+            for q in tl.static_range(PARTS):  # unrolled: the loads fly together, in order
+                total += tl.load(base + q * (BN * S), mask=live, other=0.0, volatile=True)
+    return last, total
+
+
+@triton.jit
 def _router(
     g,
+    kp,
     x,
     router,
+    buf,
+    cnt,
     peers,
     rank,
     world,
@@ -868,22 +920,33 @@ def _router(
     E: tl.constexpr,
     EPR: tl.constexpr,
     RBK: tl.constexpr,
+    DKS: tl.constexpr,
     STAGES: tl.constexpr,
     P_LG: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """16 of this rank's router rows, fp32 logits -> every rank's lg (all-gather)."""
+    """16 of this rank's router rows over K part kp; the last part: fp32 logits -> every
+    rank's lg (all-gather)."""
     r0, rows, keep = _share(rank, g, EPR, E, 16)
-    acc = st.stream_rows(router, router, x, r0, 0, H // RBK, H, 16, RBK, S, 0, STAGES, CPU, ASM)
-    _push(peers, world, P_LG // 8, E, rows, tl.trans(acc).to(tl.int32, bitcast=True), keep, tag, S)
+    KP: tl.constexpr = H // DKS
+    acc = st.stream_rows(
+        router, router, x, r0, kp * KP, KP // RBK, H, 16, RBK, S, 0, STAGES, CPU, ASM
+    )
+    last, acc = _sum_parts(acc, buf, cnt, kp, DKS, 16, S)
+    if last:
+        payload = tl.trans(acc).to(tl.int32, bitcast=True)
+        _push(peers, world, P_LG // 8, E, rows, payload, keep, tag, S)
 
 
 @triton.jit
 def _latdown(
     g,
+    kp,
     x,
     latent_down,
+    buf,
+    cnt,
     peers,
     rank,
     world,
@@ -893,32 +956,41 @@ def _latdown(
     LAT: tl.constexpr,
     LPR: tl.constexpr,
     RBK: tl.constexpr,
+    DKS: tl.constexpr,
     STAGES: tl.constexpr,
     P_LAT: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """16 of this rank's latent_down rows, bf16 -> every rank's lat (all-gather)."""
+    """16 of this rank's latent_down rows over K part kp; the last part: bf16 -> every
+    rank's lat (all-gather)."""
     r0, rows, keep = _share(rank, g, LPR, LAT, 16)
+    KP: tl.constexpr = H // DKS
     acc = st.stream_rows(
-        latent_down, latent_down, x, r0, 0, H // RBK, H, 16, RBK, S, 0, STAGES, CPU, ASM
+        latent_down, latent_down, x, r0, kp * KP, KP // RBK, H, 16, RBK, S, 0, STAGES, CPU, ASM
     )
-    q = r0 // 2 + tl.arange(0, 8)
-    kq = tl.sum(tl.reshape(keep.to(tl.int32), (8, 2)), 1) == 2
-    _push(peers, world, P_LAT // 8, LAT // 2, q, _pairs(acc, 16), kq, tag, S)
+    last, acc = _sum_parts(acc, buf, cnt, kp, DKS, 16, S)
+    if last:
+        q = r0 // 2 + tl.arange(0, 8)
+        kq = tl.sum(tl.reshape(keep.to(tl.int32), (8, 2)), 1) == 2
+        _push(peers, world, P_LAT // 8, LAT // 2, q, _pairs(acc, 16), kq, tag, S)
 
 
 @triton.jit
 def _shup(
     c,
+    kp,
     x,
     shared_w13,
     scratch,
+    buf,
+    cnt,
     S: tl.constexpr,
     H: tl.constexpr,
     SI: tl.constexpr,
     SB: tl.constexpr,
     RBK: tl.constexpr,
+    DKS: tl.constexpr,
     STAGES: tl.constexpr,
     O_SMID: tl.constexpr,
     BETA: tl.constexpr,
@@ -926,23 +998,41 @@ def _shup(
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """SB gate + SB up rows of the shared gate_up (bf16, as its GEMM leaves them), SiTU
-    -> smid (bf16)."""
+    """SB gate + SB up rows of the shared gate_up over K part kp; the last part: bf16 (as
+    its GEMM leaves them), SiTU -> smid (bf16)."""
+    KP: tl.constexpr = H // DKS
     g = st.stream_rows(
-        shared_w13, shared_w13, x, c * SB, 0, H // RBK, H, SB, RBK, S, 0, STAGES, CPU, ASM
+        shared_w13, shared_w13, x, c * SB, kp * KP, KP // RBK, H, SB, RBK, S, 0, STAGES, CPU, ASM
     )
     u = st.stream_rows(
-        shared_w13, shared_w13, x, SI + c * SB, 0, H // RBK, H, SB, RBK, S, 0, STAGES, CPU, ASM
+        shared_w13,
+        shared_w13,
+        x,
+        SI + c * SB,
+        kp * KP,
+        KP // RBK,
+        H,
+        SB,
+        RBK,
+        S,
+        0,
+        STAGES,
+        CPU,
+        ASM,
     )
-    h = _situ(_bf16(g), _bf16(u), BETA, LBETA)
-    n = tl.arange(0, SB)
-    t = tl.arange(0, 16)
-    smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
-    tl.store(
-        smid + t[None, :] * SI + (c * SB + n)[:, None],
-        _bf16(h).to(tl.bfloat16),
-        mask=t[None, :] < S,
-    )
+    gu = tl.reshape(tl.permute(tl.join(g, u), (2, 0, 1)), (2 * SB, 16))  # gate rows, up rows
+    last, gu = _sum_parts(gu, buf, cnt, kp, DKS, 2 * SB, S)
+    if last:
+        g, u = tl.split(tl.permute(tl.reshape(gu, (2, SB, 16)), (1, 2, 0)))
+        h = _situ(_bf16(g), _bf16(u), BETA, LBETA)
+        n = tl.arange(0, SB)
+        t = tl.arange(0, 16)
+        smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
+        tl.store(
+            smid + t[None, :] * SI + (c * SB + n)[:, None],
+            _bf16(h).to(tl.bfloat16),
+            mask=t[None, :] < S,
+        )
 
 
 @triton.jit
@@ -1393,6 +1483,9 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         RC=p.rc,
         NCH=p.nch,
         RBK=p.rbk,
+        DKS=p.dks,
+        NR=p.nr,
+        NL=p.nl,
         SB=p.sb,
         SD=p.sd,
         SDK=p.sdk,
