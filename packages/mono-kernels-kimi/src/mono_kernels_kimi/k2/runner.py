@@ -99,7 +99,6 @@ class K2Runner(LayerRunner):
                 else torch.cuda.get_device_properties(self.device).multi_processor_count
             )
         self.programs = programs
-        self._slot = 0
         self._opened()
 
     def pack(self, weights: K2Weights) -> K2Weights:
@@ -114,7 +113,6 @@ class K2Runner(LayerRunner):
     def _step_begin(self) -> None:
         """Bumps the (shared) runner's epoch; launches take tag slots from 0 again."""
         self.mono.step_begin()
-        self._slot = 0
 
     def _after_step(self) -> None:
         self.mono.after_step()
@@ -122,7 +120,6 @@ class K2Runner(LayerRunner):
     def _reset(self) -> None:
         """Collective: clears the scratch, peer buffer, health and the tag era."""
         self.mono.reset()
-        self._slot = 0
 
     def _inject(self, rank: int | None, delay_ns: int) -> None:
         self.mono.inject(rank, delay_ns)
@@ -154,7 +151,7 @@ class K2Runner(LayerRunner):
         whose grid cannot be resident (GPU only: the interpreter compiles nothing)."""
         self._live()
         for s, kernel in self.kernels.items():
-            kernel.warm(self.programs, **self._args(s, *self._dummies(s)))
+            kernel.warm(self.programs, **self._args(s, 0, *self._dummies(s)))  # compiles only
 
     def _dummies(self, s: int):
         c, dev = self.cfg, self.device
@@ -171,7 +168,18 @@ class K2Runner(LayerRunner):
         return core, z, blocks, z, slots, w
 
     def _args(
-        self, s, core, prefix, blocks, out, slots, weights, sources=0, reset=False, final=False
+        self,
+        s,
+        slot,
+        core,
+        prefix,
+        blocks,
+        out,
+        slots,
+        weights,
+        sources=0,
+        reset=False,
+        final=False,
     ) -> dict:
         la, pa = self.mono.launch_args(), self.mono.peer_args()
         b = self.builds[s]
@@ -186,7 +194,7 @@ class K2Runner(LayerRunner):
             scratch=region,
             sources=sources,
             reset=reset,
-            slot=self._slot,
+            slot=slot,
             final=final,
             ctl=la["ctl"],
             health=la["health"],
@@ -214,13 +222,11 @@ class K2Runner(LayerRunner):
         s, sources, reset = self._check(core, prefix, blocks, weights, slots, layer_idx, out)
         if not isinstance(final, bool):
             raise ValueError(f"final: expected a bool, got {type(final).__name__}")
-        if self._slot >= P.SLOTS:
-            raise ValueError(f"more than {P.SLOTS} launches in one step (call step_begin())")
         if out is None:
             out = torch.empty_like(prefix)
-        args = self._args(s, core, prefix, blocks, out, slots, weights, sources, reset, final)
+        slot = self.mono.take_slot()  # shared with K1 when both launch into one step
+        args = self._args(s, slot, core, prefix, blocks, out, slots, weights, sources, reset, final)
         self.kernels[s].launch(self.programs, **args)
-        self._slot += 1
         return out
 
     def _check(self, core, prefix, blocks, weights, slots, layer_idx, out):
