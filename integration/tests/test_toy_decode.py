@@ -6,8 +6,9 @@ No vLLM: the executor is engine-free, and vLLM does not install on the GPU machi
   the unreduced o_proj output to the all-reduced MoE output) takes the FFN kernel, as
   `mono_vllm.families.minimax.FfnLayer` runs it under vLLM; the engine's tail is
   `mono_kernels_minimax.ffn.reference.ffn_reference`.
-- Kimi-K3 shaped: every layer a KDA layer (K1 from AttnRes to o_proj's input, then a
-  bf16 o_proj); the engine's layer is `mono_kernels_kimi.kda.reference.kda_layer`.
+- Kimi-K3 shaped: KDA layers (K1 from AttnRes to o_proj's input, then K2 to the layer's
+  output) and an MLA layer (AttnRes and a stand-in for vLLM's MLA, then K2); the engine's
+  layers are `mono_kernels_kimi.kda.reference.kda_layer` and `k2.reference.k2_reference`.
 
 GPU (`-m gpu`): 32 steps, eager and replayed from a CUDA graph captured with the plan baked
 in; tokens must be identical. CPU: the same code for 2-3 steps under TRITON_INTERPRET=1 in
@@ -29,18 +30,24 @@ DECODE = {"num_reqs": 1, "query_lens": (1,), "num_prefills": 0, "num_decodes": 1
 
 
 class ToyKimi:
-    """A Kimi-K3-shaped text model of `layers` KDA layers at TP 1, one request, plain
-    decode: embedding -> [AttnRes + KDA (K1's region), o_proj] x layers -> logits."""
+    """A Kimi-K3-shaped text model at TP 1, one request, plain decode, every layer a MoE
+    layer (tiny experts): embedding -> layers -> logits. A KDA layer is AttnRes + KDA
+    (K1's region), then K2's (o_proj, MLP AttnRes, latent MoE, shared experts); an MLA
+    layer is AttnRes + a bf16 projection standing in for vLLM's MLA up to o_proj's input
+    (the same on both paths), then K2's. Layers follow Kimi-K3's pattern: three KDA, one
+    MLA. `k2=False`: o_proj alone after K1 (the K1-only model of before)."""
 
-    def __init__(self, layers: int, device, seed: int = 0) -> None:
-        from mono_kernels_kimi.config import KimiK3Config
+    def __init__(self, layers: int, device, seed: int = 0, k2: bool = True) -> None:
+        from mono_kernels_kimi.config import KimiK3Config, _default_kda_layers
+        from mono_kernels_kimi.k2.weights import random_weights
         from mono_kernels_kimi.kda.inputs import make_weights
 
         base = KimiK3Config.tiny(tp=1)
-        self.cfg = replace(base, num_hidden_layers=layers, kda_layers=tuple(range(1, layers + 1)))
+        kda = _default_kda_layers(layers + 1) if k2 else tuple(range(1, layers + 1))
+        self.cfg = replace(base, num_hidden_layers=layers, kda_layers=kda)
         cfg, gen = self.cfg, torch.Generator().manual_seed(seed)
         self.device = torch.device(device)
-        self.layers = layers
+        self.layers, self.k2 = layers, k2
         H, P = cfg.hidden_size, cfg.local_proj
 
         def randn(*shape, scale):
@@ -50,7 +57,10 @@ class ToyKimi:
         self.lm_head = randn(VOCAB, H, scale=H**-0.5 * 8)  # well-separated logits
         self.weights = [make_weights(cfg, device, gen) for _ in range(layers)]
         self.o_proj = [randn(H, P, scale=P**-0.5) for _ in range(layers)]
+        self.mla = [randn(P, H, scale=H**-0.5) for _ in range(layers)]  # MLA's stand-in
+        self.moe = [random_weights(cfg, seed=seed + 10 + i, device=device) for i in range(layers)]
         self.slots = torch.tensor([1], dtype=torch.int32, device=device)  # 0: null block
+        self.rows = torch.zeros(1, dtype=torch.int64, device=device)  # K2: row 0, live
 
     def caches(self):
         """Fresh KDA states per layer: conv [slots, dim, 3] bf16, recurrent fp32."""
@@ -71,11 +81,30 @@ class ToyKimi:
             conv_state=conv, state=state, state_indices=self.slots, num_accepted=None,
         )  # fmt: skip
 
+    def mla_core(self, i, prefix, delta, blocks):
+        """The MLA layer up to o_proj's input: vLLM's AttnRes, then the stand-in."""
+        from mono_kernels_kimi.kda.reference import attn_res
+
+        cfg, w = self.cfg, self.weights[i]
+        nb, wi = cfg.attn_res_blocks(i)
+        x = attn_res(prefix, delta, blocks, w["ares_norm"], w["ares_qk"], w["in_norm"], nb, wi,
+                     cfg.rms_norm_eps, cfg.rms_norm_eps)  # fmt: skip
+        return (x.float() @ self.mla[i].float().t()).to(torch.bfloat16)
+
     def reference_layer(self, i, prefix, delta, blocks, caches):
+        """The engine's layer: (its output, the prefix after it)."""
+        from mono_kernels_kimi.k2.reference import k2_reference
         from mono_kernels_kimi.kda.reference import kda_layer
 
-        args = self.layer_args(i, prefix, delta, blocks, caches)
-        return kda_layer(self.cfg, w=self.weights[i], L=1, **args)
+        if self.cfg.is_kda_layer(i):
+            args = self.layer_args(i, prefix, delta, blocks, caches)
+            core = kda_layer(self.cfg, w=self.weights[i], L=1, **args)
+        else:
+            core = self.mla_core(i, prefix, delta, blocks)
+        if not self.k2:
+            return (core.float() @ self.o_proj[i].float().t()).to(torch.bfloat16), prefix
+        got = k2_reference(self.cfg, [core], prefix, blocks, [self.moe[i]], i)
+        return got.out, got.prefix
 
     def forward(self, token, caches, executor=None):
         """Logits (fp32) of one decode step; `executor`'s plan picks each layer's path."""
@@ -88,48 +117,77 @@ class ToyKimi:
         for i in range(self.layers):
             kernel = executor.layer(i) if executor is not None else None
             run = kernel if kernel is not None else self.reference_layer
-            core = run(i, prefix, delta, blocks, caches)
-            delta = (core.float() @ self.o_proj[i].float().t()).to(torch.bfloat16)
+            delta, prefix = run(i, prefix, delta, blocks, caches)
         hidden = prefix.float() + delta.float()
         return hidden @ self.lm_head.float().t()
 
     def kernels(self):
-        return ToyK1Kernels(self)
+        return ToyKimiKernels(self)
 
 
-class ToyK1Kernels:
-    """The executor's LayerKernels for `ToyKimi`: K1 on every layer."""
+class ToyKimiKernels:
+    """The executor's LayerKernels for `ToyKimi`: K1 on the KDA layers and K2 on every
+    layer (as `mono_vllm.families.kimi` runs them: one runner, one step, K2's scratch past
+    K1's, a block-write layer's prefix restarting in a new tensor)."""
 
-    name = "toy Kimi-K3 K1"
+    name = "toy Kimi-K3 K1 + K2"
     dtypes: dict[str, str] = {}
     notes = ()
 
     def __init__(self, model: ToyKimi) -> None:
-        self.model, self.layers, self.k1 = model, tuple(range(model.layers)), None
+        self.model, self.layers, self.k1, self.k2 = model, tuple(range(model.layers)), None, None
 
     def check(self):
         return []
 
-    def runner_bytes(self, widths):
+    def _k1_bytes(self, widths):
         from mono_kernels_kimi.kda.runner import runner_bytes
 
         m = self.model
         return runner_bytes(m.cfg, m.device, 1, 1, spec=False, max_rows=max(widths))
 
+    def runner_bytes(self, widths):
+        from mono_kernels_kimi.k2.spec import K2Build, peer_bytes, scratch_bytes
+        from mono_vllm.families.kimi import _k2_offset
+
+        scratch, peer = self._k1_bytes(widths)
+        if not self.model.k2:
+            return scratch, peer
+        k2 = sum(scratch_bytes(K2Build(self.model.cfg, w)) for w in widths)
+        return _k2_offset(scratch) + k2, max(peer, peer_bytes(self.model.cfg))
+
     def build(self, runner, widths):
+        from mono_kernels_kimi.k2.runner import K2Runner
         from mono_kernels_kimi.kda.runner import KdaRunner
+        from mono_vllm.families.kimi import _k2_offset
 
         m = self.model
-        # on the executor's runner, as the plugin does: a K1 give-up reaches after_step
+        # on the executor's runner, as the plugin does: a give-up reaches after_step
         self.k1 = KdaRunner(m.cfg, m.device, 1, spec=False, max_rows=max(widths), runner=runner)
         self.k1.warm()
+        if m.k2:
+            off = _k2_offset(self._k1_bytes(widths)[0])
+            self.k2 = K2Runner(m.cfg, None, 0, m.device, widths, runner=runner,
+                               pack=False, scratch_offset=off)  # fmt: skip
+            self.k2.warm()  # pack=False: the reference path reads the same expert tensors
+        last = self.layers[-1]
 
         def kernel_at(width):
             def kernel(i, prefix, delta, blocks, caches):
-                out = torch.empty(width, m.cfg.local_proj, dtype=torch.bfloat16, device=m.device)
-                args = m.layer_args(i, prefix, delta, blocks, caches)
-                final = i == self.layers[-1]
-                return self.k1(width, weights=m.weights[i], out=out, final=final, **args)
+                if m.cfg.is_kda_layer(i):
+                    core = torch.empty(width, m.cfg.local_proj, dtype=torch.bfloat16,
+                                       device=m.device)  # fmt: skip
+                    args = m.layer_args(i, prefix, delta, blocks, caches)
+                    final = i == last and not m.k2
+                    self.k1(width, weights=m.weights[i], out=core, final=final, **args)
+                else:
+                    core = m.mla_core(i, prefix, delta, blocks)
+                if not m.k2:
+                    return (core.float() @ m.o_proj[i].float().t()).to(torch.bfloat16), prefix
+                if m.cfg.mlp_attn_res(i)[1]:  # a block-write layer: a new prefix tensor
+                    prefix = prefix.clone()
+                out = self.k2(core, prefix, blocks, m.moe[i], m.rows, i, final=i == last)
+                return out, prefix
 
             return dict.fromkeys(self.layers, kernel)
 
@@ -145,7 +203,9 @@ class ToyK1Kernels:
         return []
 
     def close(self):
-        self.k1 = None
+        if self.k2 is not None:
+            self.k2.close()
+        self.k1 = self.k2 = None
 
 
 def _executor(kernels, device):
@@ -349,9 +409,10 @@ class ToyFfnKernels:
 
 
 def _cpu_run(rank, world, group, which):
-    # sizes the interpreter runs in seconds: two KDA layers, or one MoE layer after the dense
-    model = ToyKimi(layers=2, device="cpu") if which == "kimi" else ToyMiniMax(2, "cpu")
-    steps = 3 if which == "kimi" else 2
+    # sizes the interpreter runs in seconds: three KDA layers and an MLA one, each with its
+    # MoE, or one MoE layer after the dense
+    model = ToyKimi(layers=4, device="cpu") if which == "kimi" else ToyMiniMax(2, "cpu")
+    steps = 2
     return greedy_reference(model, steps), greedy_eager(model, steps)
 
 
@@ -369,9 +430,10 @@ def test_toy_decode_on_the_kernels_cpu(which):
     [
         lambda: ToyMiniMax(layers=6, device="cuda", fmt="mxfp4"),
         lambda: ToyMiniMax(layers=6, device="cuda", fmt="bf16"),
-        lambda: ToyKimi(layers=4, device="cuda"),
+        lambda: ToyKimi(layers=8, device="cuda"),
+        lambda: ToyKimi(layers=4, device="cuda", k2=False),
     ],
-    ids=["minimax-mxfp4", "minimax-bf16", "kimi"],
+    ids=["minimax-mxfp4", "minimax-bf16", "kimi-k1-k2", "kimi-k1"],
 )
 def test_toy_greedy_32_steps_identical_gpu(make):
     model = make()
