@@ -1,0 +1,458 @@
+"""The drafter kernel's contract: build key, item plan, scratch and peer layouts, arguments.
+
+The Triton build (triton_build.py), the runner and the tests read only this module; it is
+pure Python, so a CPU checks every layout and the ticket order.
+
+One launch = every draft layer and the final norm for up to `requests` requests of one
+step on one TP rank (the narrow build serves 1-2 requests, the wide one 3-8): rows are
+request-major, `query_len` rows a request, up to `rows` of them. Items in ticket order
+(`stages`), the layer's stages repeated for every layer, then the final norm; an item
+waits only on done pairs of smaller tickets of its own launch, or on peers' pushes made by
+their items of earlier stages, so the launch finishes at any residency and under the
+interpreter, where programs run one after another:
+
+    norm    ROWS    row s: layer 0 input_layernorm of the embedding (the residual); later
+                    layers the ranks' MLP partials (`ar2`, previous layer) in rank order ->
+                    bf16, + residual -> the new residual, input_layernorm -> `xa`
+    qkva    NQA     QA rows of fused_qkv_a_proj -> `qkv` (bf16)
+    qkvn    ROWS    row s: q_a_layernorm -> `qc`; kv_a_layernorm, RoPE of k_pe -> the
+                    cache entry at the row's slot (nothing for a negative slot)
+    qb      NQB     QB rows of q_b_proj -> `q` (bf16)
+    absorb  n x NLA head h, LA latent columns: q_nope @ W_UK -> `qlat` (bf16); the chunk-0
+                    item also ropes q_pe -> `qpe` (an fp8 cache: both through e4m3)
+    attn    REQ x NHG x NSPLIT  request r, head group g, split j of the request's KV pages:
+                    non-causal latent MQA of the group's query rows over the split's pages
+                    (online softmax) -> the split's partial (`po`, `pm`, `pl`)
+    comb    REQ x NHG  the splits' partials merged in split order -> latent (`lat`),
+                    then each head's W_UV rows -> `v` (bf16)
+    oproj   NO      OC columns of o_proj -> bf16 partial -> every rank's `ar1`
+    post    ROWS    row s: the ranks' partials in rank order -> bf16, + residual -> the new
+                    residual, post_attention_layernorm -> `xm`
+    gu      NGU     GB gate + GB up rows of gate_up_proj, act_and_mul -> `mid` (bf16)
+    down    ND      OC columns of down_proj -> bf16 partial -> every rank's `ar2`
+    final   ROWS    row s: the last layer's `ar2` + residual, final_norm -> out (0 on
+                    padding requests, seq_len 0)
+
+Attention over a long context is split: each (request, head group) has NSPLIT items, each
+walking a contiguous share of the request's KV pages, and one comb item merges them in
+split order, so the result does not depend on which program ran which split.
+
+Tags: a launch holds `layers` consecutive tag slots; layer k's pushes carry slot0 + k's
+tag, so `ar1` and `ar2` need one copy each (a rank pushes layer k + 1's `ar1` only after
+it read every peer's layer-k `ar2`, which each peer pushed after it read its layer-k
+`ar1`; likewise for `ar2`) and a pair of layer k can never be taken for one of layer k + 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import DrafterConfig
+
+MAX_REQUESTS = 8  # requests of one launch (the wide build)
+NARROW = 2  # requests of the narrow build
+MAX_QUERY = 16  # query rows of one request: one dot tile
+MAX_LAYERS = 16  # tag slots a launch holds
+PAIR = 8  # bytes of a mailbox pair
+ALIGN = 256
+TPS = (1, 2, 4, 8)
+TILE = 16  # token rows of every dot tile's activation side
+
+
+def p2(n: int) -> int:
+    """n rounded up to a power of two (Triton block sizes)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _step(k: int, want: int) -> int:
+    """The largest power-of-two step <= `want` that divides k."""
+    while k % want:
+        want //= 2
+    return want
+
+
+def build_problem(cfg: DrafterConfig) -> str | None:
+    """Why no drafter build serves `cfg` (the kernel's shape limits), or None."""
+    if cfg.tp not in TPS:
+        return f"tp {cfg.tp}: the drafter kernel serves TP {TPS}"
+    if not 1 <= cfg.num_hidden_layers <= MAX_LAYERS:
+        return f"num_hidden_layers {cfg.num_hidden_layers}: a launch holds 1..{MAX_LAYERS}"
+    if cfg.query_len > MAX_QUERY:
+        return f"query_len {cfg.query_len}: a request's rows must fit one {MAX_QUERY}-row tile"
+    for name, n in (
+        ("hidden_size", cfg.hidden_size),
+        ("q_lora_rank", cfg.q_lora_rank),
+        ("o_proj_in", cfg.o_proj_in),
+        ("local_intermediate", cfg.local_intermediate),
+    ):
+        if n % 16:
+            return f"{name} {n}: must be a multiple of 16"
+    for name, n in (
+        ("kv_lora_rank", cfg.kv_lora_rank),
+        ("qk_nope_head_dim", cfg.qk_nope_head_dim),
+        ("qk_rope_head_dim", cfg.qk_rope_head_dim),
+        ("v_head_dim", cfg.v_head_dim),
+    ):
+        if n & (n - 1) or n < (2 if name == "qk_rope_head_dim" else 16):
+            return f"{name} {n}: must be a power of two (>= 16 but for RoPE)"
+    if cfg.qkv_a_rows < 16 or cfg.q_b_rows < 16:
+        return "fused_qkv_a_proj and q_b_proj need >= 16 rows a rank"
+    return None
+
+
+@dataclass(frozen=True)
+class DrafterBuild:
+    """A compiled variant: the config's shapes (its `tp`), narrow (1-2 requests) or wide
+    (3-8)."""
+
+    cfg: DrafterConfig
+    wide: bool
+
+    def __post_init__(self) -> None:
+        problem = build_problem(self.cfg)
+        if problem:
+            raise ValueError(problem)
+
+    @property
+    def tp(self) -> int:
+        return self.cfg.tp
+
+    @property
+    def requests(self) -> int:
+        return MAX_REQUESTS if self.wide else NARROW
+
+    @property
+    def rows(self) -> int:
+        return self.requests * self.cfg.query_len
+
+    @property
+    def tiles(self) -> int:
+        """16-row tiles of the activation side (row regions are padded to them)."""
+        return -(-self.rows // TILE)
+
+    @property
+    def plan(self) -> Plan:
+        return Plan.of(self)
+
+    def key(self) -> tuple:
+        c = self.cfg
+        return (
+            "drafter",
+            "wide" if self.wide else "narrow",
+            c.tp,
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.q_lora_rank,
+            c.kv_lora_rank,
+            c.qk_nope_head_dim,
+            c.qk_rope_head_dim,
+            c.v_head_dim,
+            c.intermediate_size,
+            c.hidden_act,
+            c.rms_norm_eps,
+            c.query_len,
+            c.block_size,
+            c.fp8_cache,
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Tiles (powers of two) and item counts. Every projection is streamed by
+    mono_runtime.stream's `stream_rows`, weight rows as the dot's wide operand against the
+    launch's row tiles."""
+
+    qa: int  # fused_qkv_a rows of a qkva item (the last item's tile ends at the last row)
+    nqa: int
+    qbn: int  # q_b rows of a qb item (likewise)
+    nqb: int
+    la: int  # latent columns of an absorb item
+    nla: int
+    hg: int  # heads of an attention group
+    nhg: int
+    qhr: int  # query rows of an attention tile (hg x query_len, padded)
+    rp: int  # RoPE columns padded for the dot (>= 16)
+    nsplit: int  # KV splits of a request and head group
+    oc: int  # output columns of an oproj / down item
+    no: int
+    gb: int  # gate (and up) rows of a gu item
+    ngu: int
+    hk: int  # K steps: K = H
+    qk: int  # K = q_lora_rank
+    vk: int  # K = local heads x v
+    ik: int  # K = local intermediate
+    lk: int  # K = kv_lora_rank
+    rc: int  # columns of a row item's chunk (H)
+    qc: int  # columns of a qkvn item's chunk (q_lora_rank)
+    stages: int
+    warps: int
+
+    @classmethod
+    def of(cls, b: DrafterBuild) -> Plan:
+        c = b.cfg
+        big = c.hidden_size >= 2048  # real shapes: tiles for bandwidth; tiny: several items
+        n, q = c.local_heads, c.query_len
+        qa, qbn = (64, 64) if big else (16, 16)
+        qa, qbn = min(qa, p2(c.qkv_a_rows) // 2 or 16), min(qbn, max(16, p2(c.q_b_rows) // 2))
+        hg = max(d for d in range(1, n + 1) if n % d == 0 and d * q <= 64)
+        la = _step(c.kv_lora_rank, 128)
+        oc = _step(c.hidden_size, 64 if big else 16)
+        gb = _step(c.local_intermediate, 32 if big else 16)
+        return cls(
+            qa=qa,
+            nqa=-(-c.qkv_a_rows // qa),
+            qbn=qbn,
+            nqb=-(-c.q_b_rows // qbn),
+            la=la,
+            nla=c.kv_lora_rank // la,
+            hg=hg,
+            nhg=n // hg,
+            qhr=max(16, p2(hg * q)),
+            rp=max(16, p2(c.qk_rope_head_dim)),
+            nsplit=(4 if b.wide else 16) if big else (2 if b.wide else 3),
+            oc=oc,
+            no=c.hidden_size // oc,
+            gb=gb,
+            ngu=c.local_intermediate // gb,
+            hk=_step(c.hidden_size, 256),
+            qk=_step(c.q_lora_rank, 256),
+            vk=_step(c.o_proj_in, 256),
+            ik=_step(c.local_intermediate, 256),
+            lk=_step(c.kv_lora_rank, 256),
+            rc=_step(c.hidden_size, 1024),
+            qc=_step(c.q_lora_rank, 512),
+            stages=3 if big else 2,
+            warps=4,
+        )
+
+
+LAYER_STAGES = (
+    "norm",
+    "qkva",
+    "qkvn",
+    "qb",
+    "absorb",
+    "attn",
+    "comb",
+    "oproj",
+    "post",
+    "gu",
+    "down",
+)
+
+
+def layer_stages(b: DrafterBuild) -> list[tuple[str, int]]:
+    """(stage, items) of one layer, in ticket order."""
+    p, s, r = b.plan, b.rows, b.requests
+    counts = dict(
+        norm=s,
+        qkva=p.nqa,
+        qkvn=s,
+        qb=p.nqb,
+        absorb=b.cfg.local_heads * p.nla,
+        attn=r * p.nhg * p.nsplit,
+        comb=r * p.nhg,
+        oproj=p.no,
+        post=s,
+        gu=p.ngu,
+        down=p.no,
+    )
+    return [(name, counts[name]) for name in LAYER_STAGES]
+
+
+def per_layer(b: DrafterBuild) -> int:
+    return sum(n for _, n in layer_stages(b))
+
+
+def layer_starts(b: DrafterBuild) -> dict[str, int]:
+    """The first ticket of each stage within a layer (add k x per_layer for layer k)."""
+    out, t = {}, 0
+    for name, n in layer_stages(b):
+        out[name] = t
+        t += n
+    return out
+
+
+def final_start(b: DrafterBuild) -> int:
+    return b.cfg.num_hidden_layers * per_layer(b)
+
+
+def tickets(b: DrafterBuild) -> int:
+    return final_start(b) + b.rows
+
+
+def stage_of(b: DrafterBuild, t: int) -> tuple[int, str, int]:
+    """(layer, stage, index in the stage) of ticket t (layer = layers for the final norm)."""
+    if t >= final_start(b):
+        return b.cfg.num_hidden_layers, "final", t - final_start(b)
+    k, local = divmod(t, per_layer(b))
+    for name, n in layer_stages(b):
+        if local < n:
+            return k, name, local
+        local -= n
+    raise AssertionError("unreachable")
+
+
+def waits(b: DrafterBuild) -> dict[int, list[int]]:
+    """Ticket -> the tickets whose done pairs it waits for (the kernel's waits, item by
+    item; peers' pushes are not tickets). An attn item needs the block's cache entries
+    (qkvn) too: they happen before every absorb item it waits for."""
+    p, q = b.plan, b.cfg.query_len
+    st, pl, out = layer_starts(b), per_layer(b), {}
+    counts = dict(layer_stages(b))
+
+    def span(k: int, stage: str, first: int = 0, n: int | None = None) -> list[int]:
+        n = counts[stage] if n is None else n
+        base = k * pl + st[stage] + first
+        return list(range(base, base + n))
+
+    for k in range(b.cfg.num_hidden_layers):
+        base = k * pl
+        for s in range(b.rows):
+            if k:
+                out[base + st["norm"] + s] = span(k - 1, "post", s, 1)
+            out[base + st["qkvn"] + s] = span(k, "qkva")
+            out[base + st["post"] + s] = span(k, "norm", s, 1)
+        for stage, after in (
+            ("qkva", "norm"),
+            ("qb", "qkvn"),
+            ("absorb", "qb"),
+            ("attn", "absorb"),
+            ("oproj", "comb"),
+            ("gu", "post"),
+            ("down", "gu"),
+        ):
+            for t in span(k, stage):
+                out[t] = span(k, after)
+        for rg in range(b.requests * p.nhg):
+            out[base + st["comb"] + rg] = span(k, "attn", rg * p.nsplit, p.nsplit)
+    for s in range(b.rows):
+        out[final_start(b) + s] = span(b.cfg.num_hidden_layers - 1, "post", s, 1)
+    del q
+    return out
+
+
+# -- layouts ---------------------------------------------------------------------------
+
+
+def _layout(items: list[tuple[str, int]], base: int = 0) -> dict[str, tuple[int, int]]:
+    out, off = {}, base
+    for name, nbytes in items:
+        out[name] = (off, nbytes)
+        off += -(-nbytes // ALIGN) * ALIGN
+    return out
+
+
+def _end(layout: dict[str, tuple[int, int]]) -> int:
+    off, n = list(layout.values())[-1]
+    return off + -(-n // ALIGN) * ALIGN
+
+
+def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
+    """(offset, bytes) of each region of one build's scratch (this rank only). Row regions
+    hold `tiles` x 16 rows: a dot tile may read past the last row, never past the region.
+
+    done   pairs[tickets]: item t's (tag, 1) once it finished (tags: never zeroed)
+    res    bf16[ROWS, H]   the residual
+    xa     bf16[ROWS, H]   the attention input (input_layernorm)
+    qkv    bf16[ROWS, QL + L + R]  fused_qkv_a's output
+    qc     bf16[ROWS, QL]  q_a_layernorm's output
+    q      bf16[ROWS, n (P + R)]  q_b's output
+    qlat   bf16[n, ROWS, L]  the absorbed query
+    qpe    bf16[n, ROWS, RP]  the roped query (columns past R zero)
+    po     fp32[REQ, NHG, NSPLIT, QHR, L]  the splits' unnormalized outputs
+    pm     fp32[REQ, NHG, NSPLIT, QHR]  their running maxima
+    pl     fp32[REQ, NHG, NSPLIT, QHR]  their sums of exponentials
+    lat    bf16[n, ROWS, L]  the attention output (latent)
+    v      bf16[ROWS, n V]  o_proj's input
+    xm     bf16[ROWS, H]   the MLP input (post_attention_layernorm)
+    mid    bf16[ROWS, I]   act_and_mul's output
+    tot    fp32[ROWS, H]   a row norm's input (residual + reduced partials) between passes
+    """
+    c, p = b.cfg, b.plan
+    rows, n = b.tiles * TILE, c.local_heads
+    h, lat = c.hidden_size, c.kv_lora_rank
+    parts = b.requests * p.nhg * p.nsplit * p.qhr
+    return _layout(
+        [
+            ("done", PAIR * tickets(b)),
+            ("res", 2 * rows * h),
+            ("xa", 2 * rows * h),
+            ("qkv", 2 * rows * c.qkv_a_rows),
+            ("qc", 2 * rows * c.q_lora_rank),
+            ("q", 2 * rows * c.q_b_rows),
+            ("qlat", 2 * n * rows * lat),
+            ("qpe", 2 * n * rows * p.rp),
+            ("po", 4 * parts * lat),
+            ("pm", 4 * parts),
+            ("pl", 4 * parts),
+            ("lat", 2 * n * rows * lat),
+            ("v", 2 * rows * c.o_proj_in),
+            ("xm", 2 * rows * h),
+            ("mid", 2 * rows * c.local_intermediate),
+            ("tot", 4 * rows * h),
+        ]
+    )
+
+
+def scratch_bytes(b: DrafterBuild) -> int:
+    return _end(scratch_layout(b))
+
+
+def peer_layout(cfg: DrafterConfig) -> dict[str, tuple[int, int]]:
+    """(offset, bytes) of each region in a rank's peer data (past the runtime's head),
+    sized for the wide build's rows so that both builds share them.
+
+    ar1  pairs[tp src][MAX_REQUESTS x query_len][H / 2]  bf16 pairs of the o_proj partials
+    ar2  pairs[tp src][MAX_REQUESTS x query_len][H / 2]  bf16 pairs of the MLP partials
+
+    One copy each: layers carry their own tags (module docstring), and consecutive
+    launches are ordered on each rank's stream while every launch ends reading every
+    peer's last `ar2` push, which that peer made after reading its last `ar1`.
+    """
+    rows = MAX_REQUESTS * cfg.query_len
+    region = cfg.tp * rows * PAIR * (cfg.hidden_size // 2)
+    return _layout([("ar1", region), ("ar2", region)])
+
+
+def peer_bytes(cfg: DrafterConfig) -> int:
+    return _end(peer_layout(cfg))
+
+
+# -- arguments ---------------------------------------------------------------------------
+
+LAYER_POINTERS = (
+    "input_layernorm",
+    "fused_qkv_a_proj",
+    "q_a_layernorm",
+    "kv_a_layernorm",
+    "q_b_proj",
+    "kv_b_proj",
+    "o_proj",
+    "post_attention_layernorm",
+    "gate_up_proj",
+    "down_proj",
+    "k_scale",
+    "q_scale",
+    "cache",
+)
+"""Columns of the per-layer pointer table (int64 addresses): the layer's weights, then its
+KV cache."""
+
+ARGS: tuple[tuple[str, str], ...] = (
+    ("embeds", "bf16[T, H] the block's token embeddings, request-major (T = requests x Q)"),
+    ("positions", "int64[T] each row's position"),
+    ("slot_mapping", "int64[T] each row's cache slot: negative = write nothing"),
+    ("block_table", "int32[requests, >= pages] each request's KV blocks"),
+    ("seq_lens", "int32[requests] context + block; 0 = a padding request"),
+    ("out", "bf16[T, H] the final-normed hidden states (0 on padding requests)"),
+    ("table", "int64[layers, len(LAYER_POINTERS)] the layers' weight and cache addresses"),
+    ("final_norm", "bf16[H] the final norm's weight"),
+    ("rope", "fp32[max_position_embeddings, R] cos then sin of each position"),
+    ("scratch", "uint8 this build's scratch region (scratch_layout)"),
+    ("nreq", "int32 the launch's requests (<= the build's)"),
+    ("bt_stride", "int32 block_table's row stride"),
+    ("slot", "int32 the launch's first tag slot; layer k tags with slot + k"),
+)
+"""Then mono_runtime's: ctl, health, tickets, peers, rank, world."""

@@ -1,0 +1,923 @@
+"""Triton build of the drafter kernel (spec.py): one persistent launch runs every draft layer
+and the final norm for up to 8 requests of one step on one TP rank.
+
+A grid of programs takes tickets from the runtime's per-slot counter; ticket t's item is
+fixed by spec.layer_stages (static counts), and the kernel reads top to bottom as one
+function per stage. Projections are streamed by mono_runtime.stream's `stream_rows`,
+weight rows as the dot's wide operand against 16-row tiles of the launch's rows. The
+layers' weights and KV caches are reached through a device table of addresses (one row a
+layer), so one binary serves every layer. bf16 activations travel between ranks as int32
+pairs (column 2i in the low half), exactly a mailbox payload; rank sums add in rank order
+(fp32), so every rank gets bit-identical results.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from mono_runtime import protocol_triton as pt
+from mono_runtime.protocol import region_id
+from mono_runtime.stream import device as st
+
+from .spec import (
+    LAYER_POINTERS,
+    MAX_REQUESTS,
+    TILE,
+    DrafterBuild,
+    final_start,
+    layer_starts,
+    layer_stages,
+    p2,
+    peer_layout,
+    per_layer,
+    scratch_layout,
+    tickets,
+)
+
+# columns of the per-layer pointer table
+_W_IN, _W_QKVA, _W_QALN, _W_KVALN, _W_QB, _W_KVB, _W_O, _W_POST, _W_GU, _W_DOWN = (
+    tl.constexpr(i) for i in range(10)
+)
+_W_KS, _W_QS, _W_CACHE = (tl.constexpr(i) for i in range(10, 13))
+_NPTR = tl.constexpr(len(LAYER_POINTERS))
+
+
+@triton.jit
+def _bf16(x):
+    """x rounded to bf16 (nearest even, as the pair packing rounds), as fp32."""
+    return (pt.bf16_bits(x) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _ptr(lw, j: tl.constexpr, DT: tl.constexpr):
+    """Column j of a layer's pointer-table row as a pointer to DT."""
+    return tl.load(lw + j).to(tl.pointer_type(DT))
+
+
+@triton.jit
+def _dot(a, b, acc, CPU: tl.constexpr):
+    """acc + a @ b: bf16 operands (exact: callers pass bf16 values) and fp32 sums; fp32
+    operands under the interpreter, which mis-reads bf16 dot operands. Values are stored as
+    bf16 through `_bf16`: the interpreter's fp32 -> bf16 cast does not round to nearest."""
+    if CPU:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+
+
+@triton.jit
+def _fp8_bits(x):
+    """e4m3fn code (int32 0..255) of fp32 x saturated to +-448, nearest even, in integer
+    ops so the interpreter and the GPU round alike (the cache insert's conversion)."""
+    a = tl.minimum(tl.abs(x), 448.0)
+    b = a.to(tl.int32, bitcast=True)
+    r = b + 0x7FFFF + ((b >> 20) & 1)
+    normal = (((r >> 23) - 120) << 3) | ((r >> 20) & 7)
+    sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # nearest even of a / 2^-9
+    sign = (x.to(tl.int32, bitcast=True) >> 24) & 0x80
+    return tl.where(a < 0.015625, sub, normal) | sign
+
+
+@triton.jit
+def _fp8_value(code):
+    """fp32 of e4m3fn codes (int32 0..255)."""
+    e = (code >> 3) & 15
+    m = code & 7
+    norm = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, norm)
+    v = tl.where((code & 0x80) != 0, -mag, mag)
+    return tl.where((code & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
+def _fp8_trip(x, scale):
+    """bf16 x through the fp8 query path: e4m3 of x / scale, times scale, to bf16."""
+    return _bf16(_fp8_value(_fp8_bits(x * (1.0 / scale))) * scale)
+
+
+@triton.jit
+def _wait(
+    done, first, N: tl.constexpr, W2: tl.constexpr, tag, ctl, health, peers, rank, world,
+    R_ITEMS: tl.constexpr, CPU: tl.constexpr,
+):  # fmt: skip
+    """Wait (bounded) for items first..first+N-1 (smaller tickets); then their stores are
+    visible to this program. W2 (a power of two >= N) sizes the poll."""
+    return pt.wait_done(
+        done, first, N, W2, tag, ctl, health, peers, rank, world, R_ITEMS, first, CPU
+    )
+
+
+@triton.jit
+def _gemv_tiles(
+    w,
+    x,
+    row0,
+    keep,
+    dst,
+    nrows,
+    K: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    DST_ROW: tl.constexpr,
+    TILES: tl.constexpr,
+    STAGES: tl.constexpr,
+    CPU: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """bf16 dst[token, row] = W[row0 + i] . x[token] for the kept rows, every 16-row tile
+    of the launch's rows (as a bf16 GEMM leaves it)."""
+    m = tl.arange(0, BN)
+    n = tl.arange(0, TILE)
+    for tt in tl.static_range(TILES):
+        acc = st.stream_rows(
+            w, w, x + tt * TILE * K, row0, 0, K // BK, K, BN, BK, TILE, 0, STAGES, CPU, ASM
+        )
+        tok = tt * TILE + n
+        tl.store(
+            dst + tok[None, :] * DST_ROW + (row0 + m)[:, None],
+            _bf16(acc).to(tl.bfloat16),
+            mask=keep[:, None] & (tok < nrows)[None, :],
+        )
+
+
+@triton.jit
+def _tile(i, ROWS: tl.constexpr, BN: tl.constexpr):
+    """Item i's BN-row tile of a ROWS-row weight: (first row streamed, rows kept). The last
+    tile ends at the last row and keeps only rows no earlier item kept."""
+    first = i * BN
+    r0 = tl.minimum(first, ROWS - BN)
+    rows = r0 + tl.arange(0, BN)
+    return r0, rows >= first
+
+
+@triton.jit
+def _push(peers, world, off, rows, nrows, acc, OC: tl.constexpr, q0, tag, HP: tl.constexpr):
+    """Publish acc [OC columns, 16 tokens] (fp32, rounded to bf16 pairs) at pair
+    off + token * HP + q0 + j of every rank's peer data, tokens `rows` < nrows."""
+    lo, hi = tl.split(tl.reshape(tl.trans(acc), (TILE, OC // 2, 2)))
+    q = q0 + tl.arange(0, OC // 2)
+    for dst in range(world):
+        pt.publish(
+            pt.peer_data(peers, dst) + off + rows[:, None] * HP + q[None, :],
+            pt.bf16x2_pack(lo, hi),
+            tag,
+            (rows < nrows)[:, None] & (q >= 0)[None, :],
+            "sys",
+        )
+
+
+# Integer arguments that vary per launch or per rank: never specialized.
+@triton.jit(do_not_specialize=["nreq", "bt_stride", "slot", "rank", "world"])
+def drafter_kernel(
+    embeds,
+    positions,
+    slot_mapping,
+    block_table,
+    seq_lens,
+    out,
+    table,
+    final_norm,
+    rope,
+    scratch,
+    nreq,
+    bt_stride,
+    slot,
+    ctl,
+    health,
+    tickets,
+    peers,
+    rank,
+    world,
+    H: tl.constexpr,
+    QL: tl.constexpr,
+    L: tl.constexpr,
+    R: tl.constexpr,
+    P: tl.constexpr,
+    V: tl.constexpr,
+    NH: tl.constexpr,
+    IL: tl.constexpr,
+    Q: tl.constexpr,
+    BS: tl.constexpr,
+    NL: tl.constexpr,
+    ROWS: tl.constexpr,
+    ROWSP: tl.constexpr,
+    TILES: tl.constexpr,
+    MAXROWS: tl.constexpr,
+    QA: tl.constexpr,
+    QBN: tl.constexpr,
+    LA: tl.constexpr,
+    NLA: tl.constexpr,
+    HG: tl.constexpr,
+    NHG: tl.constexpr,
+    QHR: tl.constexpr,
+    RP: tl.constexpr,
+    NSPLIT: tl.constexpr,
+    OC: tl.constexpr,
+    GB: tl.constexpr,
+    HK: tl.constexpr,
+    QK: tl.constexpr,
+    VK: tl.constexpr,
+    IK: tl.constexpr,
+    LK: tl.constexpr,
+    RC: tl.constexpr,
+    QC: tl.constexpr,
+    W2: tl.constexpr,
+    STAGES: tl.constexpr,
+    PER_LAYER: tl.constexpr,
+    T_QKVA: tl.constexpr,
+    T_QKVN: tl.constexpr,
+    T_QB: tl.constexpr,
+    T_ABSORB: tl.constexpr,
+    T_ATTN: tl.constexpr,
+    T_COMB: tl.constexpr,
+    T_OPROJ: tl.constexpr,
+    T_POST: tl.constexpr,
+    T_GU: tl.constexpr,
+    T_DOWN: tl.constexpr,
+    T_FINAL: tl.constexpr,
+    TOTAL: tl.constexpr,
+    O_DONE: tl.constexpr,
+    O_RES: tl.constexpr,
+    O_XA: tl.constexpr,
+    O_QKV: tl.constexpr,
+    O_QC: tl.constexpr,
+    O_Q: tl.constexpr,
+    O_QLAT: tl.constexpr,
+    O_QPE: tl.constexpr,
+    O_PO: tl.constexpr,
+    O_PM: tl.constexpr,
+    O_PL: tl.constexpr,
+    O_LAT: tl.constexpr,
+    O_V: tl.constexpr,
+    O_XM: tl.constexpr,
+    O_MID: tl.constexpr,
+    O_TOT: tl.constexpr,
+    P_AR1: tl.constexpr,
+    P_AR2: tl.constexpr,
+    R_AR1: tl.constexpr,
+    R_AR2: tl.constexpr,
+    R_ITEMS: tl.constexpr,
+    EPS: tl.constexpr,
+    SCALE: tl.constexpr,
+    SITU: tl.constexpr,
+    FP8: tl.constexpr,
+    CPU: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    tag0 = pt.step_tag(ctl, slot)
+    counter = tickets + slot
+    done = (scratch + O_DONE).to(tl.pointer_type(tl.int64))
+    me = pt.peer_data(peers, rank)
+    nrows = nreq * Q
+    pt.fault_stall(ctl, peers, rank, world, CPU)
+    t = pt.ticket_take(counter, TOTAL)
+    while t < TOTAL:
+        if t < T_FINAL:
+            k = t // PER_LAYER
+            u = t - k * PER_LAYER
+            base = k * PER_LAYER
+            tag = pt.step_tag(ctl, slot + k)  # layer k's pushes (spec: one slot a layer)
+            lw = table + k * _NPTR
+            if u < T_QKVA:
+                if k > 0:  # the row's residual, which the previous layer's post item wrote
+                    _wait(done, base - PER_LAYER + T_POST + u, 1, W2, tag0, ctl, health, peers,
+                          rank, world, R_ITEMS, CPU)  # fmt: skip
+                _norm(
+                    u, k, embeds, lw, scratch, nrows, me, pt.step_tag(ctl, slot + k - 1), ctl, health, peers, rank,
+                    world, H, RC, MAXROWS, O_RES, O_XA, O_TOT, P_AR2, R_AR2, EPS, CPU,
+                )  # fmt: skip
+            elif u < T_QKVN:
+                _wait(done, base, ROWS, W2, tag0, ctl, health, peers, rank, world, R_ITEMS, CPU)
+                r0, keep = _tile(u - T_QKVA, QL + L + R, QA)
+                _gemv_tiles(
+                    _ptr(lw, _W_QKVA, tl.bfloat16),
+                    (scratch + O_XA).to(tl.pointer_type(tl.bfloat16)),
+                    r0, keep, (scratch + O_QKV).to(tl.pointer_type(tl.bfloat16)), nrows,
+                    H, QA, HK, QL + L + R, TILES, STAGES, CPU, ASM,
+                )  # fmt: skip
+            elif u < T_QB:
+                _wait(done, base + T_QKVA, T_QKVN - T_QKVA, W2, tag0, ctl, health, peers, rank,
+                      world, R_ITEMS, CPU)  # fmt: skip
+                _qkvn(
+                    u - T_QKVN, lw, positions, slot_mapping, rope, scratch, nrows,
+                    QL, L, R, QC, O_QKV, O_QC, EPS, FP8,
+                )  # fmt: skip
+            elif u < T_ABSORB:
+                _wait(done, base + T_QKVN, ROWS, W2, tag0, ctl, health, peers, rank, world,
+                      R_ITEMS, CPU)  # fmt: skip
+                r0, keep = _tile(u - T_QB, NH * (P + R), QBN)
+                _gemv_tiles(
+                    _ptr(lw, _W_QB, tl.bfloat16),
+                    (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)),
+                    r0, keep, (scratch + O_Q).to(tl.pointer_type(tl.bfloat16)), nrows,
+                    QL, QBN, QK, NH * (P + R), TILES, STAGES, CPU, ASM,
+                )  # fmt: skip
+            elif u < T_ATTN:
+                _wait(done, base + T_QB, T_ABSORB - T_QB, W2, tag0, ctl, health, peers, rank,
+                      world, R_ITEMS, CPU)  # fmt: skip
+                _absorb(
+                    (u - T_ABSORB) // NLA, (u - T_ABSORB) % NLA, lw, positions, rope, scratch,
+                    nrows, L, R, P, V, NH, ROWSP, TILES, LA, RP, O_Q, O_QLAT, O_QPE, FP8, CPU,
+                )  # fmt: skip
+            elif u < T_COMB:
+                _wait(done, base + T_ABSORB, T_ATTN - T_ABSORB, W2, tag0, ctl, health, peers, rank,
+                      world, R_ITEMS, CPU)  # fmt: skip
+                i = u - T_ATTN
+                _attn(
+                    i // (NHG * NSPLIT), (i // NSPLIT) % NHG, i % NSPLIT, lw, block_table,
+                    seq_lens, scratch, nreq, bt_stride, L, R, Q, BS, ROWSP, HG, NHG, QHR, RP,
+                    NSPLIT, O_QLAT, O_QPE, O_PO, O_PM, O_PL, SCALE, FP8, CPU,
+                )  # fmt: skip
+            elif u < T_OPROJ:
+                i = u - T_COMB
+                _wait(done, base + T_ATTN + i * NSPLIT, NSPLIT, W2, tag0, ctl, health, peers, rank,
+                      world, R_ITEMS, CPU)  # fmt: skip
+                _comb(
+                    i // NHG, i % NHG, lw, scratch, nreq, L, P, V, NH, Q, ROWSP, HG, NHG, QHR,
+                    NSPLIT, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CPU, ASM,
+                )  # fmt: skip
+            elif u < T_POST:
+                _wait(done, base + T_COMB, T_OPROJ - T_COMB, W2, tag0, ctl, health, peers, rank,
+                      world, R_ITEMS, CPU)  # fmt: skip
+                _project_push(
+                    u - T_OPROJ, _ptr(lw, _W_O, tl.bfloat16),
+                    (scratch + O_V).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
+                    P_AR1 // 8 + rank * MAXROWS * (H // 2), tag, NH * V, VK, H, OC, TILES,
+                    STAGES, CPU, ASM,
+                )  # fmt: skip
+            elif u < T_GU:
+                _wait(done, base + u - T_POST, 1, W2, tag0, ctl, health, peers, rank, world,
+                      R_ITEMS, CPU)  # fmt: skip
+                _add_norm(
+                    u - T_POST, _ptr(lw, _W_POST, tl.bfloat16), me + P_AR1 // 8, scratch,
+                    nrows, tag, ctl, health, peers, rank, world, H, RC, MAXROWS, O_RES, O_XM,
+                    O_TOT, R_AR1, EPS, CPU,
+                )  # fmt: skip
+            elif u < T_DOWN:
+                _wait(done, base + T_POST, ROWS, W2, tag0, ctl, health, peers, rank, world,
+                      R_ITEMS, CPU)  # fmt: skip
+                _gu(
+                    u - T_GU, _ptr(lw, _W_GU, tl.bfloat16), scratch, nrows, H, IL, GB, HK,
+                    TILES, O_XM, O_MID, SITU, STAGES, CPU, ASM,
+                )  # fmt: skip
+            else:
+                _wait(done, base + T_GU, T_DOWN - T_GU, W2, tag0, ctl, health, peers, rank, world,
+                      R_ITEMS, CPU)  # fmt: skip
+                _project_push(
+                    u - T_DOWN, _ptr(lw, _W_DOWN, tl.bfloat16),
+                    (scratch + O_MID).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
+                    P_AR2 // 8 + rank * MAXROWS * (H // 2), tag, IL, IK, H, OC, TILES, STAGES,
+                    CPU, ASM,
+                )  # fmt: skip
+            if (u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN)):
+                pt.ticket_finish(done, t, tag0)
+        else:
+            s = t - T_FINAL
+            _wait(done, (NL - 1) * PER_LAYER + T_POST + s, 1, W2, tag0, ctl, health, peers, rank,
+                  world, R_ITEMS, CPU)  # fmt: skip
+            _final(
+                s, final_norm, out, seq_lens, me + P_AR2 // 8, scratch, nrows,
+                pt.step_tag(ctl, slot + NL - 1), ctl, health, peers, rank, world, H, Q, RC,
+                MAXROWS, O_RES, O_TOT, R_AR2, EPS, CPU,
+            )  # fmt: skip
+        t = pt.ticket_take(counter, TOTAL)
+
+
+# -- the stages, in ticket order ---------------------------------------------------------
+
+
+@triton.jit
+def _reduce_add(
+    s, c, src, scratch, tag, ctl, health, peers, rank, world, H: tl.constexpr,
+    RC: tl.constexpr, MAXROWS: tl.constexpr, O_RES: tl.constexpr, region, CPU: tl.constexpr,
+):  # fmt: skip
+    """Row s, columns of chunk c: the ranks' bf16 pairs at `src` in rank order -> bf16,
+    plus the residual in fp32 (poisoned where a wait gave up); the new residual (bf16)
+    replaces the old. Returns the fp32 sums (low, high columns)."""
+    p = c * (RC // 2) + tl.arange(0, RC // 2)
+    lo, hi, ok = pt.reduce_bf16x2(
+        src + s * (H // 2) + p, MAXROWS * (H // 2), p >= 0, tag, ctl, health, peers, rank,
+        world, region, s * (H // 2) + c * (RC // 2), CPU,
+    )  # fmt: skip
+    res = (scratch + O_RES).to(tl.pointer_type(tl.int32)) + s * (H // 2) + p
+    old = tl.load(res)
+    sl = tl.where(ok, _bf16(lo) + pt.bf16x2_lo(old), float("nan"))
+    th = tl.where(ok, _bf16(hi) + pt.bf16x2_hi(old), float("nan"))
+    tl.store(res, pt.bf16x2_pack(sl, th))
+    return sl, th
+
+
+@triton.jit
+def _normed_store(
+    s, w, dst, scratch, ss, H: tl.constexpr, RC: tl.constexpr, O_TOT: tl.constexpr, EPS,
+    ZERO,
+):  # fmt: skip
+    """Second pass of a row norm (`ir.ops.rms_norm`): the row's fp32 values (tot) times
+    rstd, rounded to bf16, times the weight (a bf16 product) -> dst (0 where ZERO)."""
+    tl.debug_barrier()
+    rstd = 1.0 / tl.sqrt_rn(ss / H + EPS)
+    tot = (scratch + O_TOT).to(tl.pointer_type(tl.float32)) + s * H
+    for c in tl.static_range(H // RC):
+        p = c * (RC // 2) + tl.arange(0, RC // 2)
+        lo = tl.load(tot + 2 * p, volatile=True)
+        hi = tl.load(tot + 2 * p + 1, volatile=True)
+        wl = tl.load(w + 2 * p).to(tl.float32)
+        wh = tl.load(w + 2 * p + 1).to(tl.float32)
+        packed = pt.bf16x2_pack(_bf16(lo * rstd) * wl, _bf16(hi * rstd) * wh)
+        tl.store(dst + s * (H // 2) + p, tl.where(ZERO, 0, packed))
+
+
+@triton.jit
+def _store_tot(scratch, s, c, lo, hi, H: tl.constexpr, RC: tl.constexpr, O_TOT: tl.constexpr):
+    p = c * (RC // 2) + tl.arange(0, RC // 2)
+    tot = (scratch + O_TOT).to(tl.pointer_type(tl.float32)) + s * H
+    tl.store(tot + 2 * p, lo)
+    tl.store(tot + 2 * p + 1, hi)
+    return tl.sum(lo * lo + hi * hi, 0)
+
+
+@triton.jit
+def _norm(
+    s, k, embeds, lw, scratch, nrows, me, tag, ctl, health, peers, rank, world,
+    H: tl.constexpr, RC: tl.constexpr, MAXROWS: tl.constexpr, O_RES: tl.constexpr,
+    O_XA: tl.constexpr, O_TOT: tl.constexpr, P_AR2: tl.constexpr, R_AR2: tl.constexpr,
+    EPS: tl.constexpr, CPU: tl.constexpr,
+):  # fmt: skip
+    """Row s's attention input: layer 0 normalizes the embedding (the residual); layer k
+    adds the ranks' MLP partials of layer k - 1 (tagged `tag`) to the residual first
+    (`fused_allreduce_rms_norm`)."""
+    if s < nrows:
+        ss = 0.0
+        for c in tl.static_range(H // RC):
+            if k == 0:
+                p = c * (RC // 2) + tl.arange(0, RC // 2)
+                e = tl.load(embeds + s * (H // 2) + p)
+                tl.store((scratch + O_RES).to(tl.pointer_type(tl.int32)) + s * (H // 2) + p, e)
+                lo, hi = pt.bf16x2_lo(e), pt.bf16x2_hi(e)
+            else:
+                lo, hi = _reduce_add(
+                    s, c, me + P_AR2 // 8, scratch, tag, ctl, health, peers, rank, world, H,
+                    RC, MAXROWS, O_RES, R_AR2, CPU,
+                )  # fmt: skip
+            ss += _store_tot(scratch, s, c, lo, hi, H, RC, O_TOT)
+        _normed_store(
+            s, _ptr(lw, _W_IN, tl.bfloat16), (scratch + O_XA).to(tl.pointer_type(tl.int32)),
+            scratch, ss, H, RC, O_TOT, EPS, False,
+        )  # fmt: skip
+
+
+@triton.jit
+def _add_norm(
+    s, w, src, scratch, nrows, tag, ctl, health, peers, rank, world, H: tl.constexpr,
+    RC: tl.constexpr, MAXROWS: tl.constexpr, O_RES: tl.constexpr, O_X: tl.constexpr,
+    O_TOT: tl.constexpr, region: tl.constexpr, EPS: tl.constexpr, CPU: tl.constexpr,
+):  # fmt: skip
+    """Row s: the ranks' partials at `src` + the residual -> new residual; norm -> x."""
+    if s < nrows:
+        ss = 0.0
+        for c in tl.static_range(H // RC):
+            lo, hi = _reduce_add(
+                s, c, src, scratch, tag, ctl, health, peers, rank, world, H, RC, MAXROWS,
+                O_RES, region, CPU,
+            )  # fmt: skip
+            ss += _store_tot(scratch, s, c, lo, hi, H, RC, O_TOT)
+        _normed_store(
+            s, w, (scratch + O_X).to(tl.pointer_type(tl.int32)), scratch, ss, H, RC, O_TOT,
+            EPS, False,
+        )  # fmt: skip
+
+
+@triton.jit
+def _rope_pairs(x, pos, rope, j, R: tl.constexpr):
+    """GPT-J RoPE of the pairs (x[2j], x[2j + 1]) at `pos` from the fp32 cos/sin table, in
+    fp32, rounded to bf16: (even, odd) as fp32."""
+    e = tl.load(x + 2 * j).to(tl.float32)
+    o = tl.load(x + 2 * j + 1).to(tl.float32)
+    cos = tl.load(rope + pos * R + j)
+    sin = tl.load(rope + pos * R + R // 2 + j)
+    return _bf16(e * cos - o * sin), _bf16(o * cos + e * sin)
+
+
+@triton.jit
+def _qkvn(
+    s, lw, positions, slot_mapping, rope, scratch, nrows, QL: tl.constexpr, L: tl.constexpr,
+    R: tl.constexpr, QC: tl.constexpr, O_QKV: tl.constexpr, O_QC: tl.constexpr,
+    EPS: tl.constexpr, FP8: tl.constexpr,
+):  # fmt: skip
+    """Row s: q_a_layernorm of q_c -> qc; kv_a_layernorm of kv_c and RoPE of k_pe -> the
+    layer's cache entry at the row's slot (`fused_q_kv_rmsnorm` rounds once; an fp8 cache
+    stores e4m3 of x / k_scale)."""
+    if s < nrows:
+        row = (scratch + O_QKV).to(tl.pointer_type(tl.bfloat16)) + s * (QL + L + R)
+        qc = (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)) + s * QL
+        qw = _ptr(lw, _W_QALN, tl.bfloat16)
+        ss = 0.0
+        for c in tl.static_range(QL // QC):
+            x = tl.load(row + c * QC + tl.arange(0, QC)).to(tl.float32)
+            ss += tl.sum(x * x, 0)
+        rstd = 1.0 / tl.sqrt_rn(ss / QL + EPS)
+        for c in tl.static_range(QL // QC):
+            i = c * QC + tl.arange(0, QC)
+            x = tl.load(row + i).to(tl.float32)
+            tl.store(qc + i, _bf16(x * rstd * tl.load(qw + i).to(tl.float32)).to(tl.bfloat16))
+        li = tl.arange(0, L)
+        kv = tl.load(row + QL + li).to(tl.float32)
+        kstd = 1.0 / tl.sqrt_rn(tl.sum(kv * kv, 0) / L + EPS)
+        kv = _bf16(kv * kstd * tl.load(_ptr(lw, _W_KVALN, tl.bfloat16) + li).to(tl.float32))
+        j = tl.arange(0, R // 2)
+        pe_e, pe_o = _rope_pairs(row + QL + L, tl.load(positions + s), rope, j, R)
+        dst = tl.load(slot_mapping + s)
+        if dst >= 0:
+            if FP8:
+                ks = tl.load(_ptr(lw, _W_KS, tl.float32))
+                cache = _ptr(lw, _W_CACHE, tl.uint8) + dst * (L + R)
+                tl.store(cache + li, _fp8_bits(kv * (1.0 / ks)).to(tl.uint8))
+                tl.store(cache + L + 2 * j, _fp8_bits(pe_e * (1.0 / ks)).to(tl.uint8))
+                tl.store(cache + L + 2 * j + 1, _fp8_bits(pe_o * (1.0 / ks)).to(tl.uint8))
+            else:
+                cache = _ptr(lw, _W_CACHE, tl.bfloat16) + dst * (L + R)
+                tl.store(cache + li, kv.to(tl.bfloat16))
+                tl.store(cache + L + 2 * j, pe_e.to(tl.bfloat16))
+                tl.store(cache + L + 2 * j + 1, pe_o.to(tl.bfloat16))
+
+
+@triton.jit
+def _absorb(
+    h, c, lw, positions, rope, scratch, nrows, L: tl.constexpr, R: tl.constexpr,
+    P: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, ROWSP: tl.constexpr,
+    TILES: tl.constexpr, LA: tl.constexpr, RP: tl.constexpr, O_Q: tl.constexpr,
+    O_QLAT: tl.constexpr, O_QPE: tl.constexpr, FP8: tl.constexpr, CPU: tl.constexpr,
+):  # fmt: skip
+    """Head h, latent columns [c LA, (c + 1) LA): q_nope @ W_UK (kv_b_proj's k_nope rows,
+    read transposed: the latent columns are the dot's wide side) -> qlat; chunk 0 also ropes
+    q_pe -> qpe (columns past R zero). An fp8 cache sends both through e4m3 and back."""
+    lcol = c * LA + tl.arange(0, LA)
+    pi = tl.arange(0, P)
+    kvb = _ptr(lw, _W_KVB, tl.bfloat16)
+    wt = tl.load(kvb + (h * (P + V) + pi)[None, :] * L + lcol[:, None])  # [LA, P]
+    qs = 1.0
+    if FP8:
+        qs = tl.load(_ptr(lw, _W_QS, tl.float32))
+    q = (scratch + O_Q).to(tl.pointer_type(tl.bfloat16))
+    qlat = (scratch + O_QLAT).to(tl.pointer_type(tl.bfloat16)) + h * ROWSP * L
+    n = tl.arange(0, TILE)
+    for tt in tl.static_range(TILES):
+        tok = tt * TILE + n
+        xt = tl.load(q + tok[None, :] * (NH * (P + R)) + h * (P + R) + pi[:, None])  # [P, 16]
+        acc = _bf16(_dot(wt, xt, tl.zeros((LA, TILE), tl.float32), CPU))
+        if FP8:
+            acc = _fp8_trip(acc, qs)
+        tl.store(
+            qlat + tok[None, :] * L + lcol[:, None],
+            acc.to(tl.bfloat16),
+            mask=(tok < nrows)[None, :],
+        )
+        if c == 0:
+            j = tl.arange(0, RP // 2)
+            jm = (j < R // 2)[None, :]
+            pos = tl.load(positions + tok, mask=tok < nrows, other=0)
+            src = q + tok[:, None] * (NH * (P + R)) + h * (P + R) + P
+            e = tl.load(src + 2 * j[None, :], mask=jm, other=0.0).to(tl.float32)
+            o = tl.load(src + 2 * j[None, :] + 1, mask=jm, other=0.0).to(tl.float32)
+            cos = tl.load(rope + pos[:, None] * R + j[None, :], mask=jm, other=0.0)
+            sin = tl.load(rope + pos[:, None] * R + R // 2 + j[None, :], mask=jm, other=0.0)
+            re = _bf16(e * cos - o * sin)
+            ro = _bf16(o * cos + e * sin)
+            if FP8:
+                re = _fp8_trip(re, qs)
+                ro = _fp8_trip(ro, qs)
+            qpe = (scratch + O_QPE).to(tl.pointer_type(tl.bfloat16)) + h * ROWSP * RP
+            m = (tok < nrows)[:, None]
+            tl.store(qpe + tok[:, None] * RP + 2 * j[None, :], re.to(tl.bfloat16), mask=m)
+            tl.store(qpe + tok[:, None] * RP + 2 * j[None, :] + 1, ro.to(tl.bfloat16), mask=m)
+
+
+@triton.jit
+def _entries(cache, slots, valid, col0, cols, ncols, ks, FP8: tl.constexpr, ENTRY: tl.constexpr):
+    """bf16 cache entries [len(slots), len(cols)] (rows past `valid`, columns past `ncols`
+    zero); an fp8 entry is (e4m3 -> fp32) x k_scale -> bf16, as TRITON_MLA reads it."""
+    m = valid[:, None] & (cols < ncols)[None, :]
+    off = slots[:, None] * ENTRY + col0 + cols[None, :]
+    if FP8:
+        x = tl.load(cache.to(tl.pointer_type(tl.uint8)) + off, mask=m, other=0).to(tl.int32)
+        return tl.where(m, _bf16(_fp8_value(x) * ks), 0.0)
+    return tl.load(cache.to(tl.pointer_type(tl.bfloat16)) + off, mask=m, other=0.0).to(
+        tl.float32
+    )
+
+
+@triton.jit
+def _attn(
+    r, g, j, lw, block_table, seq_lens, scratch, nreq, bt_stride, L: tl.constexpr,
+    R: tl.constexpr, Q: tl.constexpr, BS: tl.constexpr, ROWSP: tl.constexpr,
+    HG: tl.constexpr, NHG: tl.constexpr, QHR: tl.constexpr, RP: tl.constexpr,
+    NSPLIT: tl.constexpr, O_QLAT: tl.constexpr, O_QPE: tl.constexpr, O_PO: tl.constexpr,
+    O_PM: tl.constexpr, O_PL: tl.constexpr, SCALE: tl.constexpr, FP8: tl.constexpr,
+    CPU: tl.constexpr,
+):  # fmt: skip
+    """Request r, head group g, split j: the group's query rows (HG heads x Q tokens) over
+    the split's share of the request's KV pages (non-causal: every row reads positions
+    0..seq_len-1), online softmax in fp32; the PV dot takes each probability as the sum
+    of two bf16 parts (the reference's fp32 probabilities to ~2^-17; the stock kernel
+    rounds them once). -> (unnormalized output, max, sum) of the split."""
+    i = tl.arange(0, QHR)
+    qm = i < HG * Q
+    head = g * HG + i // Q
+    li = tl.arange(0, L)
+    ri = tl.arange(0, RP)
+    seq = 0
+    if r < nreq:
+        seq = tl.load(seq_lens + r)
+        tok = r * Q + i % Q
+        qlat = (scratch + O_QLAT).to(tl.pointer_type(tl.bfloat16))
+        qpe = (scratch + O_QPE).to(tl.pointer_type(tl.bfloat16))
+        ql = tl.load(
+            qlat + (head * ROWSP + tok)[:, None] * L + li[None, :], mask=qm[:, None], other=0.0
+        )
+        qp = tl.load(
+            qpe + (head * ROWSP + tok)[:, None] * RP + ri[None, :], mask=qm[:, None], other=0.0
+        )
+    else:
+        ql = tl.zeros((QHR, L), tl.bfloat16)
+        qp = tl.zeros((QHR, RP), tl.bfloat16)
+    pages = (seq + BS - 1) // BS
+    per = (pages + NSPLIT - 1) // NSPLIT
+    p0 = j * per
+    p1 = tl.minimum(p0 + per, pages)
+    cache = tl.load(lw + _W_CACHE)
+    ks = 1.0
+    if FP8:
+        ks = tl.load(_ptr(lw, _W_KS, tl.float32))
+    e = tl.arange(0, BS)
+    m = tl.full((QHR,), float("-inf"), tl.float32)
+    lsum = tl.zeros((QHR,), tl.float32)
+    acc = tl.zeros((QHR, L), tl.float32)
+    for pg in range(p0, p1):
+        blk = tl.load(block_table + r * bt_stride + pg).to(tl.int64)
+        valid = pg * BS + e < seq
+        slots = blk * BS + e
+        kl = _entries(cache, slots, valid, 0, li, L, ks, FP8, L + R)  # [BS, L]
+        kp = _entries(cache, slots, valid, L, ri, R, ks, FP8, L + R)  # [BS, RP]
+        s = _dot(ql, tl.trans(kl), tl.zeros((QHR, BS), tl.float32), CPU)
+        s = _dot(qp, tl.trans(kp), s, CPU) * SCALE
+        s = tl.where(valid[None, :], s, float("-inf"))
+        mn = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp(m - mn)
+        pr = tl.exp(s - mn[:, None])
+        lsum = lsum * alpha + tl.sum(pr, 1)
+        hi = _bf16(pr)  # p as two bf16 parts: the PV dot keeps ~16 bits of each probability
+        acc = _dot(_bf16(pr - hi), kl, _dot(hi, kl, acc * alpha[:, None], CPU), CPU)
+        m = mn
+    part = (r * NHG + g) * NSPLIT + j
+    tl.store((scratch + O_PO).to(tl.pointer_type(tl.float32)) + (part * QHR + i)[:, None] * L
+             + li[None, :], acc)  # fmt: skip
+    tl.store((scratch + O_PM).to(tl.pointer_type(tl.float32)) + part * QHR + i, m)
+    tl.store((scratch + O_PL).to(tl.pointer_type(tl.float32)) + part * QHR + i, lsum)
+
+
+@triton.jit
+def _comb(
+    r, g, lw, scratch, nreq, L: tl.constexpr, P: tl.constexpr, V: tl.constexpr,
+    NH: tl.constexpr, Q: tl.constexpr, ROWSP: tl.constexpr, HG: tl.constexpr,
+    NHG: tl.constexpr, QHR: tl.constexpr, NSPLIT: tl.constexpr, LK: tl.constexpr,
+    O_PO: tl.constexpr, O_PM: tl.constexpr, O_PL: tl.constexpr, O_LAT: tl.constexpr,
+    O_V: tl.constexpr, STAGES: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """Request r, head group g: the splits' partials merged in split order (a padding
+    request's rows, seq_len 0, come out 0) -> latent (bf16); then each head's W_UV
+    (kv_b_proj's v rows: the dot's wide side) -> v (bf16)."""
+    if r < nreq:
+        i = tl.arange(0, QHR)
+        li = tl.arange(0, L)
+        part0 = (r * NHG + g) * NSPLIT
+        pm = (scratch + O_PM).to(tl.pointer_type(tl.float32)) + part0 * QHR + i
+        pl = (scratch + O_PL).to(tl.pointer_type(tl.float32)) + part0 * QHR + i
+        po = (scratch + O_PO).to(tl.pointer_type(tl.float32)) + (part0 * QHR + i)[:, None] * L
+        big = tl.full((QHR,), float("-inf"), tl.float32)
+        for j in tl.static_range(NSPLIT):
+            big = tl.maximum(big, tl.load(pm + j * QHR, volatile=True))
+        lsum = tl.zeros((QHR,), tl.float32)
+        acc = tl.zeros((QHR, L), tl.float32)
+        for j in tl.static_range(NSPLIT):
+            mj = tl.load(pm + j * QHR, volatile=True)
+            wj = tl.where(mj == float("-inf"), 0.0, tl.exp(mj - big))
+            lsum += wj * tl.load(pl + j * QHR, volatile=True)
+            acc += wj[:, None] * tl.load(po + j * QHR * L + li[None, :], volatile=True)
+        lat = tl.where(lsum[:, None] > 0, acc / lsum[:, None], 0.0)
+        head = g * HG + i // Q
+        tok = r * Q + i % Q
+        latp = (scratch + O_LAT).to(tl.pointer_type(tl.bfloat16))
+        tl.store(
+            latp + (head * ROWSP + tok)[:, None] * L + li[None, :],
+            _bf16(lat).to(tl.bfloat16),
+            mask=(i < HG * Q)[:, None],
+        )
+        tl.debug_barrier()
+        kvb = _ptr(lw, _W_KVB, tl.bfloat16)
+        vp = (scratch + O_V).to(tl.pointer_type(tl.bfloat16))
+        n = tl.arange(0, TILE)
+        vi = tl.arange(0, V)
+        for hh in tl.static_range(HG):
+            h = g * HG + hh
+            acc = st.stream_rows(
+                kvb, kvb, latp + (h * ROWSP + r * Q) * L, h * (P + V) + P, 0, L // LK, L, V,
+                LK, Q, 0, STAGES, CPU, ASM,
+            )  # fmt: skip
+            tl.store(
+                vp + (r * Q + n)[None, :] * (NH * V) + (h * V + vi)[:, None],
+                _bf16(acc).to(tl.bfloat16),
+                mask=(n < Q)[None, :],
+            )
+
+
+@triton.jit
+def _project_push(
+    i, w, x, nrows, peers, world, off, tag, K: tl.constexpr, BK: tl.constexpr,
+    H: tl.constexpr, OC: tl.constexpr, TILES: tl.constexpr, STAGES: tl.constexpr,
+    CPU: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """OC output columns of a row-parallel projection (o_proj, down_proj): this rank's
+    bf16 partial -> every rank's reduction region (pairs at `off`)."""
+    n = tl.arange(0, TILE)
+    for tt in tl.static_range(TILES):
+        acc = st.stream_rows(w, w, x + tt * TILE * K, i * OC, 0, K // BK, K, OC, BK, TILE, 0,
+                             STAGES, CPU, ASM)  # fmt: skip
+        _push(peers, world, off, tt * TILE + n, nrows, acc, OC, i * (OC // 2), tag, H // 2)
+
+
+@triton.jit
+def _gu(
+    i, w, scratch, nrows, H: tl.constexpr, IL: tl.constexpr, GB: tl.constexpr,
+    HK: tl.constexpr, TILES: tl.constexpr, O_XM: tl.constexpr, O_MID: tl.constexpr,
+    SITU: tl.constexpr, STAGES: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """GB gate + GB up rows of gate_up_proj (bf16, as its GEMM leaves them), SiluAndMul or
+    SituAndMul (beta 1, up unclipped) in fp32 -> mid (bf16)."""
+    x = (scratch + O_XM).to(tl.pointer_type(tl.bfloat16))
+    mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
+    m = tl.arange(0, GB)
+    n = tl.arange(0, TILE)
+    for tt in tl.static_range(TILES):
+        xt = x + tt * TILE * H
+        g = _bf16(st.stream_rows(w, w, xt, i * GB, 0, H // HK, H, GB, HK, TILE, 0, STAGES,
+                                 CPU, ASM))  # fmt: skip
+        u = _bf16(st.stream_rows(w, w, xt, IL + i * GB, 0, H // HK, H, GB, HK, TILE, 0,
+                                 STAGES, CPU, ASM))  # fmt: skip
+        if SITU:
+            e = tl.exp(-2.0 * tl.abs(g))
+            th = (1.0 - e) / (1.0 + e)
+            a = tl.where(g < 0, -th, th) * tl.sigmoid(g) * u
+        else:
+            a = g * tl.sigmoid(g) * u
+        tok = tt * TILE + n
+        tl.store(
+            mid + tok[None, :] * IL + (i * GB + m)[:, None],
+            _bf16(a).to(tl.bfloat16),
+            mask=(tok < nrows)[None, :],
+        )
+
+
+@triton.jit
+def _final(
+    s, final_norm, out, seq_lens, src, scratch, nrows, tag, ctl, health, peers, rank, world,
+    H: tl.constexpr, Q: tl.constexpr, RC: tl.constexpr, MAXROWS: tl.constexpr,
+    O_RES: tl.constexpr, O_TOT: tl.constexpr, region: tl.constexpr, EPS: tl.constexpr,
+    CPU: tl.constexpr,
+):  # fmt: skip
+    """Row s: the last layer's MLP partials + the residual, final_norm -> out (0 on a
+    padding request's rows)."""
+    if s < nrows:
+        ss = 0.0
+        for c in tl.static_range(H // RC):
+            lo, hi = _reduce_add(
+                s, c, src, scratch, tag, ctl, health, peers, rank, world, H, RC, MAXROWS,
+                O_RES, region, CPU,
+            )  # fmt: skip
+            ss += _store_tot(scratch, s, c, lo, hi, H, RC, O_TOT)
+        pad = tl.load(seq_lens + s // Q) == 0
+        _normed_store(s, final_norm, out, scratch, ss, H, RC, O_TOT, EPS, pad)
+
+
+# -- host side ---------------------------------------------------------------------------
+
+REGIONS = {name: region_id(f"drafter.{name}") for name in ("ar1", "ar2", "items")}
+
+LAUNCH_ARGS = (
+    "embeds", "positions", "slot_mapping", "block_table", "seq_lens", "out", "table",
+    "final_norm", "rope", "scratch", "nreq", "bt_stride", "slot", "ctl", "health", "tickets",
+    "peers", "rank", "world",
+)  # fmt: skip
+
+
+def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
+    """The kernel's compile-time arguments for build `b` (`asm`: NVIDIA inline PTX)."""
+    c, p = b.cfg, b.plan
+    sl, pl, ls = scratch_layout(b), peer_layout(c), layer_starts(b)
+    return dict(
+        H=c.hidden_size,
+        QL=c.q_lora_rank,
+        L=c.kv_lora_rank,
+        R=c.qk_rope_head_dim,
+        P=c.qk_nope_head_dim,
+        V=c.v_head_dim,
+        NH=c.local_heads,
+        IL=c.local_intermediate,
+        Q=c.query_len,
+        BS=c.block_size,
+        NL=c.num_hidden_layers,
+        ROWS=b.rows,
+        ROWSP=b.tiles * TILE,
+        TILES=b.tiles,
+        MAXROWS=MAX_REQUESTS * c.query_len,
+        QA=p.qa,
+        QBN=p.qbn,
+        LA=p.la,
+        NLA=p.nla,
+        HG=p.hg,
+        NHG=p.nhg,
+        QHR=p.qhr,
+        RP=p.rp,
+        NSPLIT=p.nsplit,
+        OC=p.oc,
+        GB=p.gb,
+        HK=p.hk,
+        QK=p.qk,
+        VK=p.vk,
+        IK=p.ik,
+        LK=p.lk,
+        RC=p.rc,
+        QC=p.qc,
+        W2=p2(max(n for _, n in layer_stages(b))),
+        STAGES=p.stages,
+        PER_LAYER=per_layer(b),
+        **{f"T_{n.upper()}": ls[n] for n in ls if n != "norm"},
+        T_FINAL=final_start(b),
+        TOTAL=tickets(b),
+        **{f"O_{name.upper()}": sl[name][0] for name in sl},
+        **{f"P_{name.upper()}": pl[name][0] for name in pl},
+        R_AR1=REGIONS["ar1"],
+        R_AR2=REGIONS["ar2"],
+        R_ITEMS=REGIONS["items"],
+        EPS=c.rms_norm_eps,
+        SCALE=c.softmax_scale,
+        SITU=c.hidden_act == "situ",
+        FP8=c.fp8_cache,
+        CPU=bool(cpu),
+        ASM=bool(asm),
+    )
+
+
+def kernel_types() -> dict[str, str]:
+    """Triton types of the kernel's runtime arguments (bf16 embeds and out as int32 pairs)."""
+    return dict(
+        embeds="*i32",
+        positions="*i64",
+        slot_mapping="*i64",
+        block_table="*i32",
+        seq_lens="*i32",
+        out="*i32",
+        table="*i64",
+        final_norm="*bf16",
+        rope="*fp32",
+        scratch="*u8",
+        nreq="i32",
+        bt_stride="i32",
+        slot="i32",
+        ctl="*i64",
+        health="i64",
+        tickets="*i64",
+        peers="*i64",
+        rank="i32",
+        world="i32",
+    )
+
+
+def kernel_args(b: DrafterBuild, **args) -> list:
+    """The runtime arguments in LAUNCH_ARGS order (the runner checked the tensors)."""
+    named = dict(args)
+    named["embeds"] = args["embeds"].view(torch.int32)
+    named["out"] = args["out"].view(torch.int32)
+    named["bt_stride"] = args["block_table"].stride(0)
+    return [named[name] for name in LAUNCH_ARGS]
+
+
+def compile_for(b: DrafterBuild, target: str):
+    """Compile build `b` ahead of time for `target` ("sm90" or "gfx950") without a GPU, with
+    a real launch's specialization. Run it in a subprocess: a backend abort would take the
+    caller down."""
+    from mono_runtime.compile_check import compile_for as compile_kernel
+
+    return compile_kernel(
+        drafter_kernel,
+        kernel_types(),
+        constexprs(b, cpu=False, asm=target != "gfx950"),
+        num_warps=b.plan.warps,
+        target=target,
+    )
+
+
+def launch(b: DrafterBuild, grid: int, cpu: bool, **args):
+    """Launch build `b` on already-validated arguments (the runner checks them)."""
+    return drafter_kernel[(grid,)](
+        *kernel_args(b, **args), **constexprs(b, cpu), num_warps=b.plan.warps
+    )

@@ -1,0 +1,224 @@
+"""Rank bodies of the drafter kernel tests: each runs in a child process
+(mono_peer.testing.spawn) whose environment sets TRITON_INTERPRET=1 on a CPU.
+
+Every rank builds every rank's weights and the step's inputs from the same seeds (cheap at
+tiny shapes), runs the kernel on its own shard and returns what the parent compares: its
+outputs, its caches and their distances to drafter_reference.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from mono_kernels_kimi.drafter.config import DrafterConfig
+from mono_kernels_kimi.drafter.inputs import step_inputs
+from mono_kernels_kimi.drafter.reference import cos_sin_cache, drafter_reference
+from mono_kernels_kimi.drafter.runner import DrafterRunner
+from mono_kernels_kimi.drafter.weights import random_weights
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float().cpu(), b.float().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-20))
+
+
+def _runner(cfg, group, rank, caches, seed, **kw):
+    weights = random_weights(cfg, seed=seed, rank=rank)
+    return DrafterRunner(cfg, group, rank, "cpu", weights, caches, cos_sin_cache(cfg), **kw)
+
+
+def check_steps(rank, world, group, cases, seed=0, cache_dtype="auto"):
+    """One step per case (requests, padding, context lengths or None) on one runner, whose
+    caches hold every step's blocks; per step the distances to the reference, whether the
+    caches match it and what the launch left alone (the padding requests' rows 0, every
+    slot but the block's untouched)."""
+    cfg = DrafterConfig.tiny(world, cache_dtype)
+    weights = [random_weights(cfg, seed=seed, rank=r) for r in range(world)]
+    steps = [
+        step_inputs(cfg, weights[0], reqs, seed=seed * 100 + i, padding=pad, context_lens=ctx)
+        for i, (reqs, pad, ctx) in enumerate(cases)
+    ]
+    blocks = max(s.caches[0].shape[0] for s in steps)
+    caches = [
+        torch.zeros((blocks,) + c.shape[1:], dtype=c.dtype) for c in steps[0].caches
+    ]
+    runner = _runner(cfg, group, rank, caches, seed)
+    records = []
+    try:
+        for step in steps:
+            nb = step.caches[0].shape[0]
+            for mine, theirs in zip(caches, step.caches, strict=True):
+                mine[:nb].copy_(theirs)
+            t0 = time.perf_counter()
+            runner.step_begin()
+            out = runner(
+                step.embeds, step.positions, step.slot_mapping, step.block_table, step.seq_lens
+            )
+            runner.after_step()
+            elapsed = time.perf_counter() - t0
+            ref = drafter_reference(
+                cfg, step.embeds, step.positions, step.caches, step.block_table, step.seq_lens,
+                step.slot_mapping, weights, step.live,
+            )  # fmt: skip
+            rows = step.live.repeat_interleave(cfg.query_len)
+            mine = [c[:nb] for c in caches]
+            records.append(
+                dict(
+                    reqs=step.block_table.shape[0],
+                    out=out.clone(),
+                    err=rel_l2(out[rows], ref.hidden[rows]),
+                    pad_zero=bool((out[~rows] == 0).all()),
+                    cache_err=max(
+                        rel_l2(_values(cfg, m, w), _values(cfg, r, w))
+                        for m, r, w in zip(mine, ref.caches, weights[0].layers, strict=True)
+                    ),
+                    caches_same=all(
+                        _same_except_block(cfg, m, r, step)
+                        for m, r in zip(mine, ref.caches, strict=True)
+                    ),
+                    seconds=elapsed,
+                )
+            )
+    finally:
+        runner.close()
+    return records
+
+
+def _values(cfg, cache, layer):
+    """The cache's entries as values (fp8 bytes decoded)."""
+    from mono_kernels_kimi.drafter.reference import from_cache
+
+    return from_cache(cache, cfg, layer.k_scale).float()
+
+
+def _same_except_block(cfg, mine, ref, step):
+    """Every byte outside the block's written slots equals the reference's (garbage slots,
+    context entries and padding requests' slots untouched)."""
+    flat_m = mine.reshape(-1, cfg.kv_entry).view(torch.uint8)
+    flat_r = ref.reshape(-1, cfg.kv_entry).view(torch.uint8)
+    keep = torch.ones(flat_m.shape[0], dtype=torch.bool)
+    written = step.slot_mapping[step.slot_mapping >= 0]
+    keep[written] = False
+    return bool(torch.equal(flat_m[keep], flat_r[keep]))
+
+
+def fault_then_reset(rank, world, group, late_rank):
+    """A rank stalls past the deadline: MonoFault on every rank; after reset() a right
+    step."""
+    from mono_runtime.errors import MonoFault
+
+    cfg = DrafterConfig.tiny(world)
+    weights = [random_weights(cfg, seed=3, rank=r) for r in range(world)]
+    step = step_inputs(cfg, weights[0], 1, seed=11)
+    caches = [c.clone() for c in step.caches]
+    runner = _runner(cfg, group, rank, caches, 3, deadline_ns=200_000_000)  # 200 polls
+    args = (step.embeds, step.positions, step.slot_mapping, step.block_table, step.seq_lens)
+    outcome = {}
+    try:
+        runner.inject(late_rank, 2_000_000_000)
+        runner.step_begin()
+        out = runner(*args)
+        try:
+            runner.after_step()
+            outcome["fault"] = None
+        except MonoFault as err:
+            outcome["fault"] = str(err)
+        outcome["poisoned"] = bool(torch.isnan(out.float()).any())
+        runner.inject(None)
+        runner.reset()
+        runner.mono.set_deadline(5_000_000_000)  # a slow interpreter rank must not fault now
+        runner.step_begin()
+        out = runner(*args)
+        runner.after_step()
+        ref = drafter_reference(
+            cfg, step.embeds, step.positions, step.caches, step.block_table, step.seq_lens,
+            step.slot_mapping, weights, step.live,
+        )  # fmt: skip
+        outcome["after_reset_err"] = rel_l2(out, ref.hidden)
+    finally:
+        runner.close()
+    return outcome
+
+
+def stale_and_close(rank, world, group):
+    """stale() after a re-bind (new tensors), not after the same caches or a grown block
+    count at the same address; close() unmaps the peer buffer and is idempotent."""
+    cfg = DrafterConfig.tiny(world)
+    step = step_inputs(cfg, random_weights(cfg), 1, seed=2)
+    runner = _runner(cfg, group, rank, [c.clone() for c in step.caches], 0)
+    same = runner.stale(runner.caches)
+    as_engine = runner.stale([c.unsqueeze(1) for c in runner.caches])
+    fewer = runner.stale([c[:-1] for c in runner.caches])
+    rebound = runner.stale([c.clone() for c in runner.caches])
+    runner.close()
+    runner.close()
+    try:
+        runner.stale(step.caches)
+        closed_raises = False
+    except RuntimeError:
+        closed_raises = True
+    return dict(
+        same=same,
+        as_engine=as_engine,
+        fewer=fewer,
+        rebound=rebound,
+        closed=runner.mono.closed,
+        closed_raises=closed_raises,
+    )
+
+
+def bad_inputs(rank, world, group):
+    """Every bad argument of DrafterRunner.__call__ -> its ValueError message (None:
+    accepted)."""
+    cfg = DrafterConfig.tiny(1)
+    step = step_inputs(cfg, random_weights(cfg), 2, seed=1)
+    runner = _runner(cfg, group, rank, [c.clone() for c in step.caches], 0)
+    e, pos, sm, bt, sl = (
+        step.embeds, step.positions, step.slot_mapping, step.block_table, step.seq_lens
+    )  # fmt: skip
+    cases = [
+        ("embeds", dict(embeds=e.float())),
+        ("embeds", dict(embeds=e[:3])),
+        ("positions", dict(positions=pos.to(torch.int32))),
+        ("slot_mapping", dict(slot_mapping=sm[:-1])),
+        ("block_table", dict(block_table=bt.long())),
+        ("block_table", dict(block_table=bt.t())),
+        ("seq_lens", dict(seq_lens=sl.long())),
+        ("out", dict(out=e)),
+        ("out", dict(out=torch.zeros(e.shape, dtype=torch.float32))),
+    ]
+    errors = []
+    for arg, change in cases:
+        kw = dict(embeds=e, positions=pos, slot_mapping=sm, block_table=bt, seq_lens=sl) | change
+        try:
+            runner(**kw)
+            errors.append((arg, None))
+        except ValueError as err:
+            errors.append((arg, str(err)))
+    runner.close()
+    return errors
+
+
+def compile_checks(rank, world, group, tp, wide):
+    """Compile for sm_90 (PTX + ptxas resources, a real launch's specialization) and
+    gfx950, without a GPU; the facts the parent asserts."""
+    from mono_kernels_kimi.drafter import triton_build
+    from mono_kernels_kimi.drafter.spec import DrafterBuild
+    from mono_runtime.builds import DeviceLimits, residency_problem
+    from mono_runtime.compile_check import resources_of
+
+    b = DrafterBuild(DrafterConfig.tiny(tp), wide)
+    facts = {}
+    k = triton_build.compile_for(b, "sm90")
+    ptx = k.asm["ptx"]
+    res = resources_of(k)
+    facts["sys_release_xchg"] = "atom.global.sys.release.exch.b64" in ptx
+    facts["gpu_acquire"] = "atom.global.gpu.acquire" in ptx
+    facts["globaltimer"] = "%globaltimer" in ptx
+    facts["spills"] = res.spill_bytes
+    facts["residency"] = residency_problem(res, 132, DeviceLimits(), "drafter")
+    amdgcn = triton_build.compile_for(b, "gfx950").asm["amdgcn"]
+    facts["hip_atomics"] = "global_atomic" in amdgcn or "flat_atomic" in amdgcn
+    facts["hip_clock"] = "s_memrealtime" in amdgcn
+    return facts
