@@ -167,25 +167,29 @@ def bad_inputs(rank, world, group):
 
 
 def compile_checks(rank, world, group, rows, tp):
-    """Compile for sm_90 (PTX + ptxas resources, a real launch's specialization) and gfx950,
-    without a GPU; the facts the parent asserts."""
+    """Compile for sm_90 on rank 0 (PTX + ptxas resources, a real launch's specialization)
+    and for gfx950 on rank 1, without a GPU (two processes: the compiles run in parallel);
+    the facts the parent asserts."""
     from mono_kernels_kimi.k2 import triton_build
     from mono_kernels_kimi.k2.spec import K2Build
     from mono_runtime.builds import DeviceLimits, residency_problem
     from mono_runtime.compile_check import resources_of
 
     b = K2Build(KimiK3Config.tiny(tp), rows)
-    facts = {}
+    if rank == 1:
+        amdgcn = triton_build.compile_for(b, "gfx950").asm["amdgcn"]
+        return {
+            "hip_atomics": "global_atomic" in amdgcn or "flat_atomic" in amdgcn,
+            "hip_clock": "s_memrealtime" in amdgcn,
+        }
     k = triton_build.compile_for(b, "sm90")
     ptx = k.asm["ptx"]
     res = resources_of(k)
-    facts["sys_release_xchg"] = "atom.global.sys.release.exch.b64" in ptx
-    facts["gpu_acquire"] = "atom.global.gpu.acquire" in ptx
-    facts["globaltimer"] = "%globaltimer" in ptx
-    facts["spills"] = res.spill_bytes
-    facts["registers"] = res.registers
-    facts["residency"] = residency_problem(res, 132, DeviceLimits(), "k2")
-    amdgcn = triton_build.compile_for(b, "gfx950").asm["amdgcn"]
-    facts["hip_atomics"] = "global_atomic" in amdgcn or "flat_atomic" in amdgcn
-    facts["hip_clock"] = "s_memrealtime" in amdgcn
-    return facts
+    return {
+        "sys_release_xchg": "atom.global.sys.release.exch.b64" in ptx,
+        "gpu_acquire": "atom.global.gpu.acquire" in ptx,
+        "globaltimer": "%globaltimer" in ptx,
+        "spills": res.spill_bytes,
+        "registers": res.registers,
+        "residency": residency_problem(res, 132, DeviceLimits(), "k2"),
+    }
