@@ -249,3 +249,21 @@ def test_a_runner_is_closed_until_built():
         Half().step_begin()
     with pytest.raises(TypeError, match="abstract"):
         LayerRunner()
+
+
+def test_check_tensor_names_what_is_wrong():
+    import torch
+    from mono_runtime.kernel import check_tensor
+
+    t = torch.zeros(2, 3, dtype=torch.bfloat16)
+    check_tensor("x", t, (2, 3), torch.bfloat16, "cpu")
+    for bad, says in (
+        ((3.0, (2, 3), torch.bfloat16), "x: expected a tensor, got float"),
+        ((t, (3, 2), torch.bfloat16), r"x: shape \(2, 3\), expected \(3, 2\)"),
+        ((t, (2, 3), torch.float32), "x: dtype torch.bfloat16, expected torch.float32"),
+        ((t.t(), (3, 2), torch.bfloat16), "x: must be contiguous"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            check_tensor("x", *bad)
+    with pytest.raises(ValueError, match="x: on cpu, expected meta"):
+        check_tensor("x", t, (2, 3), torch.bfloat16, "meta")

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 import torch
+from mono_runtime.kernel import check_tensor
 from mono_runtime.stream.layout import (
     MX_GROUP,
     ROT_SCALE_MAX,
@@ -90,17 +91,7 @@ class K2Weights:
         """Raise ValueError naming the first tensor whose shape, dtype, layout or device
         differs from what K2 reads (another layer's, model's or TP's weights)."""
         for name, (shape, dtype) in self.expected(cfg).items():
-            t = getattr(self, name)
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"weights.{name}: expected a tensor, got {type(t).__name__}")
-            if tuple(t.shape) != shape:
-                raise ValueError(f"weights.{name}: shape {tuple(t.shape)}, expected {shape}")
-            if t.dtype != dtype:
-                raise ValueError(f"weights.{name}: dtype {t.dtype}, expected {dtype}")
-            if not t.is_contiguous():
-                raise ValueError(f"weights.{name}: must be contiguous (strides {t.stride()})")
-            if device is not None and t.device != device:
-                raise ValueError(f"weights.{name}: on {t.device}, expected {device}")
+            check_tensor(f"weights.{name}", getattr(self, name), shape, dtype, device)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rot"}

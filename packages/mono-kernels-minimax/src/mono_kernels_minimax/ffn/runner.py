@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from mono_runtime import protocol as P
 from mono_runtime.errors import MonoUnsupported
-from mono_runtime.kernel import LayerRunner, target_name
+from mono_runtime.kernel import LayerRunner, check_tensor, target_name
 from mono_runtime.runner import MonoRunner
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -287,16 +287,7 @@ class FfnRunner(LayerRunner):
         ):
             if t is None and name in ("out", "residual_out"):
                 continue
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
-            if tuple(t.shape) != shape:
-                raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {shape}")
-            if t.dtype != dtype:
-                raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
-            if not t.is_contiguous():
-                raise ValueError(f"{name}: must be contiguous (strides {t.stride()})")
-            if t.device != self.device:
-                raise ValueError(f"{name}: on {t.device}, expected {self.device}")
+            check_tensor(name, t, shape, dtype, self.device)
         _no_alias(
             {
                 "part": part,

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 import torch
+from mono_runtime.kernel import check_tensor
 from mono_runtime.stream.layout import ROT_SCALE_MAX, pack_mxfp4_rot, unpack_mxfp4_rot
 
 from ..config import MiniMaxM3Config
@@ -73,16 +74,7 @@ class FfnWeights:
                 if t is not None:
                     raise ValueError(f"weights.{name}: must be None for {self.fmt.value}")
                 continue
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"weights.{name}: expected a tensor, got {type(t).__name__}")
-            if tuple(t.shape) != shape:
-                raise ValueError(f"weights.{name}: shape {tuple(t.shape)}, expected {shape}")
-            if t.dtype != dtype:
-                raise ValueError(f"weights.{name}: dtype {t.dtype}, expected {dtype}")
-            if not t.is_contiguous():
-                raise ValueError(f"weights.{name}: must be contiguous (strides {t.stride()})")
-            if device is not None and t.device != device:
-                raise ValueError(f"weights.{name}: on {t.device}, expected {device}")
+            check_tensor(f"weights.{name}", t, shape, dtype, device)
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("fmt", "rot")}
