@@ -188,7 +188,8 @@ class Plan:
         rc = _step(h, 1024 if big else 32)
         sb = 16
         sd = _step(h, 64 if big else 32)
-        bn = _step(ri, 32 if big else 16)
+        # few rows pick few experts: smaller up blocks make enough items to fill the machine
+        bn = _step(ri, 32 if big and b.rows > 4 else 16)
         dc = _step(lat, 64 if big else 32)
         uc = 16
         fc = _step(h, 512 if big else 32)
