@@ -175,3 +175,16 @@ def test_bench_refusals_on_a_gpu_machine(capsys, tmp_path, on_a_gpu, argv, says)
     assert main([*argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0], err
+
+
+def test_bench_k2_writes_its_rows(monkeypatch, tmp_path, on_a_gpu):
+    def bench(rows):
+        return [dict(rows=s, kernel_us=20.0, bytes=80_000_000, copy_tbps=4.0, layers=8,
+                     l2_x=30.0, opbyop_us=60.0, note=None) for s in rows]  # fmt: skip
+
+    _fake_module(monkeypatch, "mono_kernels_kimi.k2.bench", bench=bench)
+    assert main(["bench", "k2", "--rows", "1,16", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench-k2.json").read_text())
+    assert [p["rows"] for p in data["points"]] == [1, 16]
+    assert data["settings"]["model"] == "Kimi-K3" and data["settings"]["layers a timed graph"] == 8
+    assert (tmp_path / "bench-k2.png").exists()

@@ -16,3 +16,15 @@ def fixed_width(
     widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
     return "\n".join(lines + list(notes))
+
+
+def layer_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]], where) -> str:
+    """A layer kernel benchmark's rows (copy_tbps, layers, note): the table, the copy
+    bandwidth and graph rotation of the run, then each row's note as `where(row): note`."""
+    notes = []
+    if rows:
+        notes.append(
+            f"copy bandwidth {rows[0]['copy_tbps']:.2f} TB/s; {rows[0]['layers']} layers a graph"
+        )
+    notes += [f"{where(r)}: {r['note']}" for r in rows if r.get("note")]
+    return fixed_width(rows, columns, notes)

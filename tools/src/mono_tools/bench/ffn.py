@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from mono_tools.bench.results import BenchResult, Point, rotation
+from mono_tools.bench.results import BenchResult, of_layer_rows
 from mono_tools.machine import Machine
 
 BASELINE = "op-by-op (cuBLAS + grouped GEMM + torch.compile)"
@@ -18,27 +18,11 @@ def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
 
     (fmt,) = args.format or ("mxfp4",)  # one format a run (bench.command.KERNELS)
     rows = bench.bench(rows=tuple(args.rows), formats=(fmt,))
-    notes = {f"rows {r['rows']}": r["note"] for r in rows if r.get("note")}
-    return BenchResult(
-        kernel="ffn",
-        kernel_label=f"mono FFN (triton, {rows[0]['layout']})",
-        device=machine.gpu_name or "gpu",
-        copy_gbps=float(rows[0]["copy_tbps"]) * 1e3,
-        points=[
-            Point(
-                rows=r["rows"],
-                kernel_us=float(r["kernel_us"]),
-                baselines_us={} if r["opbyop_us"] is None else {BASELINE: float(r["opbyop_us"])},
-                bytes_moved=int(r["bytes"]),
-            )
-            for r in rows
-        ],
-        settings={
-            "model": "MiniMax-M3",
-            "layer": "FFN tail",
-            "shapes": "one TP4 rank's, launched at TP 1",
-            "format": rows[0]["layout"],
-            **rotation(rows),
-            **({"baseline failures": notes} if notes else {}),
-        },
-    )
+    settings = {
+        "model": "MiniMax-M3",
+        "layer": "FFN tail",
+        "shapes": "one TP4 rank's, launched at TP 1",
+        "format": rows[0]["layout"],
+    }
+    label = f"mono FFN (triton, {rows[0]['layout']})"
+    return of_layer_rows("ffn", label, machine.gpu_name or "gpu", rows, BASELINE, settings)

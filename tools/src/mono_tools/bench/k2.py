@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from mono_tools.bench.results import BenchResult, Point, rotation
+from mono_tools.bench.results import BenchResult, of_layer_rows
 from mono_tools.machine import Machine
 
 BASELINE = "op-by-op (cuBLAS + grouped GEMM + torch.compile)"
@@ -16,27 +16,11 @@ BASELINE = "op-by-op (cuBLAS + grouped GEMM + torch.compile)"
 def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
     from mono_kernels_kimi.k2 import bench
 
+    settings = {
+        "model": "Kimi-K3",
+        "layer": "K2 (o_proj to the MoE output)",
+        "shapes": "a TP8 rank's o_proj and experts at TP 1; router, latent and up whole",
+    }
     rows = bench.bench(rows=tuple(args.rows))
-    notes = {f"rows {r['rows']}": r["note"] for r in rows if r.get("note")}
-    return BenchResult(
-        kernel="k2",
-        kernel_label="mono K2 (triton, mxfp4-rot)",
-        device=machine.gpu_name or "gpu",
-        copy_gbps=float(rows[0]["copy_tbps"]) * 1e3,
-        points=[
-            Point(
-                rows=r["rows"],
-                kernel_us=float(r["kernel_us"]),
-                baselines_us={} if r["opbyop_us"] is None else {BASELINE: float(r["opbyop_us"])},
-                bytes_moved=int(r["bytes"]),
-            )
-            for r in rows
-        ],
-        settings={
-            "model": "Kimi-K3",
-            "layer": "K2 (o_proj to the MoE output)",
-            "shapes": "a TP8 rank's o_proj and experts at TP 1; router, latent and up whole",
-            **rotation(rows),
-            **({"baseline failures": notes} if notes else {}),
-        },
-    )
+    device = machine.gpu_name or "gpu"
+    return of_layer_rows("k2", "mono K2 (triton, mxfp4-rot)", device, rows, BASELINE, settings)

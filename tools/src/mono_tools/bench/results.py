@@ -88,3 +88,32 @@ def rotation(rows: list[dict]) -> dict:
         "layers a timed graph": rows[0]["layers"],
         **({"graph reads / L2 (least)": round(min(l2), 1)} if l2 else {}),
     }
+
+
+def of_layer_rows(
+    kernel: str, label: str, device: str, rows: list[dict], baseline: str, settings: dict
+) -> BenchResult:
+    """A layer kernel's result from its package's bench rows (rows, kernel_us, opbyop_us,
+    bytes, copy_tbps, note): the points, and the settings with the layer rotation and the
+    op-by-op path's failures."""
+    notes = {f"rows {r['rows']}": r["note"] for r in rows if r.get("note")}
+    return BenchResult(
+        kernel=kernel,
+        kernel_label=label,
+        device=device,
+        copy_gbps=float(rows[0]["copy_tbps"]) * 1e3,
+        points=[
+            Point(
+                rows=r["rows"],
+                kernel_us=float(r["kernel_us"]),
+                baselines_us={} if r["opbyop_us"] is None else {baseline: float(r["opbyop_us"])},
+                bytes_moved=int(r["bytes"]),
+            )
+            for r in rows
+        ],
+        settings={
+            **settings,
+            **rotation(rows),
+            **({"baseline failures": notes} if notes else {}),
+        },
+    )

@@ -32,8 +32,7 @@ import torch
 from mono_runtime.kernel import check_tensor
 from mono_runtime.stream.layout import (
     MX_GROUP,
-    ROT_SCALE_MAX,
-    pack_mxfp4_rot,
+    pack_experts_rot,
     quantize_mxfp4_k32,
     unpack_mxfp4_k32,
     unpack_mxfp4_rot,
@@ -110,15 +109,7 @@ class K2Weights:
             return self
         if self.rot:
             raise ValueError("weights: already packed as mxfp4-rot; the kernel wants mxfp4-k32")
-        for name in ("w13_scale", "w2_scale"):  # checked before anything is converted
-            top = int(getattr(self, name).max())
-            if top > ROT_SCALE_MAX:
-                raise ValueError(
-                    f"weights.{name}: e8m0 code {top} (2^{top - 127}) is past the largest "
-                    f"scale the packed layout decodes exactly ({ROT_SCALE_MAX}: 2^64)"
-                )
-        for name in EXPERTS:
-            pack_mxfp4_rot(getattr(self, name), out=getattr(self, name))
+        pack_experts_rot({n: (getattr(self, n), getattr(self, f"{n}_scale")) for n in EXPERTS})
         return replace(self, rot=True)
 
 

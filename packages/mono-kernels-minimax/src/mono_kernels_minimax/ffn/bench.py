@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import torch
 from mono_runtime.opbyop import bf16_copy, grouped_experts
-from mono_runtime.report import fixed_width
+from mono_runtime.report import layer_table
 from mono_runtime.stream.layout import BF16, FP8_B128, MXFP4_K32, random_mxfp4_k32
 from mono_runtime.timing import copy_bandwidth, graph_time
 
@@ -286,13 +286,7 @@ COLUMNS = (
 
 def table(rows: list[dict]) -> str:
     """The rows as fixed-width text, one line each; notes after the table."""
-    notes = []
-    if rows:
-        notes.append(
-            f"copy bandwidth {rows[0]['copy_tbps']:.2f} TB/s; {rows[0]['layers']} layers a graph"
-        )
-    notes += [f"{r['format']} S={r['rows']}: {r['note']}" for r in rows if r["note"]]
-    return fixed_width(rows, COLUMNS, notes)
+    return layer_table(rows, COLUMNS, lambda r: f"{r['format']} S={r['rows']}")
 
 
 def main(argv=None) -> int:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 from mono_runtime.kernel import check_tensor
-from mono_runtime.stream.layout import ROT_SCALE_MAX, pack_mxfp4_rot, unpack_mxfp4_rot
+from mono_runtime.stream.layout import pack_experts_rot, unpack_mxfp4_rot
 
 from ..config import MiniMaxM3Config
 from ..formats import FP8_BLOCK, MX_BLOCK, WeightFormat, dequantize, quantize
@@ -95,15 +95,9 @@ class FfnWeights:
             return self
         if self.rot:
             raise ValueError("weights: already packed as mxfp4-rot; the kernel wants mxfp4-k32")
-        for name in ("w13_scale", "w2_scale"):  # checked before anything is converted
-            top = int(getattr(self, name).max())
-            if top > ROT_SCALE_MAX:
-                raise ValueError(
-                    f"weights.{name}: e8m0 code {top} (2^{top - 127}) is past the largest "
-                    f"scale the packed layout decodes exactly ({ROT_SCALE_MAX}: 2^64)"
-                )
-        pack_mxfp4_rot(self.w13, out=self.w13)
-        pack_mxfp4_rot(self.w2, out=self.w2)
+        pack_experts_rot(
+            {n: (getattr(self, n), getattr(self, f"{n}_scale")) for n in ("w13", "w2")}
+        )
         return replace(self, rot=True)
 
 

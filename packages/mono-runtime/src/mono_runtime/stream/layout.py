@@ -120,6 +120,21 @@ def pack_mxfp4_rot(
     return out
 
 
+def pack_experts_rot(experts: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Convert a weight bundle's ``mxfp4-k32`` tensors ({name: (codes, e8m0 scales)}) to
+    ``mxfp4-rot`` in place, all or none: every scale is checked first, so a refusal
+    (ValueError naming the tensor) leaves nothing half converted."""
+    for name, (_, scales) in experts.items():
+        top = int(scales.max())
+        if top > ROT_SCALE_MAX:
+            raise ValueError(
+                f"weights.{name}_scale: e8m0 code {top} (2^{top - 127}) is past the largest "
+                f"scale the packed layout decodes exactly ({ROT_SCALE_MAX}: 2^64)"
+            )
+    for values, _ in experts.values():
+        pack_mxfp4_rot(values, out=values)
+
+
 def unpack_mxfp4_rot(values: torch.Tensor) -> torch.Tensor:
     """``mxfp4-rot`` -> ``mxfp4-k32`` (the inverse of `pack_mxfp4_rot`, bit for bit)."""
     _check_codes(values)
