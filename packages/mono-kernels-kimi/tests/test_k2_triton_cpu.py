@@ -5,6 +5,7 @@ runs in the GPU tier)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,15 @@ def test_tp2_ranks_bit_identical():
         for name in ("out", "prefix"):
             got = [records[i][name].view(torch.int16) for records in results]
             assert all(g.equal(got[0]) for g in got), f"step {i}: ranks' {name} differ"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not os.environ.get("MONO_K2_MORE"), reason="MONO_K2_MORE=1: more widths")
+def test_tp2_more_widths():
+    """Every width 1..4 and 16 at TP 2 (minutes under the interpreter: off by default)."""
+    results = spawn(ranks.check_steps, 2, 880, [1, 2, 3, 4, 16], LAYERS, 9, env=ENV)
+    for records in results:
+        _check(records)
 
 
 @pytest.mark.timeout(150)
