@@ -11,11 +11,11 @@ waits only on done pairs of smaller tickets of its own launch, or on peers' push
 their items of earlier stages, so the launch finishes at any residency and under the
 interpreter, where programs run one after another:
 
-    norm    ROWS    row s: layer 0 input_layernorm of the embedding (the residual); later
+    norm    GROUPS  row group s (RB rows): layer 0 input_layernorm of the embedding (the residual); later
                     layers the ranks' MLP partials (`ar2`, previous layer) in rank order ->
                     bf16, + residual -> the new residual, input_layernorm -> `xa`
     qkva    NQA     QA rows of fused_qkv_a_proj -> `qkv` (bf16)
-    qkvn    ROWS    row s: q_a_layernorm -> `qc`; kv_a_layernorm, RoPE of k_pe -> the
+    qkvn    GROUPS  row group s: q_a_layernorm -> `qc`; kv_a_layernorm, RoPE of k_pe -> the
                     cache entry at the row's slot (nothing for a negative slot)
     qb      NQB     QB rows of q_b_proj -> `q` (bf16)
     absorb  n x NLA head h, LA latent columns: q_nope @ W_UK -> `qlat` (bf16); the chunk-0
@@ -26,11 +26,11 @@ interpreter, where programs run one after another:
     comb    REQ x NHG  the splits' partials merged in split order -> latent (`lat`),
                     then each head's W_UV rows -> `v` (bf16)
     oproj   NO      OC columns of o_proj -> bf16 partial -> every rank's `ar1`
-    post    ROWS    row s: the ranks' partials in rank order -> bf16, + residual -> the new
+    post    GROUPS  row group s: the ranks' partials in rank order -> bf16, + residual -> the new
                     residual, post_attention_layernorm -> `xm`
     gu      NGU     GB gate + GB up rows of gate_up_proj, act_and_mul -> `mid` (bf16)
     down    ND      OC columns of down_proj -> bf16 partial -> every rank's `ar2`
-    final   ROWS    row s: the last layer's `ar2` + residual, final_norm -> out (0 on
+    final   GROUPS  row group s: the last layer's `ar2` + residual, final_norm -> out (0 on
                     padding requests, seq_len 0)
 
 Attention over a long context is split: each (request, head group) has NSPLIT items, each
@@ -131,6 +131,11 @@ class DrafterBuild:
         return -(-self.rows // TILE)
 
     @property
+    def groups(self) -> int:
+        """Row groups: the items of each row stage."""
+        return self.rows // self.plan.rb
+
+    @property
     def plan(self) -> Plan:
         return Plan.of(self)
 
@@ -185,6 +190,7 @@ class Plan:
     lk: int  # K = kv_lora_rank
     rc: int  # columns of a row item's chunk (H)
     qc: int  # columns of a qkvn item's chunk (q_lora_rank)
+    rb: int  # rows of a row item (norm, qkvn, post, final): a power of two dividing Q
     stages: int
     warps: int
 
@@ -222,6 +228,7 @@ class Plan:
             lk=_step(c.kv_lora_rank, 256),
             rc=_step(c.hidden_size, 1024),
             qc=_step(c.q_lora_rank, 512),
+            rb=1 if big else q & -q,
             stages=3 if big else 2,
             warps=4,
         )
@@ -244,7 +251,8 @@ LAYER_STAGES = (
 
 def layer_stages(b: DrafterBuild) -> list[tuple[str, int]]:
     """(stage, items) of one layer, in ticket order."""
-    p, s, r = b.plan, b.rows, b.requests
+    p, r = b.plan, b.requests
+    s = b.rows // p.rb
     counts = dict(
         norm=s,
         qkva=p.nqa,
@@ -279,7 +287,7 @@ def final_start(b: DrafterBuild) -> int:
 
 
 def tickets(b: DrafterBuild) -> int:
-    return final_start(b) + b.rows
+    return final_start(b) + b.groups
 
 
 def stage_of(b: DrafterBuild, t: int) -> tuple[int, str, int]:
@@ -298,7 +306,7 @@ def waits(b: DrafterBuild) -> dict[int, list[int]]:
     """Ticket -> the tickets whose done pairs it waits for (the kernel's waits, item by
     item; peers' pushes are not tickets). An attn item needs the block's cache entries
     (qkvn) too: they happen before every absorb item it waits for."""
-    p, q = b.plan, b.cfg.query_len
+    p = b.plan
     st, pl, out = layer_starts(b), per_layer(b), {}
     counts = dict(layer_stages(b))
 
@@ -309,7 +317,7 @@ def waits(b: DrafterBuild) -> dict[int, list[int]]:
 
     for k in range(b.cfg.num_hidden_layers):
         base = k * pl
-        for s in range(b.rows):
+        for s in range(b.groups):
             if k:
                 out[base + st["norm"] + s] = span(k - 1, "post", s, 1)
             out[base + st["qkvn"] + s] = span(k, "qkva")
@@ -327,9 +335,8 @@ def waits(b: DrafterBuild) -> dict[int, list[int]]:
                 out[t] = span(k, after)
         for rg in range(b.requests * p.nhg):
             out[base + st["comb"] + rg] = span(k, "attn", rg * p.nsplit, p.nsplit)
-    for s in range(b.rows):
+    for s in range(b.groups):
         out[final_start(b) + s] = span(b.cfg.num_hidden_layers - 1, "post", s, 1)
-    del q
     return out
 
 

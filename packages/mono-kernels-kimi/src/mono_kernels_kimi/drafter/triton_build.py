@@ -129,15 +129,16 @@ def _gemv_tiles(
     m = tl.arange(0, BN)
     n = tl.arange(0, TILE)
     for tt in tl.static_range(TILES):
-        acc = st.stream_rows(
-            w, w, x + tt * TILE * K, row0, 0, K // BK, K, BN, BK, TILE, 0, STAGES, CPU, ASM
-        )
-        tok = tt * TILE + n
-        tl.store(
-            dst + tok[None, :] * DST_ROW + (row0 + m)[:, None],
-            _bf16(acc).to(tl.bfloat16),
-            mask=keep[:, None] & (tok < nrows)[None, :],
-        )
+        if tt * TILE < nrows:
+            acc = st.stream_rows(
+                w, w, x + tt * TILE * K, row0, 0, K // BK, K, BN, BK, TILE, 0, STAGES, CPU, ASM
+            )
+            tok = tt * TILE + n
+            tl.store(
+                dst + tok[None, :] * DST_ROW + (row0 + m)[:, None],
+                _bf16(acc).to(tl.bfloat16),
+                mask=keep[:, None] & (tok < nrows)[None, :],
+            )
 
 
 @triton.jit
@@ -221,6 +222,8 @@ def drafter_kernel(
     LK: tl.constexpr,
     RC: tl.constexpr,
     QC: tl.constexpr,
+    RB: tl.constexpr,
+    NRG: tl.constexpr,
     W2: tl.constexpr,
     STAGES: tl.constexpr,
     PER_LAYER: tl.constexpr,
@@ -269,6 +272,7 @@ def drafter_kernel(
     done = (scratch + O_DONE).to(tl.pointer_type(tl.int64))
     me = pt.peer_data(peers, rank)
     nrows = nreq * Q
+    ngroups = (nrows + RB - 1) // RB  # row groups holding rows: the others have no work
     pt.fault_stall(ctl, peers, rank, world, CPU)
     t = pt.ticket_take(counter, TOTAL)
     while t < TOTAL:
@@ -279,15 +283,17 @@ def drafter_kernel(
             tag = pt.step_tag(ctl, slot + k)  # layer k's pushes (spec: one slot a layer)
             lw = table + k * _NPTR
             if u < T_QKVA:
-                if k > 0:  # the row's residual, which the previous layer's post item wrote
-                    _wait(done, base - PER_LAYER + T_POST + u, 1, W2, tag0, ctl, health, peers,
-                          rank, world, R_ITEMS, CPU)  # fmt: skip
-                _norm(
-                    u, k, embeds, lw, scratch, nrows, me, pt.step_tag(ctl, slot + k - 1), ctl, health, peers, rank,
-                    world, H, RC, MAXROWS, O_RES, O_XA, O_TOT, P_AR2, R_AR2, EPS, CPU,
-                )  # fmt: skip
+                if u < ngroups:
+                    if k > 0:  # the group's residual, written by the last layer's post item
+                        _wait(done, base - PER_LAYER + T_POST + u, 1, W2, tag0, ctl, health,
+                              peers, rank, world, R_ITEMS, CPU)  # fmt: skip
+                    _norm(
+                        u, k, embeds, lw, scratch, nrows, me, pt.step_tag(ctl, slot + k - 1),
+                        ctl, health, peers, rank, world, H, RC, RB, MAXROWS, O_RES, O_XA,
+                        O_TOT, P_AR2, R_AR2, EPS, CPU,
+                    )  # fmt: skip
             elif u < T_QKVN:
-                _wait(done, base, ROWS, W2, tag0, ctl, health, peers, rank, world, R_ITEMS, CPU)
+                _wait(done, base, NRG, W2, tag0, ctl, health, peers, rank, world, R_ITEMS, CPU)
                 r0, keep = _tile(u - T_QKVA, QL + L + R, QA)
                 _gemv_tiles(
                     _ptr(lw, _W_QKVA, tl.bfloat16),
@@ -296,14 +302,15 @@ def drafter_kernel(
                     H, QA, HK, QL + L + R, TILES, STAGES, CPU, ASM,
                 )  # fmt: skip
             elif u < T_QB:
-                _wait(done, base + T_QKVA, T_QKVN - T_QKVA, W2, tag0, ctl, health, peers, rank,
-                      world, R_ITEMS, CPU)  # fmt: skip
-                _qkvn(
-                    u - T_QKVN, lw, positions, slot_mapping, rope, scratch, nrows,
-                    QL, L, R, QC, O_QKV, O_QC, EPS, FP8,
-                )  # fmt: skip
+                if u - T_QKVN < ngroups:
+                    _wait(done, base + T_QKVA, T_QKVN - T_QKVA, W2, tag0, ctl, health, peers,
+                          rank, world, R_ITEMS, CPU)  # fmt: skip
+                    _qkvn(
+                        u - T_QKVN, lw, positions, slot_mapping, rope, scratch, nrows,
+                        QL, L, R, QC, RB, O_QKV, O_QC, EPS, FP8,
+                    )  # fmt: skip
             elif u < T_ABSORB:
-                _wait(done, base + T_QKVN, ROWS, W2, tag0, ctl, health, peers, rank, world,
+                _wait(done, base + T_QKVN, NRG, W2, tag0, ctl, health, peers, rank, world,
                       R_ITEMS, CPU)  # fmt: skip
                 r0, keep = _tile(u - T_QB, NH * (P + R), QBN)
                 _gemv_tiles(
@@ -320,22 +327,25 @@ def drafter_kernel(
                     nrows, L, R, P, V, NH, ROWSP, TILES, LA, RP, O_Q, O_QLAT, O_QPE, FP8, CPU,
                 )  # fmt: skip
             elif u < T_COMB:
-                _wait(done, base + T_ABSORB, T_ATTN - T_ABSORB, W2, tag0, ctl, health, peers, rank,
-                      world, R_ITEMS, CPU)  # fmt: skip
                 i = u - T_ATTN
-                _attn(
-                    i // (NHG * NSPLIT), (i // NSPLIT) % NHG, i % NSPLIT, lw, block_table,
-                    seq_lens, scratch, nreq, bt_stride, L, R, Q, BS, ROWSP, HG, NHG, QHR, RP,
-                    NSPLIT, O_QLAT, O_QPE, O_PO, O_PM, O_PL, SCALE, FP8, CPU,
-                )  # fmt: skip
+                r = i // (NHG * NSPLIT)
+                if r < nreq:
+                    _wait(done, base + T_ABSORB, T_ATTN - T_ABSORB, W2, tag0, ctl, health,
+                          peers, rank, world, R_ITEMS, CPU)  # fmt: skip
+                    _attn(
+                        r, (i // NSPLIT) % NHG, i % NSPLIT, lw, block_table, seq_lens, scratch,
+                        bt_stride, L, R, Q, BS, ROWSP, HG, NHG, QHR, RP, NSPLIT, O_QLAT, O_QPE,
+                        O_PO, O_PM, O_PL, SCALE, FP8, CPU,
+                    )  # fmt: skip
             elif u < T_OPROJ:
                 i = u - T_COMB
-                _wait(done, base + T_ATTN + i * NSPLIT, NSPLIT, W2, tag0, ctl, health, peers, rank,
-                      world, R_ITEMS, CPU)  # fmt: skip
-                _comb(
-                    i // NHG, i % NHG, lw, scratch, nreq, L, P, V, NH, Q, ROWSP, HG, NHG, QHR,
-                    NSPLIT, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CPU, ASM,
-                )  # fmt: skip
+                if i // NHG < nreq:
+                    _wait(done, base + T_ATTN + i * NSPLIT, NSPLIT, W2, tag0, ctl, health,
+                          peers, rank, world, R_ITEMS, CPU)  # fmt: skip
+                    _comb(
+                        i // NHG, i % NHG, lw, scratch, L, P, V, NH, Q, ROWSP, HG, NHG, QHR,
+                        NSPLIT, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CPU, ASM,
+                    )  # fmt: skip
             elif u < T_POST:
                 _wait(done, base + T_COMB, T_OPROJ - T_COMB, W2, tag0, ctl, health, peers, rank,
                       world, R_ITEMS, CPU)  # fmt: skip
@@ -346,15 +356,18 @@ def drafter_kernel(
                     STAGES, CPU, ASM,
                 )  # fmt: skip
             elif u < T_GU:
-                _wait(done, base + u - T_POST, 1, W2, tag0, ctl, health, peers, rank, world,
-                      R_ITEMS, CPU)  # fmt: skip
-                _add_norm(
-                    u - T_POST, _ptr(lw, _W_POST, tl.bfloat16), me + P_AR1 // 8, scratch,
-                    nrows, tag, ctl, health, peers, rank, world, H, RC, MAXROWS, O_RES, O_XM,
-                    O_TOT, R_AR1, EPS, CPU,
-                )  # fmt: skip
+                g = u - T_POST
+                if g < ngroups:
+                    _wait(done, base + g, 1, W2, tag0, ctl, health, peers, rank, world,
+                          R_ITEMS, CPU)  # fmt: skip
+                    _add_norm(
+                        g, _ptr(lw, _W_POST, tl.bfloat16), me + P_AR1 // 8,
+                        (scratch + O_XM).to(tl.pointer_type(tl.int32)), scratch, nrows,
+                        tl.zeros((RB,), tl.int1), tag, ctl, health, peers, rank, world, H, RC,
+                        RB, MAXROWS, O_RES, O_TOT, R_AR1, EPS, CPU,
+                    )  # fmt: skip
             elif u < T_DOWN:
-                _wait(done, base + T_POST, ROWS, W2, tag0, ctl, health, peers, rank, world,
+                _wait(done, base + T_POST, NRG, W2, tag0, ctl, health, peers, rank, world,
                       R_ITEMS, CPU)  # fmt: skip
                 _gu(
                     u - T_GU, _ptr(lw, _W_GU, tl.bfloat16), scratch, nrows, H, IL, GB, HK,
@@ -372,14 +385,18 @@ def drafter_kernel(
             if (u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN)):
                 pt.ticket_finish(done, t, tag0)
         else:
-            s = t - T_FINAL
-            _wait(done, (NL - 1) * PER_LAYER + T_POST + s, 1, W2, tag0, ctl, health, peers, rank,
-                  world, R_ITEMS, CPU)  # fmt: skip
-            _final(
-                s, final_norm, out, seq_lens, me + P_AR2 // 8, scratch, nrows,
-                pt.step_tag(ctl, slot + NL - 1), ctl, health, peers, rank, world, H, Q, RC,
-                MAXROWS, O_RES, O_TOT, R_AR2, EPS, CPU,
-            )  # fmt: skip
+            # the final norm of row group g (0 on a padding request's rows)
+            g = t - T_FINAL
+            if g < ngroups:
+                _wait(done, (NL - 1) * PER_LAYER + T_POST + g, 1, W2, tag0, ctl, health, peers,
+                      rank, world, R_ITEMS, CPU)  # fmt: skip
+                row = g * RB + tl.arange(0, RB)
+                pad = tl.load(seq_lens + row // Q, mask=row < nrows, other=1) == 0
+                _add_norm(
+                    g, final_norm, me + P_AR2 // 8, out, scratch, nrows, pad,
+                    pt.step_tag(ctl, slot + NL - 1), ctl, health, peers, rank, world, H, RC, RB,
+                    MAXROWS, O_RES, O_TOT, R_AR2, EPS, CPU,
+                )  # fmt: skip
         t = pt.ticket_take(counter, TOTAL)
 
 
@@ -387,158 +404,179 @@ def drafter_kernel(
 
 
 @triton.jit
+def _lanes(g, c, RB: tl.constexpr, RC: tl.constexpr):
+    """Row group g's rows and pair columns of chunk c, as one 1-D block of RB x RC / 2 lanes
+    (polls take 1-D blocks): (row, pair column) of each lane."""
+    f = tl.arange(0, RB * (RC // 2))
+    return g * RB + f // (RC // 2), c * (RC // 2) + f % (RC // 2)
+
+
+@triton.jit
+def _per_row(x, RB: tl.constexpr, RC: tl.constexpr):
+    """Lane values [RB x RC / 2] summed per row -> [RB]."""
+    return tl.sum(tl.reshape(x, (RB, RC // 2)), 1)
+
+
+@triton.jit
 def _reduce_add(
-    s, c, src, scratch, tag, ctl, health, peers, rank, world, H: tl.constexpr,
-    RC: tl.constexpr, MAXROWS: tl.constexpr, O_RES: tl.constexpr, region, CPU: tl.constexpr,
+    g, c, src, scratch, nrows, tag, ctl, health, peers, rank, world, H: tl.constexpr,
+    RC: tl.constexpr, RB: tl.constexpr, MAXROWS: tl.constexpr, O_RES: tl.constexpr,
+    O_TOT: tl.constexpr, region: tl.constexpr, CPU: tl.constexpr,
 ):  # fmt: skip
-    """Row s, columns of chunk c: the ranks' bf16 pairs at `src` in rank order -> bf16,
-    plus the residual in fp32 (poisoned where a wait gave up); the new residual (bf16)
-    replaces the old. Returns the fp32 sums (low, high columns)."""
-    p = c * (RC // 2) + tl.arange(0, RC // 2)
+    """Row group g, chunk c: the ranks' bf16 pairs at `src` in rank order -> bf16, plus
+    the residual in fp32 (poisoned where a wait gave up) -> tot; the new residual (bf16)
+    replaces the old. Returns each row's sum of squares over the chunk."""
+    row, p = _lanes(g, c, RB, RC)
+    live = row < nrows
     lo, hi, ok = pt.reduce_bf16x2(
-        src + s * (H // 2) + p, MAXROWS * (H // 2), p >= 0, tag, ctl, health, peers, rank,
-        world, region, s * (H // 2) + c * (RC // 2), CPU,
+        src + row * (H // 2) + p, MAXROWS * (H // 2), live, tag, ctl, health, peers, rank,
+        world, region, row * (H // 2) + p, CPU,
     )  # fmt: skip
-    res = (scratch + O_RES).to(tl.pointer_type(tl.int32)) + s * (H // 2) + p
-    old = tl.load(res)
-    sl = tl.where(ok, _bf16(lo) + pt.bf16x2_lo(old), float("nan"))
-    th = tl.where(ok, _bf16(hi) + pt.bf16x2_hi(old), float("nan"))
-    tl.store(res, pt.bf16x2_pack(sl, th))
-    return sl, th
+    res = (scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p
+    old = tl.load(res, mask=live, other=0)
+    lo = tl.where(ok, _bf16(lo) + pt.bf16x2_lo(old), float("nan"))
+    hi = tl.where(ok, _bf16(hi) + pt.bf16x2_hi(old), float("nan"))
+    tl.store(res, pt.bf16x2_pack(lo, hi), mask=live)
+    return _store_tot(scratch, row, p, lo, hi, live, H, RB, RC, O_TOT)
+
+
+@triton.jit
+def _store_tot(
+    scratch, row, p, lo, hi, live, H: tl.constexpr, RB: tl.constexpr, RC: tl.constexpr,
+    O_TOT: tl.constexpr,
+):  # fmt: skip
+    """Keep a norm's fp32 input for its second pass; each row's sum of squares."""
+    tot = (scratch + O_TOT).to(tl.pointer_type(tl.float32)) + row * H + 2 * p
+    tl.store(tot, lo, mask=live)
+    tl.store(tot + 1, hi, mask=live)
+    return _per_row(tl.where(live, lo * lo + hi * hi, 0.0), RB, RC)
 
 
 @triton.jit
 def _normed_store(
-    s, w, dst, scratch, ss, H: tl.constexpr, RC: tl.constexpr, O_TOT: tl.constexpr, EPS,
-    ZERO,
+    g, w, dst, scratch, nrows, ss, zero, H: tl.constexpr, RC: tl.constexpr,
+    RB: tl.constexpr, O_TOT: tl.constexpr, EPS,
 ):  # fmt: skip
-    """Second pass of a row norm (`ir.ops.rms_norm`): the row's fp32 values (tot) times
-    rstd, rounded to bf16, times the weight (a bf16 product) -> dst (0 where ZERO)."""
+    """Second pass of a row norm (`ir.ops.rms_norm`): each row's fp32 values (tot) times
+    rstd, rounded to bf16, times the weight (a bf16 product) -> dst pairs (0 on rows
+    where `zero`, [RB] per row)."""
     tl.debug_barrier()
     rstd = 1.0 / tl.sqrt_rn(ss / H + EPS)
-    tot = (scratch + O_TOT).to(tl.pointer_type(tl.float32)) + s * H
     for c in tl.static_range(H // RC):
-        p = c * (RC // 2) + tl.arange(0, RC // 2)
-        lo = tl.load(tot + 2 * p, volatile=True)
-        hi = tl.load(tot + 2 * p + 1, volatile=True)
+        row, p = _lanes(g, c, RB, RC)
+        live = row < nrows
+        r = tl.reshape(tl.broadcast_to(rstd[:, None], (RB, RC // 2)), (RB * (RC // 2),))
+        z = tl.reshape(tl.broadcast_to(zero[:, None], (RB, RC // 2)), (RB * (RC // 2),))
+        tot = (scratch + O_TOT).to(tl.pointer_type(tl.float32)) + row * H + 2 * p
+        lo = tl.load(tot, mask=live, other=0.0, volatile=True)
+        hi = tl.load(tot + 1, mask=live, other=0.0, volatile=True)
         wl = tl.load(w + 2 * p).to(tl.float32)
         wh = tl.load(w + 2 * p + 1).to(tl.float32)
-        packed = pt.bf16x2_pack(_bf16(lo * rstd) * wl, _bf16(hi * rstd) * wh)
-        tl.store(dst + s * (H // 2) + p, tl.where(ZERO, 0, packed))
-
-
-@triton.jit
-def _store_tot(scratch, s, c, lo, hi, H: tl.constexpr, RC: tl.constexpr, O_TOT: tl.constexpr):
-    p = c * (RC // 2) + tl.arange(0, RC // 2)
-    tot = (scratch + O_TOT).to(tl.pointer_type(tl.float32)) + s * H
-    tl.store(tot + 2 * p, lo)
-    tl.store(tot + 2 * p + 1, hi)
-    return tl.sum(lo * lo + hi * hi, 0)
+        packed = pt.bf16x2_pack(_bf16(lo * r) * wl, _bf16(hi * r) * wh)
+        tl.store(dst + row * (H // 2) + p, tl.where(z, 0, packed), mask=live)
 
 
 @triton.jit
 def _norm(
-    s, k, embeds, lw, scratch, nrows, me, tag, ctl, health, peers, rank, world,
-    H: tl.constexpr, RC: tl.constexpr, MAXROWS: tl.constexpr, O_RES: tl.constexpr,
-    O_XA: tl.constexpr, O_TOT: tl.constexpr, P_AR2: tl.constexpr, R_AR2: tl.constexpr,
-    EPS: tl.constexpr, CPU: tl.constexpr,
+    g, k, embeds, lw, scratch, nrows, me, tag, ctl, health, peers, rank, world,
+    H: tl.constexpr, RC: tl.constexpr, RB: tl.constexpr, MAXROWS: tl.constexpr,
+    O_RES: tl.constexpr, O_XA: tl.constexpr, O_TOT: tl.constexpr, P_AR2: tl.constexpr,
+    R_AR2: tl.constexpr, EPS: tl.constexpr, CPU: tl.constexpr,
 ):  # fmt: skip
-    """Row s's attention input: layer 0 normalizes the embedding (the residual); layer k
-    adds the ranks' MLP partials of layer k - 1 (tagged `tag`) to the residual first
-    (`fused_allreduce_rms_norm`)."""
-    if s < nrows:
-        ss = 0.0
-        for c in tl.static_range(H // RC):
-            if k == 0:
-                p = c * (RC // 2) + tl.arange(0, RC // 2)
-                e = tl.load(embeds + s * (H // 2) + p)
-                tl.store((scratch + O_RES).to(tl.pointer_type(tl.int32)) + s * (H // 2) + p, e)
-                lo, hi = pt.bf16x2_lo(e), pt.bf16x2_hi(e)
-            else:
-                lo, hi = _reduce_add(
-                    s, c, me + P_AR2 // 8, scratch, tag, ctl, health, peers, rank, world, H,
-                    RC, MAXROWS, O_RES, R_AR2, CPU,
-                )  # fmt: skip
-            ss += _store_tot(scratch, s, c, lo, hi, H, RC, O_TOT)
-        _normed_store(
-            s, _ptr(lw, _W_IN, tl.bfloat16), (scratch + O_XA).to(tl.pointer_type(tl.int32)),
-            scratch, ss, H, RC, O_TOT, EPS, False,
-        )  # fmt: skip
+    """Row group g's attention input: layer 0 normalizes the embedding (the residual);
+    layer k adds the ranks' MLP partials of layer k - 1 (tagged `tag`) to the residual
+    first (`fused_allreduce_rms_norm`)."""
+    ss = tl.zeros((RB,), tl.float32)
+    for c in tl.static_range(H // RC):
+        if k == 0:
+            row, p = _lanes(g, c, RB, RC)
+            live = row < nrows
+            e = tl.load(embeds + row * (H // 2) + p, mask=live, other=0)
+            res = (scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p
+            tl.store(res, e, mask=live)
+            ss += _store_tot(
+                scratch, row, p, pt.bf16x2_lo(e), pt.bf16x2_hi(e), live, H, RB, RC, O_TOT
+            )
+        else:
+            ss += _reduce_add(
+                g, c, me + P_AR2 // 8, scratch, nrows, tag, ctl, health, peers, rank, world,
+                H, RC, RB, MAXROWS, O_RES, O_TOT, R_AR2, CPU,
+            )  # fmt: skip
+    _normed_store(
+        g, _ptr(lw, _W_IN, tl.bfloat16), (scratch + O_XA).to(tl.pointer_type(tl.int32)),
+        scratch, nrows, ss, ss != ss, H, RC, RB, O_TOT, EPS,
+    )  # fmt: skip
 
 
 @triton.jit
 def _add_norm(
-    s, w, src, scratch, nrows, tag, ctl, health, peers, rank, world, H: tl.constexpr,
-    RC: tl.constexpr, MAXROWS: tl.constexpr, O_RES: tl.constexpr, O_X: tl.constexpr,
-    O_TOT: tl.constexpr, region: tl.constexpr, EPS: tl.constexpr, CPU: tl.constexpr,
+    g, w, src, dst, scratch, nrows, zero, tag, ctl, health, peers, rank, world,
+    H: tl.constexpr, RC: tl.constexpr, RB: tl.constexpr, MAXROWS: tl.constexpr,
+    O_RES: tl.constexpr, O_TOT: tl.constexpr, region: tl.constexpr, EPS: tl.constexpr,
+    CPU: tl.constexpr,
 ):  # fmt: skip
-    """Row s: the ranks' partials at `src` + the residual -> new residual; norm -> x."""
-    if s < nrows:
-        ss = 0.0
-        for c in tl.static_range(H // RC):
-            lo, hi = _reduce_add(
-                s, c, src, scratch, tag, ctl, health, peers, rank, world, H, RC, MAXROWS,
-                O_RES, region, CPU,
-            )  # fmt: skip
-            ss += _store_tot(scratch, s, c, lo, hi, H, RC, O_TOT)
-        _normed_store(
-            s, w, (scratch + O_X).to(tl.pointer_type(tl.int32)), scratch, ss, H, RC, O_TOT,
-            EPS, False,
+    """Row group g: the ranks' partials at `src` + the residual -> the new residual; the
+    norm with `w` -> dst pairs (0 on rows where `zero`)."""
+    ss = tl.zeros((RB,), tl.float32)
+    for c in tl.static_range(H // RC):
+        ss += _reduce_add(
+            g, c, src, scratch, nrows, tag, ctl, health, peers, rank, world, H, RC, RB,
+            MAXROWS, O_RES, O_TOT, region, CPU,
         )  # fmt: skip
-
-
-@triton.jit
-def _rope_pairs(x, pos, rope, j, R: tl.constexpr):
-    """GPT-J RoPE of the pairs (x[2j], x[2j + 1]) at `pos` from the fp32 cos/sin table, in
-    fp32, rounded to bf16: (even, odd) as fp32."""
-    e = tl.load(x + 2 * j).to(tl.float32)
-    o = tl.load(x + 2 * j + 1).to(tl.float32)
-    cos = tl.load(rope + pos * R + j)
-    sin = tl.load(rope + pos * R + R // 2 + j)
-    return _bf16(e * cos - o * sin), _bf16(o * cos + e * sin)
+    _normed_store(g, w, dst, scratch, nrows, ss, zero, H, RC, RB, O_TOT, EPS)
 
 
 @triton.jit
 def _qkvn(
-    s, lw, positions, slot_mapping, rope, scratch, nrows, QL: tl.constexpr, L: tl.constexpr,
-    R: tl.constexpr, QC: tl.constexpr, O_QKV: tl.constexpr, O_QC: tl.constexpr,
-    EPS: tl.constexpr, FP8: tl.constexpr,
+    g, lw, positions, slot_mapping, rope, scratch, nrows, QL: tl.constexpr, L: tl.constexpr,
+    R: tl.constexpr, QC: tl.constexpr, RB: tl.constexpr, O_QKV: tl.constexpr,
+    O_QC: tl.constexpr, EPS: tl.constexpr, FP8: tl.constexpr,
 ):  # fmt: skip
-    """Row s: q_a_layernorm of q_c -> qc; kv_a_layernorm of kv_c and RoPE of k_pe -> the
-    layer's cache entry at the row's slot (`fused_q_kv_rmsnorm` rounds once; an fp8 cache
-    stores e4m3 of x / k_scale)."""
-    if s < nrows:
-        row = (scratch + O_QKV).to(tl.pointer_type(tl.bfloat16)) + s * (QL + L + R)
-        qc = (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)) + s * QL
-        qw = _ptr(lw, _W_QALN, tl.bfloat16)
-        ss = 0.0
-        for c in tl.static_range(QL // QC):
-            x = tl.load(row + c * QC + tl.arange(0, QC)).to(tl.float32)
-            ss += tl.sum(x * x, 0)
-        rstd = 1.0 / tl.sqrt_rn(ss / QL + EPS)
-        for c in tl.static_range(QL // QC):
-            i = c * QC + tl.arange(0, QC)
-            x = tl.load(row + i).to(tl.float32)
-            tl.store(qc + i, _bf16(x * rstd * tl.load(qw + i).to(tl.float32)).to(tl.bfloat16))
-        li = tl.arange(0, L)
-        kv = tl.load(row + QL + li).to(tl.float32)
-        kstd = 1.0 / tl.sqrt_rn(tl.sum(kv * kv, 0) / L + EPS)
-        kv = _bf16(kv * kstd * tl.load(_ptr(lw, _W_KVALN, tl.bfloat16) + li).to(tl.float32))
-        j = tl.arange(0, R // 2)
-        pe_e, pe_o = _rope_pairs(row + QL + L, tl.load(positions + s), rope, j, R)
-        dst = tl.load(slot_mapping + s)
-        if dst >= 0:
-            if FP8:
-                ks = tl.load(_ptr(lw, _W_KS, tl.float32))
-                cache = _ptr(lw, _W_CACHE, tl.uint8) + dst * (L + R)
-                tl.store(cache + li, _fp8_bits(kv * (1.0 / ks)).to(tl.uint8))
-                tl.store(cache + L + 2 * j, _fp8_bits(pe_e * (1.0 / ks)).to(tl.uint8))
-                tl.store(cache + L + 2 * j + 1, _fp8_bits(pe_o * (1.0 / ks)).to(tl.uint8))
-            else:
-                cache = _ptr(lw, _W_CACHE, tl.bfloat16) + dst * (L + R)
-                tl.store(cache + li, kv.to(tl.bfloat16))
-                tl.store(cache + L + 2 * j, pe_e.to(tl.bfloat16))
-                tl.store(cache + L + 2 * j + 1, pe_o.to(tl.bfloat16))
+    """Row group g: q_a_layernorm of q_c -> qc; kv_a_layernorm of kv_c and GPT-J RoPE of
+    k_pe (fp32 table, fp32 math) -> the layer's cache entry at each row's slot, none for a
+    negative slot (`fused_q_kv_rmsnorm` rounds once; an fp8 cache stores e4m3 of
+    x / k_scale)."""
+    row = g * RB + tl.arange(0, RB)
+    live = row < nrows
+    src = (scratch + O_QKV).to(tl.pointer_type(tl.bfloat16)) + row[:, None] * (QL + L + R)
+    qc = (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)) + row[:, None] * QL
+    qw = _ptr(lw, _W_QALN, tl.bfloat16)
+    ss = tl.zeros((RB,), tl.float32)
+    for c in tl.static_range(QL // QC):
+        x = tl.load(src + c * QC + tl.arange(0, QC)[None, :]).to(tl.float32)
+        ss += tl.sum(x * x, 1)
+    rstd = 1.0 / tl.sqrt_rn(ss / QL + EPS)
+    for c in tl.static_range(QL // QC):
+        i = c * QC + tl.arange(0, QC)[None, :]
+        x = tl.load(src + i).to(tl.float32) * rstd[:, None]
+        tl.store(qc + i, _bf16(x * tl.load(qw + i).to(tl.float32)).to(tl.bfloat16),
+                 mask=live[:, None])  # fmt: skip
+    li = tl.arange(0, L)[None, :]
+    kv = tl.load(src + QL + li).to(tl.float32)
+    kstd = 1.0 / tl.sqrt_rn(tl.sum(kv * kv, 1) / L + EPS)
+    kv = _bf16(kv * kstd[:, None] * tl.load(_ptr(lw, _W_KVALN, tl.bfloat16) + li).to(tl.float32))
+    j = tl.arange(0, R // 2)[None, :]
+    pos = tl.load(positions + row, mask=live, other=0)[:, None]
+    e = tl.load(src + QL + L + 2 * j).to(tl.float32)
+    o = tl.load(src + QL + L + 2 * j + 1).to(tl.float32)
+    cos = tl.load(rope + pos * R + j)
+    sin = tl.load(rope + pos * R + R // 2 + j)
+    pe_e = _bf16(e * cos - o * sin)
+    pe_o = _bf16(o * cos + e * sin)
+    dst = tl.load(slot_mapping + row, mask=live, other=-1)
+    m = (dst >= 0)[:, None]
+    at = dst[:, None] * (L + R)
+    if FP8:
+        ks = 1.0 / tl.load(_ptr(lw, _W_KS, tl.float32))
+        cache = _ptr(lw, _W_CACHE, tl.uint8) + at
+        tl.store(cache + li, _fp8_bits(kv * ks).to(tl.uint8), mask=m)
+        tl.store(cache + L + 2 * j, _fp8_bits(pe_e * ks).to(tl.uint8), mask=m)
+        tl.store(cache + L + 2 * j + 1, _fp8_bits(pe_o * ks).to(tl.uint8), mask=m)
+    else:
+        cache = _ptr(lw, _W_CACHE, tl.bfloat16) + at
+        tl.store(cache + li, kv.to(tl.bfloat16), mask=m)
+        tl.store(cache + L + 2 * j, pe_e.to(tl.bfloat16), mask=m)
+        tl.store(cache + L + 2 * j + 1, pe_o.to(tl.bfloat16), mask=m)
 
 
 @triton.jit
@@ -562,34 +600,35 @@ def _absorb(
     qlat = (scratch + O_QLAT).to(tl.pointer_type(tl.bfloat16)) + h * ROWSP * L
     n = tl.arange(0, TILE)
     for tt in tl.static_range(TILES):
-        tok = tt * TILE + n
-        xt = tl.load(q + tok[None, :] * (NH * (P + R)) + h * (P + R) + pi[:, None])  # [P, 16]
-        acc = _bf16(_dot(wt, xt, tl.zeros((LA, TILE), tl.float32), CPU))
-        if FP8:
-            acc = _fp8_trip(acc, qs)
-        tl.store(
-            qlat + tok[None, :] * L + lcol[:, None],
-            acc.to(tl.bfloat16),
-            mask=(tok < nrows)[None, :],
-        )
-        if c == 0:
-            j = tl.arange(0, RP // 2)
-            jm = (j < R // 2)[None, :]
-            pos = tl.load(positions + tok, mask=tok < nrows, other=0)
-            src = q + tok[:, None] * (NH * (P + R)) + h * (P + R) + P
-            e = tl.load(src + 2 * j[None, :], mask=jm, other=0.0).to(tl.float32)
-            o = tl.load(src + 2 * j[None, :] + 1, mask=jm, other=0.0).to(tl.float32)
-            cos = tl.load(rope + pos[:, None] * R + j[None, :], mask=jm, other=0.0)
-            sin = tl.load(rope + pos[:, None] * R + R // 2 + j[None, :], mask=jm, other=0.0)
-            re = _bf16(e * cos - o * sin)
-            ro = _bf16(o * cos + e * sin)
+        if tt * TILE < nrows:
+            tok = tt * TILE + n
+            xt = tl.load(q + tok[None, :] * (NH * (P + R)) + h * (P + R) + pi[:, None])  # [P, 16]
+            acc = _bf16(_dot(wt, xt, tl.zeros((LA, TILE), tl.float32), CPU))
             if FP8:
-                re = _fp8_trip(re, qs)
-                ro = _fp8_trip(ro, qs)
-            qpe = (scratch + O_QPE).to(tl.pointer_type(tl.bfloat16)) + h * ROWSP * RP
-            m = (tok < nrows)[:, None]
-            tl.store(qpe + tok[:, None] * RP + 2 * j[None, :], re.to(tl.bfloat16), mask=m)
-            tl.store(qpe + tok[:, None] * RP + 2 * j[None, :] + 1, ro.to(tl.bfloat16), mask=m)
+                acc = _fp8_trip(acc, qs)
+            tl.store(
+                qlat + tok[None, :] * L + lcol[:, None],
+                acc.to(tl.bfloat16),
+                mask=(tok < nrows)[None, :],
+            )
+            if c == 0:
+                j = tl.arange(0, RP // 2)
+                jm = (j < R // 2)[None, :]
+                pos = tl.load(positions + tok, mask=tok < nrows, other=0)
+                src = q + tok[:, None] * (NH * (P + R)) + h * (P + R) + P
+                e = tl.load(src + 2 * j[None, :], mask=jm, other=0.0).to(tl.float32)
+                o = tl.load(src + 2 * j[None, :] + 1, mask=jm, other=0.0).to(tl.float32)
+                cos = tl.load(rope + pos[:, None] * R + j[None, :], mask=jm, other=0.0)
+                sin = tl.load(rope + pos[:, None] * R + R // 2 + j[None, :], mask=jm, other=0.0)
+                re = _bf16(e * cos - o * sin)
+                ro = _bf16(o * cos + e * sin)
+                if FP8:
+                    re = _fp8_trip(re, qs)
+                    ro = _fp8_trip(ro, qs)
+                qpe = (scratch + O_QPE).to(tl.pointer_type(tl.bfloat16)) + h * ROWSP * RP
+                m = (tok < nrows)[:, None]
+                tl.store(qpe + tok[:, None] * RP + 2 * j[None, :], re.to(tl.bfloat16), mask=m)
+                tl.store(qpe + tok[:, None] * RP + 2 * j[None, :] + 1, ro.to(tl.bfloat16), mask=m)
 
 
 @triton.jit
@@ -608,7 +647,7 @@ def _entries(cache, slots, valid, col0, cols, ncols, ks, FP8: tl.constexpr, ENTR
 
 @triton.jit
 def _attn(
-    r, g, j, lw, block_table, seq_lens, scratch, nreq, bt_stride, L: tl.constexpr,
+    r, g, j, lw, block_table, seq_lens, scratch, bt_stride, L: tl.constexpr,
     R: tl.constexpr, Q: tl.constexpr, BS: tl.constexpr, ROWSP: tl.constexpr,
     HG: tl.constexpr, NHG: tl.constexpr, QHR: tl.constexpr, RP: tl.constexpr,
     NSPLIT: tl.constexpr, O_QLAT: tl.constexpr, O_QPE: tl.constexpr, O_PO: tl.constexpr,
@@ -625,21 +664,16 @@ def _attn(
     head = g * HG + i // Q
     li = tl.arange(0, L)
     ri = tl.arange(0, RP)
-    seq = 0
-    if r < nreq:
-        seq = tl.load(seq_lens + r)
-        tok = r * Q + i % Q
-        qlat = (scratch + O_QLAT).to(tl.pointer_type(tl.bfloat16))
-        qpe = (scratch + O_QPE).to(tl.pointer_type(tl.bfloat16))
-        ql = tl.load(
-            qlat + (head * ROWSP + tok)[:, None] * L + li[None, :], mask=qm[:, None], other=0.0
-        )
-        qp = tl.load(
-            qpe + (head * ROWSP + tok)[:, None] * RP + ri[None, :], mask=qm[:, None], other=0.0
-        )
-    else:
-        ql = tl.zeros((QHR, L), tl.bfloat16)
-        qp = tl.zeros((QHR, RP), tl.bfloat16)
+    seq = tl.load(seq_lens + r)
+    tok = r * Q + i % Q
+    qlat = (scratch + O_QLAT).to(tl.pointer_type(tl.bfloat16))
+    qpe = (scratch + O_QPE).to(tl.pointer_type(tl.bfloat16))
+    ql = tl.load(
+        qlat + (head * ROWSP + tok)[:, None] * L + li[None, :], mask=qm[:, None], other=0.0
+    )
+    qp = tl.load(
+        qpe + (head * ROWSP + tok)[:, None] * RP + ri[None, :], mask=qm[:, None], other=0.0
+    )
     pages = (seq + BS - 1) // BS
     per = (pages + NSPLIT - 1) // NSPLIT
     p0 = j * per
@@ -677,7 +711,7 @@ def _attn(
 
 @triton.jit
 def _comb(
-    r, g, lw, scratch, nreq, L: tl.constexpr, P: tl.constexpr, V: tl.constexpr,
+    r, g, lw, scratch, L: tl.constexpr, P: tl.constexpr, V: tl.constexpr,
     NH: tl.constexpr, Q: tl.constexpr, ROWSP: tl.constexpr, HG: tl.constexpr,
     NHG: tl.constexpr, QHR: tl.constexpr, NSPLIT: tl.constexpr, LK: tl.constexpr,
     O_PO: tl.constexpr, O_PM: tl.constexpr, O_PL: tl.constexpr, O_LAT: tl.constexpr,
@@ -686,48 +720,47 @@ def _comb(
     """Request r, head group g: the splits' partials merged in split order (a padding
     request's rows, seq_len 0, come out 0) -> latent (bf16); then each head's W_UV
     (kv_b_proj's v rows: the dot's wide side) -> v (bf16)."""
-    if r < nreq:
-        i = tl.arange(0, QHR)
-        li = tl.arange(0, L)
-        part0 = (r * NHG + g) * NSPLIT
-        pm = (scratch + O_PM).to(tl.pointer_type(tl.float32)) + part0 * QHR + i
-        pl = (scratch + O_PL).to(tl.pointer_type(tl.float32)) + part0 * QHR + i
-        po = (scratch + O_PO).to(tl.pointer_type(tl.float32)) + (part0 * QHR + i)[:, None] * L
-        big = tl.full((QHR,), float("-inf"), tl.float32)
-        for j in tl.static_range(NSPLIT):
-            big = tl.maximum(big, tl.load(pm + j * QHR, volatile=True))
-        lsum = tl.zeros((QHR,), tl.float32)
-        acc = tl.zeros((QHR, L), tl.float32)
-        for j in tl.static_range(NSPLIT):
-            mj = tl.load(pm + j * QHR, volatile=True)
-            wj = tl.where(mj == float("-inf"), 0.0, tl.exp(mj - big))
-            lsum += wj * tl.load(pl + j * QHR, volatile=True)
-            acc += wj[:, None] * tl.load(po + j * QHR * L + li[None, :], volatile=True)
-        lat = tl.where(lsum[:, None] > 0, acc / lsum[:, None], 0.0)
-        head = g * HG + i // Q
-        tok = r * Q + i % Q
-        latp = (scratch + O_LAT).to(tl.pointer_type(tl.bfloat16))
+    i = tl.arange(0, QHR)
+    li = tl.arange(0, L)
+    part0 = (r * NHG + g) * NSPLIT
+    pm = (scratch + O_PM).to(tl.pointer_type(tl.float32)) + part0 * QHR + i
+    pl = (scratch + O_PL).to(tl.pointer_type(tl.float32)) + part0 * QHR + i
+    po = (scratch + O_PO).to(tl.pointer_type(tl.float32)) + (part0 * QHR + i)[:, None] * L
+    big = tl.full((QHR,), float("-inf"), tl.float32)
+    for j in tl.static_range(NSPLIT):
+        big = tl.maximum(big, tl.load(pm + j * QHR, volatile=True))
+    lsum = tl.zeros((QHR,), tl.float32)
+    acc = tl.zeros((QHR, L), tl.float32)
+    for j in tl.static_range(NSPLIT):
+        mj = tl.load(pm + j * QHR, volatile=True)
+        wj = tl.where(mj == float("-inf"), 0.0, tl.exp(mj - big))
+        lsum += wj * tl.load(pl + j * QHR, volatile=True)
+        acc += wj[:, None] * tl.load(po + j * QHR * L + li[None, :], volatile=True)
+    lat = tl.where(lsum[:, None] > 0, acc / lsum[:, None], 0.0)
+    head = g * HG + i // Q
+    tok = r * Q + i % Q
+    latp = (scratch + O_LAT).to(tl.pointer_type(tl.bfloat16))
+    tl.store(
+        latp + (head * ROWSP + tok)[:, None] * L + li[None, :],
+        _bf16(lat).to(tl.bfloat16),
+        mask=(i < HG * Q)[:, None],
+    )
+    tl.debug_barrier()
+    kvb = _ptr(lw, _W_KVB, tl.bfloat16)
+    vp = (scratch + O_V).to(tl.pointer_type(tl.bfloat16))
+    n = tl.arange(0, TILE)
+    vi = tl.arange(0, V)
+    for hh in tl.static_range(HG):
+        h = g * HG + hh
+        acc = st.stream_rows(
+            kvb, kvb, latp + (h * ROWSP + r * Q) * L, h * (P + V) + P, 0, L // LK, L, V,
+            LK, Q, 0, STAGES, CPU, ASM,
+        )  # fmt: skip
         tl.store(
-            latp + (head * ROWSP + tok)[:, None] * L + li[None, :],
-            _bf16(lat).to(tl.bfloat16),
-            mask=(i < HG * Q)[:, None],
+            vp + (r * Q + n)[None, :] * (NH * V) + (h * V + vi)[:, None],
+            _bf16(acc).to(tl.bfloat16),
+            mask=(n < Q)[None, :],
         )
-        tl.debug_barrier()
-        kvb = _ptr(lw, _W_KVB, tl.bfloat16)
-        vp = (scratch + O_V).to(tl.pointer_type(tl.bfloat16))
-        n = tl.arange(0, TILE)
-        vi = tl.arange(0, V)
-        for hh in tl.static_range(HG):
-            h = g * HG + hh
-            acc = st.stream_rows(
-                kvb, kvb, latp + (h * ROWSP + r * Q) * L, h * (P + V) + P, 0, L // LK, L, V,
-                LK, Q, 0, STAGES, CPU, ASM,
-            )  # fmt: skip
-            tl.store(
-                vp + (r * Q + n)[None, :] * (NH * V) + (h * V + vi)[:, None],
-                _bf16(acc).to(tl.bfloat16),
-                mask=(n < Q)[None, :],
-            )
 
 
 @triton.jit
@@ -740,9 +773,10 @@ def _project_push(
     bf16 partial -> every rank's reduction region (pairs at `off`)."""
     n = tl.arange(0, TILE)
     for tt in tl.static_range(TILES):
-        acc = st.stream_rows(w, w, x + tt * TILE * K, i * OC, 0, K // BK, K, OC, BK, TILE, 0,
-                             STAGES, CPU, ASM)  # fmt: skip
-        _push(peers, world, off, tt * TILE + n, nrows, acc, OC, i * (OC // 2), tag, H // 2)
+        if tt * TILE < nrows:
+            acc = st.stream_rows(w, w, x + tt * TILE * K, i * OC, 0, K // BK, K, OC, BK, TILE,
+                                 0, STAGES, CPU, ASM)  # fmt: skip
+            _push(peers, world, off, tt * TILE + n, nrows, acc, OC, i * (OC // 2), tag, H // 2)
 
 
 @triton.jit
@@ -758,44 +792,24 @@ def _gu(
     m = tl.arange(0, GB)
     n = tl.arange(0, TILE)
     for tt in tl.static_range(TILES):
-        xt = x + tt * TILE * H
-        g = _bf16(st.stream_rows(w, w, xt, i * GB, 0, H // HK, H, GB, HK, TILE, 0, STAGES,
-                                 CPU, ASM))  # fmt: skip
-        u = _bf16(st.stream_rows(w, w, xt, IL + i * GB, 0, H // HK, H, GB, HK, TILE, 0,
-                                 STAGES, CPU, ASM))  # fmt: skip
-        if SITU:
-            e = tl.exp(-2.0 * tl.abs(g))
-            th = (1.0 - e) / (1.0 + e)
-            a = tl.where(g < 0, -th, th) * tl.sigmoid(g) * u
-        else:
-            a = g * tl.sigmoid(g) * u
-        tok = tt * TILE + n
-        tl.store(
-            mid + tok[None, :] * IL + (i * GB + m)[:, None],
-            _bf16(a).to(tl.bfloat16),
-            mask=(tok < nrows)[None, :],
-        )
-
-
-@triton.jit
-def _final(
-    s, final_norm, out, seq_lens, src, scratch, nrows, tag, ctl, health, peers, rank, world,
-    H: tl.constexpr, Q: tl.constexpr, RC: tl.constexpr, MAXROWS: tl.constexpr,
-    O_RES: tl.constexpr, O_TOT: tl.constexpr, region: tl.constexpr, EPS: tl.constexpr,
-    CPU: tl.constexpr,
-):  # fmt: skip
-    """Row s: the last layer's MLP partials + the residual, final_norm -> out (0 on a
-    padding request's rows)."""
-    if s < nrows:
-        ss = 0.0
-        for c in tl.static_range(H // RC):
-            lo, hi = _reduce_add(
-                s, c, src, scratch, tag, ctl, health, peers, rank, world, H, RC, MAXROWS,
-                O_RES, region, CPU,
-            )  # fmt: skip
-            ss += _store_tot(scratch, s, c, lo, hi, H, RC, O_TOT)
-        pad = tl.load(seq_lens + s // Q) == 0
-        _normed_store(s, final_norm, out, scratch, ss, H, RC, O_TOT, EPS, pad)
+        if tt * TILE < nrows:
+            xt = x + tt * TILE * H
+            g = _bf16(st.stream_rows(w, w, xt, i * GB, 0, H // HK, H, GB, HK, TILE, 0, STAGES,
+                                     CPU, ASM))  # fmt: skip
+            u = _bf16(st.stream_rows(w, w, xt, IL + i * GB, 0, H // HK, H, GB, HK, TILE, 0,
+                                     STAGES, CPU, ASM))  # fmt: skip
+            if SITU:
+                e = tl.exp(-2.0 * tl.abs(g))
+                th = (1.0 - e) / (1.0 + e)
+                a = tl.where(g < 0, -th, th) * tl.sigmoid(g) * u
+            else:
+                a = g * tl.sigmoid(g) * u
+            tok = tt * TILE + n
+            tl.store(
+                mid + tok[None, :] * IL + (i * GB + m)[:, None],
+                _bf16(a).to(tl.bfloat16),
+                mask=(tok < nrows)[None, :],
+            )
 
 
 # -- host side ---------------------------------------------------------------------------
@@ -847,6 +861,8 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         LK=p.lk,
         RC=p.rc,
         QC=p.qc,
+        RB=p.rb,
+        NRG=b.rows // p.rb,
         W2=p2(max(n for _, n in layer_stages(b))),
         STAGES=p.stages,
         PER_LAYER=per_layer(b),
