@@ -13,8 +13,10 @@ residency and under the interpreter, where programs run one after another:
                      new prefix (reset: o; else bf16(prefix + o)) -> `pnew` and, on live
                      rows, the prefix; per-source sums of squares and dots with
                      mlp_res_norm * mlp_res_proj over the chunk -> `ssq`, `dot`
-    row      S       row s: softmax over the sources (blocks 0..sources-1, the prefix),
-                     the mix, post_attention_layernorm -> x (bf16)
+    mix      S x NCH row s, the same columns: softmax over the sources (blocks
+                     0..sources-1, the prefix) -> the mix (fp32) and its sum of squares
+    norm     S x NCH row s, the same columns: post_attention_layernorm over the row's
+                     sums -> x (bf16)
     router   NR x DKS  16 rows of this rank's E/tp router rows, one of DKS parts of K
                      (= H); the last part to finish sums the parts in order: fp32 logits
                      -> every rank's `lg`
@@ -150,8 +152,8 @@ class Plan:
     oc: int  # o_proj output columns of an oproj item
     no: int  # oproj items
     obk: int  # its K step (K = Ko)
-    rc: int  # columns of a col item (and of a row item's chunk)
-    nch: int  # col items per row
+    rc: int  # columns of a col, mix or norm item
+    nch: int  # col (mix, norm) items per row
     nr: int  # router row blocks (16 rows each)
     rbk: int  # their K step (K = H)
     dks: int  # K parts of the router, latdown and shup row blocks (items per block)
@@ -230,7 +232,8 @@ class Plan:
 STAGES = (
     "oproj",
     "col",
-    "row",
+    "mix",
+    "norm",
     "router",
     "latdown",
     "shup",
@@ -254,7 +257,8 @@ def stages(b: K2Build, final: bool = True) -> list[tuple[str, int]]:
     counts = dict(
         oproj=p.no,
         col=s * p.nch,
-        row=s,
+        mix=s * p.nch,
+        norm=s * p.nch,
         router=p.nr * p.dks,
         latdown=p.nl * p.dks,
         shup=p.nsu * p.dks,
@@ -297,10 +301,12 @@ def waits(b: K2Build, nslots: int) -> dict[int, list[int]]:
         return list(range(st[stage] + first, st[stage] + first + n))
 
     for r in range(s):
-        out[st["row"] + r] = span("col", r * p.nch, p.nch)
+        for ch in range(p.nch):
+            out[st["mix"] + r * p.nch + ch] = span("col", r * p.nch, p.nch)
+            out[st["norm"] + r * p.nch + ch] = span("mix", r * p.nch, p.nch)
     for stage in ("router", "latdown", "shup"):
         for t in span(stage):
-            out[t] = span("row")
+            out[t] = span("norm")
     for t in span("shdown"):
         out[t] = span("shup")
     out[st["union"]] = span("route")
@@ -347,7 +353,8 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
     pnew   bf16[S, H]   the new prefix (every row: padding rows mix it but never store it)
     ssq    fp32[S, NB + 1, NCH]  per row, source (blocks, then the prefix at NB) and chunk
     dot    fp32[S, NB + 1, NCH]  the same, dot with mlp_res_norm * mlp_res_proj
-    mix    fp32[S, H]   the AttnRes mix (a row item's two passes)
+    mix    fp32[S, H]   the AttnRes mix (mix items -> norm items)
+    ssq2   fp32[S, NCH] the mix's sum of squares, by chunk
     x      bf16[S, H]   the MoE input
     smid   bf16[S, SI]  the shared expert's SiTU output
     xlat   bf16[S, LAT] the gathered latent input of the routed experts
@@ -369,6 +376,7 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
             ("ssq", 4 * s * (nb + 1) * b.plan.nch),
             ("dot", 4 * s * (nb + 1) * b.plan.nch),
             ("mix", 4 * s * h),
+            ("ssq2", 4 * s * b.plan.nch),
             ("x", 2 * s * h),
             ("smid", 2 * s * c.shared_intermediate),
             ("xlat", 2 * s * lat),

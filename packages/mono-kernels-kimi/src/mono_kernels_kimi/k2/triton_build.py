@@ -202,6 +202,7 @@ def k2_kernel(
     S2: tl.constexpr,
     NS2: tl.constexpr,
     NCH2: tl.constexpr,
+    SNCH2: tl.constexpr,
     NSU2: tl.constexpr,
     NC2: tl.constexpr,
     SNF2: tl.constexpr,
@@ -211,7 +212,8 @@ def k2_kernel(
     SK2: tl.constexpr,
     WT2: tl.constexpr,
     T_COL: tl.constexpr,
-    T_ROW: tl.constexpr,
+    T_MIX: tl.constexpr,
+    T_NORM: tl.constexpr,
     T_ROUTER: tl.constexpr,
     T_LATDOWN: tl.constexpr,
     T_SHUP: tl.constexpr,
@@ -231,6 +233,7 @@ def k2_kernel(
     O_SSQ: tl.constexpr,
     O_DOT: tl.constexpr,
     O_MIX: tl.constexpr,
+    O_SSQ2: tl.constexpr,
     O_X: tl.constexpr,
     O_SMID: tl.constexpr,
     O_XLAT: tl.constexpr,
@@ -281,7 +284,7 @@ def k2_kernel(
             _oproj(
                 t, core, o_proj, peers, rank, world, tag, S, H, KO, OC, OBK, STAGES, P_AR1, CPU, ASM
             )
-        elif t < T_ROW:
+        elif t < T_MIX:
             _col(
                 t,
                 (t - T_COL) // NCH,
@@ -316,10 +319,11 @@ def k2_kernel(
                 R_AR1,
                 CPU,
             )
-        elif t < T_ROUTER:
+        elif t < T_NORM:
+            s_ = (t - T_MIX) // NCH
             _wait(
                 done,
-                T_COL + (t - T_ROW) * NCH,
+                T_COL + s_ * NCH,
                 NCH,
                 NCH2,
                 tag,
@@ -331,10 +335,10 @@ def k2_kernel(
                 R_ITEMS,
                 CPU,
             )
-            _row(
-                t - T_ROW,
+            _mix(
+                s_,
+                (t - T_MIX) % NCH,
                 blocks,
-                post_norm,
                 scratch,
                 blocks_row,
                 blocks_block,
@@ -349,13 +353,31 @@ def k2_kernel(
                 O_SSQ,
                 O_DOT,
                 O_MIX,
-                O_X,
+                O_SSQ2,
                 EPS,
             )
             pt.ticket_finish(done, t, tag)
+        elif t < T_ROUTER:
+            s_ = (t - T_NORM) // NCH
+            _wait(
+                done,
+                T_MIX + s_ * NCH,
+                NCH,
+                NCH2,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                R_ITEMS,
+                CPU,
+            )
+            _norm(s_, (t - T_NORM) % NCH, post_norm, scratch, H, RC, NCH, O_MIX, O_SSQ2, O_X, EPS)
+            pt.ticket_finish(done, t, tag)
         elif t < T_SHDOWN:
             # router, latent down and shared up, each split over DKS parts of K: all read
-            # x, every row of it; their weights are asked of L2 while the row items land
+            # x, every row of it; their weights are asked of L2 while the norm items land
             kp = (t - T_ROUTER) % DKS  # every stage of the three has DKS parts an item
             cnt = (scratch + O_COUNT).to(tl.pointer_type(tl.int32)) + (t - T_ROUTER) // DKS
             buf = (scratch + O_KPART).to(tl.pointer_type(tl.float32))
@@ -371,7 +393,7 @@ def k2_kernel(
                 w = shared_w13 + ((t - T_SHUP) // DKS) * SB * H + kp * (H // DKS)
                 _prefetch(w, 2 * H, 2 * (H // DKS), SB, CPU, ASM)
                 _prefetch(w + SI * H, 2 * H, 2 * (H // DKS), SB, CPU, ASM)
-            _wait(done, T_ROW, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+            _wait(done, T_NORM, S * NCH, SNCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
             x = (scratch + O_X).to(tl.pointer_type(tl.bfloat16))
             if t < T_LATDOWN:
                 g = (t - T_ROUTER) // DKS
@@ -809,10 +831,10 @@ def _col(
 
 
 @triton.jit
-def _row(
+def _mix(
     s,
+    ch,
     blocks,
-    post_norm,
     scratch,
     blocks_row,
     blocks_block,
@@ -827,57 +849,61 @@ def _row(
     O_SSQ: tl.constexpr,
     O_DOT: tl.constexpr,
     O_MIX: tl.constexpr,
-    O_X: tl.constexpr,
+    O_SSQ2: tl.constexpr,
     EPS: tl.constexpr,
 ):
-    """Row s's MoE input: softmax over the sources of (dot x rstd), the mix (blocks in
-    order, then the prefix), then post_attention_layernorm -> x (bf16)."""
+    """Row s, columns [ch RC, (ch + 1) RC): softmax over the sources of (dot x rstd), then
+    the mix (blocks in order, then the prefix) -> mix (fp32) and its sum of squares."""
     jj = tl.arange(0, NS2)
     cc = tl.arange(0, NCH2)
     m2 = (jj[:, None] <= NB) & (cc[None, :] < NCH)
     off = s * ((NB + 1) * NCH) + jj[:, None] * NCH + cc[None, :]
-    sq = tl.sum(
-        tl.load(
-            (scratch + O_SSQ).to(tl.pointer_type(tl.float32)) + off,
-            mask=m2,
-            other=0.0,
-            volatile=True,
-        ),
-        1,
-    )
-    dt = tl.sum(
-        tl.load(
-            (scratch + O_DOT).to(tl.pointer_type(tl.float32)) + off,
-            mask=m2,
-            other=0.0,
-            volatile=True,
-        ),
-        1,
-    )
+    ssq = (scratch + O_SSQ).to(tl.pointer_type(tl.float32))
+    dot = (scratch + O_DOT).to(tl.pointer_type(tl.float32))
+    sq = tl.sum(tl.load(ssq + off, mask=m2, other=0.0, volatile=True), 1)
+    dt = tl.sum(tl.load(dot + off, mask=m2, other=0.0, volatile=True), 1)
     valid = (jj < sources) | (jj == NB)
     logit = tl.where(valid, dt / tl.sqrt_rn(sq / H + EPS), float("-inf"))
     ex = tl.where(valid, tl.exp(logit - tl.max(logit, 0)), 0.0)
     wts = ex / tl.sum(ex, 0)
-    wpre = tl.sum(tl.where(jj == NB, wts, 0.0), 0)
+    k = ch * RC + tl.arange(0, RC)
+    acc = tl.zeros((RC,), tl.float32)
+    for j in range(0, sources):
+        wj = tl.sum(tl.where(jj == j, wts, 0.0), 0)
+        acc += wj * tl.load(blocks + s * blocks_row + j * blocks_block + k).to(tl.float32)
     pnew = (scratch + O_PNEW).to(tl.pointer_type(tl.bfloat16)) + s * H
-    mix = (scratch + O_MIX).to(tl.pointer_type(tl.float32)) + s * H
+    acc += tl.sum(tl.where(jj == NB, wts, 0.0), 0) * tl.load(pnew + k, volatile=True).to(tl.float32)
+    tl.store((scratch + O_MIX).to(tl.pointer_type(tl.float32)) + s * H + k, acc)
+    tl.store(
+        (scratch + O_SSQ2).to(tl.pointer_type(tl.float32)) + s * NCH + ch, tl.sum(acc * acc, 0)
+    )
+
+
+@triton.jit
+def _norm(
+    s,
+    ch,
+    post_norm,
+    scratch,
+    H: tl.constexpr,
+    RC: tl.constexpr,
+    NCH: tl.constexpr,
+    O_MIX: tl.constexpr,
+    O_SSQ2: tl.constexpr,
+    O_X: tl.constexpr,
+    EPS: tl.constexpr,
+):
+    """Row s, the same columns: post_attention_layernorm over the row's chunk sums (in
+    chunk order) -> x (bf16), the MoE input."""
+    ssq2 = (scratch + O_SSQ2).to(tl.pointer_type(tl.float32)) + s * NCH
     ss = tl.sum(tl.zeros((2,), tl.float32), 0)
-    for q in tl.static_range(NCH):
-        k = q * RC + tl.arange(0, RC)
-        acc = tl.zeros((RC,), tl.float32)
-        for j in range(0, sources):
-            wj = tl.sum(tl.where(jj == j, wts, 0.0), 0)
-            acc += wj * tl.load(blocks + s * blocks_row + j * blocks_block + k).to(tl.float32)
-        acc += wpre * tl.load(pnew + k, volatile=True).to(tl.float32)
-        ss += tl.sum(acc * acc, 0)
-        tl.store(mix + k, acc)
-    tl.debug_barrier()
+    for q in tl.static_range(NCH):  # unrolled: the loads fly together, summed in order
+        ss += tl.load(ssq2 + q, volatile=True)
     rstd = 1.0 / tl.sqrt_rn(ss / H + EPS)
-    x = (scratch + O_X).to(tl.pointer_type(tl.bfloat16)) + s * H
-    for q in tl.static_range(NCH):
-        k = q * RC + tl.arange(0, RC)
-        v = tl.load(mix + k, volatile=True) * rstd * tl.load(post_norm + k).to(tl.float32)
-        tl.store(x + k, _bf16(v).to(tl.bfloat16))
+    k = ch * RC + tl.arange(0, RC)
+    v = tl.load((scratch + O_MIX).to(tl.pointer_type(tl.float32)) + s * H + k, volatile=True)
+    v = v * rstd * tl.load(post_norm + k).to(tl.float32)
+    tl.store((scratch + O_X).to(tl.pointer_type(tl.bfloat16)) + s * H + k, _bf16(v).to(tl.bfloat16))
 
 
 @triton.jit
@@ -1503,6 +1529,7 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         S2=p2(b.rows),
         NS2=p2(c.num_attn_res_blocks + 1),
         NCH2=p2(p.nch),
+        SNCH2=p2(b.rows * p.nch),
         NSU2=p2(p.nsu),
         NC2=p2(p.nc),
         SNF2=p2(b.rows * p.nf),
