@@ -27,6 +27,8 @@ from mono_kernels_kimi.k2.spec import (
 )
 from mono_runtime.kernel import RUNTIME_ARGS, registry
 
+pytestmark = pytest.mark.timeout(60)
+
 BUILDS = [K2Build(KimiK3Config.tiny(tp), s) for tp in (1, 2, 4) for s in (1, 3, 16)] + [
     K2Build(KimiK3Config(tp=tp), s) for tp, s in ((1, 1), (2, 16), (4, 4), (8, 1), (8, 16))
 ]

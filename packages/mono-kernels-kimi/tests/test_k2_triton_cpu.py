@@ -101,6 +101,7 @@ def test_bad_input_raises_before_any_launch():
         assert message.startswith(arg), f"{arg}: the error does not name it: {message}"
 
 
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     "kw,match",
     [
