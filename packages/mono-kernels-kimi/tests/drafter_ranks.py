@@ -200,6 +200,42 @@ def bad_inputs(rank, world, group):
     return errors
 
 
+def _strided(cache):
+    """`cache`'s shape and dtype, every other element of a wider buffer (not contiguous)."""
+    wide = torch.zeros(cache.shape[:-1] + (2 * cache.shape[-1],), dtype=cache.dtype)
+    return wide[..., ::2]
+
+
+def refused(rank, world, group):
+    """DrafterRunner's construction refusals -> (what the message must name, its text)."""
+    from dataclasses import replace
+
+    from mono_runtime.errors import MonoUnsupported
+
+    cfg = DrafterConfig.tiny(1)
+    step = step_inputs(cfg, random_weights(cfg), 1, seed=4)
+    rope = cos_sin_cache(cfg)
+    ok = [c.clone() for c in step.caches]
+    cases = [
+        ("TP size", replace(cfg, tp=2), ok, rope),
+        ("layer count", cfg, ok[:1], rope),
+        ("rope cache dtype", cfg, ok, rope.double()),
+        ("rope cache shape", cfg, ok, rope[:, :2]),
+        ("KV cache 0 shape", cfg, [c[:, :8] for c in ok], rope),
+        ("KV cache 1 dtype", cfg, [ok[0], ok[1].float()], rope),
+        ("KV cache 0: must be contiguous", cfg, [_strided(c) for c in ok], rope),
+    ]
+    out = []
+    for what, c, caches, rp in cases:
+        w = random_weights(replace(c, tp=1))
+        try:
+            DrafterRunner(c, group, rank, "cpu", w, caches, rp).close()
+            out.append((what, None))
+        except MonoUnsupported as err:
+            out.append((what, str(err)))
+    return out
+
+
 def compile_checks(rank, world, group, tp, wide):
     """Compile for sm_90 (PTX + ptxas resources, a real launch's specialization) and
     gfx950, without a GPU; the facts the parent asserts."""

@@ -20,10 +20,10 @@ from mono_runtime import protocol_triton as pt
 from mono_runtime.protocol import region_id
 from mono_runtime.stream import device as st
 
+from . import spec
 from .spec import (
     LAYER_POINTERS,
     MAX_REQUESTS,
-    TILE,
     DrafterBuild,
     final_start,
     layer_starts,
@@ -127,13 +127,13 @@ def _gemv_tiles(
     """bf16 dst[token, row] = W[row0 + i] . x[token] for the kept rows, every 16-row tile
     of the launch's rows (as a bf16 GEMM leaves it)."""
     m = tl.arange(0, BN)
-    n = tl.arange(0, TILE)
+    n = tl.arange(0, 16)
     for tt in tl.static_range(TILES):
-        if tt * TILE < nrows:
+        if tt * 16 < nrows:
             acc = st.stream_rows(
-                w, w, x + tt * TILE * K, row0, 0, K // BK, K, BN, BK, TILE, 0, STAGES, CPU, ASM
+                w, w, x + tt * 16 * K, row0, 0, K // BK, K, BN, BK, 16, 0, STAGES, CPU, ASM
             )
-            tok = tt * TILE + n
+            tok = tt * 16 + n
             tl.store(
                 dst + tok[None, :] * DST_ROW + (row0 + m)[:, None],
                 _bf16(acc).to(tl.bfloat16),
@@ -155,7 +155,7 @@ def _tile(i, ROWS: tl.constexpr, BN: tl.constexpr):
 def _push(peers, world, off, rows, nrows, acc, OC: tl.constexpr, q0, tag, HP: tl.constexpr):
     """Publish acc [OC columns, 16 tokens] (fp32, rounded to bf16 pairs) at pair
     off + token * HP + q0 + j of every rank's peer data, tokens `rows` < nrows."""
-    lo, hi = tl.split(tl.reshape(tl.trans(acc), (TILE, OC // 2, 2)))
+    lo, hi = tl.split(tl.reshape(tl.trans(acc), (acc.shape[1], OC // 2, 2)))
     q = q0 + tl.arange(0, OC // 2)
     for dst in range(world):
         pt.publish(
@@ -430,7 +430,7 @@ def _reduce_add(
     live = row < nrows
     lo, hi, ok = pt.reduce_bf16x2(
         src + row * (H // 2) + p, MAXROWS * (H // 2), live, tag, ctl, health, peers, rank,
-        world, region, row * (H // 2) + p, CPU,
+        world, region, g * RB * (H // 2) + c * (RC // 2), CPU,
     )  # fmt: skip
     res = (scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p
     old = tl.load(res, mask=live, other=0)
@@ -598,12 +598,12 @@ def _absorb(
         qs = tl.load(_ptr(lw, _W_QS, tl.float32))
     q = (scratch + O_Q).to(tl.pointer_type(tl.bfloat16))
     qlat = (scratch + O_QLAT).to(tl.pointer_type(tl.bfloat16)) + h * ROWSP * L
-    n = tl.arange(0, TILE)
+    n = tl.arange(0, 16)
     for tt in tl.static_range(TILES):
-        if tt * TILE < nrows:
-            tok = tt * TILE + n
+        if tt * 16 < nrows:
+            tok = tt * 16 + n
             xt = tl.load(q + tok[None, :] * (NH * (P + R)) + h * (P + R) + pi[:, None])  # [P, 16]
-            acc = _bf16(_dot(wt, xt, tl.zeros((LA, TILE), tl.float32), CPU))
+            acc = _bf16(_dot(wt, xt, tl.zeros((LA, xt.shape[1]), tl.float32), CPU))
             if FP8:
                 acc = _fp8_trip(acc, qs)
             tl.store(
@@ -748,7 +748,7 @@ def _comb(
     tl.debug_barrier()
     kvb = _ptr(lw, _W_KVB, tl.bfloat16)
     vp = (scratch + O_V).to(tl.pointer_type(tl.bfloat16))
-    n = tl.arange(0, TILE)
+    n = tl.arange(0, 16)
     vi = tl.arange(0, V)
     for hh in tl.static_range(HG):
         h = g * HG + hh
@@ -771,12 +771,12 @@ def _project_push(
 ):  # fmt: skip
     """OC output columns of a row-parallel projection (o_proj, down_proj): this rank's
     bf16 partial -> every rank's reduction region (pairs at `off`)."""
-    n = tl.arange(0, TILE)
+    n = tl.arange(0, 16)
     for tt in tl.static_range(TILES):
-        if tt * TILE < nrows:
-            acc = st.stream_rows(w, w, x + tt * TILE * K, i * OC, 0, K // BK, K, OC, BK, TILE,
+        if tt * 16 < nrows:
+            acc = st.stream_rows(w, w, x + tt * 16 * K, i * OC, 0, K // BK, K, OC, BK, 16,
                                  0, STAGES, CPU, ASM)  # fmt: skip
-            _push(peers, world, off, tt * TILE + n, nrows, acc, OC, i * (OC // 2), tag, H // 2)
+            _push(peers, world, off, tt * 16 + n, nrows, acc, OC, i * (OC // 2), tag, H // 2)
 
 
 @triton.jit
@@ -790,13 +790,13 @@ def _gu(
     x = (scratch + O_XM).to(tl.pointer_type(tl.bfloat16))
     mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
     m = tl.arange(0, GB)
-    n = tl.arange(0, TILE)
+    n = tl.arange(0, 16)
     for tt in tl.static_range(TILES):
-        if tt * TILE < nrows:
-            xt = x + tt * TILE * H
-            g = _bf16(st.stream_rows(w, w, xt, i * GB, 0, H // HK, H, GB, HK, TILE, 0, STAGES,
+        if tt * 16 < nrows:
+            xt = x + tt * 16 * H
+            g = _bf16(st.stream_rows(w, w, xt, i * GB, 0, H // HK, H, GB, HK, 16, 0, STAGES,
                                      CPU, ASM))  # fmt: skip
-            u = _bf16(st.stream_rows(w, w, xt, IL + i * GB, 0, H // HK, H, GB, HK, TILE, 0,
+            u = _bf16(st.stream_rows(w, w, xt, IL + i * GB, 0, H // HK, H, GB, HK, 16, 0,
                                      STAGES, CPU, ASM))  # fmt: skip
             if SITU:
                 e = tl.exp(-2.0 * tl.abs(g))
@@ -804,7 +804,7 @@ def _gu(
                 a = tl.where(g < 0, -th, th) * tl.sigmoid(g) * u
             else:
                 a = g * tl.sigmoid(g) * u
-            tok = tt * TILE + n
+            tok = tt * 16 + n
             tl.store(
                 mid + tok[None, :] * IL + (i * GB + m)[:, None],
                 _bf16(a).to(tl.bfloat16),
@@ -840,7 +840,7 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         BS=c.block_size,
         NL=c.num_hidden_layers,
         ROWS=b.rows,
-        ROWSP=b.tiles * TILE,
+        ROWSP=b.tiles * spec.TILE,
         TILES=b.tiles,
         MAXROWS=MAX_REQUESTS * c.query_len,
         QA=p.qa,

@@ -1,0 +1,141 @@
+"""The drafter kernel's contract in pure Python: build keys (narrow / wide), the item plan,
+every wait naming a smaller ticket, scratch and peer layouts, the launch spec, the runner's
+refusals (no kernel runs)."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+
+import pytest
+import torch
+from mono_kernels_kimi.drafter import triton_build
+from mono_kernels_kimi.drafter.build import DrafterTriton, launch_spec
+from mono_kernels_kimi.drafter.config import DrafterConfig
+from mono_kernels_kimi.drafter.reference import cos_sin_cache
+from mono_kernels_kimi.drafter.runner import refusals
+from mono_kernels_kimi.drafter.spec import (
+    ALIGN,
+    LAYER_POINTERS,
+    MAX_REQUESTS,
+    NARROW,
+    DrafterBuild,
+    layer_stages,
+    peer_bytes,
+    peer_layout,
+    per_layer,
+    scratch_layout,
+    stage_of,
+    tickets,
+    waits,
+)
+from mono_runtime.kernel import RUNTIME_ARGS, registry
+
+REAL = DrafterTriton.example().key.cfg
+BUILDS = [DrafterBuild(DrafterConfig.tiny(tp), w) for tp in (1, 2, 4) for w in (False, True)] + [
+    DrafterBuild(REAL.with_tp(tp), w) for tp, w in ((1, False), (8, True))
+]
+
+
+def _ids(b):
+    return f"{'tiny' if b.cfg.hidden_size < 2048 else 'real'}-tp{b.tp}-{'wide' if b.wide else 'narrow'}"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("b", BUILDS, ids=_ids)
+def test_every_wait_names_a_smaller_ticket_and_the_plan_covers_the_shapes(b):
+    """Deadlock freedom at any residency: a wait names only earlier tickets; the tiles
+    cover every weight row and column exactly."""
+    for t, before in waits(b).items():
+        assert before and all(0 <= w < t for w in before), (t, stage_of(b, t), before)
+    c, p = b.cfg, b.plan
+    assert p.nqa * p.qa >= c.qkv_a_rows >= p.qa and p.nqb * p.qbn >= c.q_b_rows >= p.qbn
+    assert p.no * p.oc == c.hidden_size and p.ngu * p.gb == c.local_intermediate
+    assert p.nhg * p.hg == c.local_heads and p.qhr >= p.hg * c.query_len
+    assert p.nla * p.la == c.kv_lora_rank and b.rows % p.rb == 0
+    assert tickets(b) == c.num_hidden_layers * per_layer(b) + b.groups
+    assert stage_of(b, tickets(b) - 1) == (c.num_hidden_layers, "final", b.groups - 1)
+    attn = dict(layer_stages(b))["attn"]
+    assert attn == b.requests * p.nhg * p.nsplit  # the long-context split
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("b", BUILDS, ids=_ids)
+def test_layouts_are_aligned_and_disjoint(b):
+    for layout in (scratch_layout(b), peer_layout(b.cfg)):
+        spans = sorted(layout.values())
+        for (o1, n1), (o2, _) in zip(spans, spans[1:], strict=False):
+            assert o1 % ALIGN == 0 and o1 + n1 <= o2
+    assert scratch_layout(b)["done"][1] == 8 * tickets(b)
+    rows = MAX_REQUESTS * b.cfg.query_len
+    assert peer_layout(b.cfg)["ar1"][1] == b.tp * rows * 8 * (b.cfg.hidden_size // 2)
+    assert peer_bytes(b.cfg) % ALIGN == 0
+
+
+@pytest.mark.timeout(30)
+def test_build_keys_narrow_wide_and_registration():
+    cfg = DrafterConfig.tiny(2)
+    narrow, wide = DrafterBuild(cfg, False), DrafterBuild(cfg, True)
+    assert (narrow.requests, wide.requests) == (NARROW, MAX_REQUESTS)
+    assert narrow.key() != wide.key() and "narrow" in narrow.key() and "wide" in wide.key()
+    assert DrafterBuild(cfg.with_tp(4), False).key() != narrow.key()
+    assert registry.get("drafter triton") is DrafterTriton
+    spec = launch_spec(narrow)
+    assert spec.names[-len(RUNTIME_ARGS) :] == tuple(a.name for a in RUNTIME_ARGS)
+    kernel_args = inspect.signature(triton_build.drafter_kernel.fn).parameters
+    assert tuple(kernel_args)[: len(triton_build.LAUNCH_ARGS)] == triton_build.LAUNCH_ARGS
+    assert set(triton_build.kernel_types()) == set(triton_build.LAUNCH_ARGS)
+    consts = triton_build.constexprs(wide, cpu=True)
+    assert set(consts) == set(tuple(kernel_args)[len(triton_build.LAUNCH_ARGS) :])
+    assert len(LAYER_POINTERS) == 13 and LAYER_POINTERS[-1] == "cache"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(tp=3, num_attention_heads=6, intermediate_size=96),
+        dict(num_hidden_layers=17),
+        dict(kv_lora_rank=48),
+        dict(num_speculative_tokens=17),
+    ],
+)
+def test_builds_refuse_shapes_they_cannot_serve(kw):
+    cfg = replace(DrafterConfig.tiny(1), **kw)
+    with pytest.raises(ValueError):
+        DrafterBuild(cfg, False)
+
+
+def _caches(cfg, blocks=5, dtype=torch.bfloat16):
+    return [torch.zeros(blocks, 1, cfg.block_size, cfg.kv_entry, dtype=dtype)] * cfg.num_hidden_layers
+
+
+@pytest.mark.timeout(30)
+def test_refusals_name_each_reason():
+    """The deployment refusals the runner raises as MonoUnsupported (on every rank)."""
+    cfg = DrafterConfig.tiny(2)
+    rope = cos_sin_cache(cfg)
+    ok = _caches(cfg)
+    assert refusals(cfg, 2, ok, rope, None, 2) == []
+    assert refusals(cfg, 2, ok, rope, 132, 132) == []
+    cases = [
+        ("CU count", (cfg, 2, ok, rope, 64, 132)),
+        ("TP size", (cfg, 4, ok, rope, None, 2)),
+        ("tp 3", (replace(cfg, tp=3, num_attention_heads=6, intermediate_size=96), 3, ok, rope, None, 2)),
+        ("layer count", (cfg, 2, ok[:1], rope, None, 2)),
+        ("num_hidden_layers", (replace(cfg, num_hidden_layers=17), 2, ok * 9, rope, None, 2)),
+        ("rope cache dtype", (cfg, 2, ok, rope.to(torch.bfloat16), None, 2)),
+        ("rope cache shape", (cfg, 2, ok, rope[:, :4], None, 2)),
+        ("positions", (cfg, 2, ok, rope[:100], None, 2)),
+        ("contiguous", (cfg, 2, ok, rope.t().contiguous().t(), None, 2)),
+        ("KV cache 0 shape", (cfg, 2, [c[..., :-1] for c in ok], rope, None, 2)),
+        ("KV cache 0 dtype", (cfg, 2, _caches(cfg, dtype=torch.float16), rope, None, 2)),
+        ("KV cache 0 dtype", (replace(cfg, cache_dtype="fp8"), 2, ok, rope, None, 2)),
+        ("KV cache 1: must be contiguous", (cfg, 2, [ok[0], torch.zeros(5, cfg.block_size, 2 * cfg.kv_entry, dtype=torch.bfloat16)[..., ::2]], rope, None, 2)),
+        ("KV cache 1: 6 blocks", (cfg, 2, [ok[0], _caches(cfg, 6)[0]], rope, None, 2)),
+    ]  # fmt: skip
+    for what, args in cases:
+        reasons = refusals(*args)
+        assert any(what in r for r in reasons), (what, reasons)
+    fp8 = replace(cfg, cache_dtype="fp8")
+    assert refusals(fp8, 2, _caches(fp8, dtype=torch.uint8), rope, None, 2) == []

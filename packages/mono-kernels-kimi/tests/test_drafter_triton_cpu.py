@@ -1,0 +1,124 @@
+"""The drafter kernel's Triton build under the CPU interpreter: ranks as processes over the
+host backend, against drafter_reference (tiny shapes: the interpreter takes seconds a
+launch). One case per axis here; MONO_DRAFTER_EXHAUSTIVE=1 adds every request count 1..8
+(narrow and wide), several context lengths, TP 4 wide and the fp8 cache."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from mono_peer.testing import spawn
+
+ENV = {"TRITON_INTERPRET": "1"}
+EXHAUSTIVE = os.environ.get("MONO_DRAFTER_EXHAUSTIVE", "0") not in ("", "0")
+exhaustive = pytest.mark.skipif(not EXHAUSTIVE, reason="set MONO_DRAFTER_EXHAUSTIVE=1")
+
+
+def _load(name):
+    """A helper module of this folder, loaded by path (children re-load it the same way)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ranks = _load("drafter_ranks")
+
+# (requests, padding requests, context lengths or None: 2 to 4 KV blocks of 16)
+NARROW_ONE = (1, (), (37,))
+WIDE_LONG = (3, (1,), (5, 0, 150))  # a padding request; a context over 10 KV blocks
+
+
+def _check(records):
+    for r in records:
+        where = f"{r['reqs']} requests"
+        assert r["err"] < 1e-2, f"{where}: out rel-L2 {r['err']}"
+        assert r["cache_err"] < 1e-2, f"{where}: cache rel-L2 {r['cache_err']}"
+        assert r["pad_zero"], f"{where}: a padding request's rows are not 0"
+        assert r["caches_same"], f"{where}: a slot outside the block's was written"
+
+
+def _identical(results):
+    for i in range(len(results[0])):
+        outs = [records[i]["out"].view(torch.int16) for records in results]
+        assert all(o.equal(outs[0]) for o in outs), f"step {i}: ranks' outputs differ"
+
+
+@pytest.mark.timeout(150)
+def test_tp1_narrow_and_wide():
+    """Two steps on one runner: a narrow launch, then a wide one with a padding request
+    and a context spanning many KV blocks (its attention split over programs)."""
+    (records,) = spawn(ranks.check_steps, 1, 140, [NARROW_ONE, WIDE_LONG], 0, env=ENV)
+    _check(records)
+
+
+@pytest.mark.timeout(150)
+def test_tp2_ranks_bit_identical():
+    results = spawn(ranks.check_steps, 2, 140, [WIDE_LONG], 5, env=ENV)
+    for records in results:
+        _check(records)
+    _identical(results)
+
+
+@pytest.mark.timeout(150)
+def test_tp4_ranks_bit_identical():
+    """TP 4 of the tiny model: one local head, 16 intermediate columns a rank."""
+    results = spawn(ranks.check_steps, 4, 140, [NARROW_ONE], 1, env=ENV)
+    for records in results:
+        _check(records)
+    _identical(results)
+
+
+@pytest.mark.timeout(150)
+def test_late_rank_faults_every_rank_then_reset():
+    results = spawn(ranks.fault_then_reset, 2, 140, 1, env=ENV)
+    for rank, r in enumerate(results):
+        assert r["fault"] is not None, f"rank {rank}: no MonoFault after a late rank"
+        assert r["poisoned"], f"rank {rank}: the faulted step returned finite outputs"
+        assert r["after_reset_err"] < 1e-2, f"rank {rank}: wrong step after reset()"
+
+
+@exhaustive
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("tp", [1, 2])
+def test_every_request_count_and_context(tp):
+    """1..8 requests (narrow for 1-2, wide for 3-8), padding, contexts from under one KV
+    block to many, then 11 requests (two launches in one step)."""
+    cases = [
+        (n, (n - 1,) if n > 2 else (), tuple(16 * (i % 5) + 3 * i + 1 for i in range(n)))
+        for n in range(1, 9)
+    ] + [(11, (4,), None), (2, (), (300, 1))]
+    results = spawn(ranks.check_steps, tp, 1700, cases, 7, env=ENV)
+    for records in results:
+        _check(records)
+    _identical(results)
+
+
+@exhaustive
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("tp,cases", [(4, [WIDE_LONG]), (1, [NARROW_ONE, WIDE_LONG])])
+def test_fp8_cache_and_tp4_wide(tp, cases):
+    results = spawn(ranks.check_steps, tp, 800, cases, 3, "fp8" if tp == 1 else "auto", env=ENV)
+    for records in results:
+        _check(records)
+    _identical(results)
+
+
+@pytest.mark.timeout(60)
+def test_runner_host_side(monkeypatch):
+    """stale() after a re-bind, close(), the refusals as MonoUnsupported and bad input as
+    ValueError naming the argument (no kernel runs: in this process)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    stale = ranks.stale_and_close(0, 1, None)
+    assert stale == dict(
+        same=False, as_engine=False, fewer=False, rebound=True, closed=True, closed_raises=True
+    ), stale
+    for arg, message in ranks.bad_inputs(0, 1, None):
+        assert message is not None, f"{arg}: accepted"
+        assert message.startswith(arg), f"{arg}: the error does not name it: {message}"
+    for what, message in ranks.refused(0, 1, None):
+        assert message is not None and what in message, (what, message)
