@@ -468,36 +468,31 @@ def k2_kernel(
                 )
                 pt.ticket_finish(done, t, tag)
         elif t < T_GATHER:
-            _prefetch(shared_w2 + (t - T_SHDOWN) * SD * SI, 2 * SI, 2 * SI, SD, CPU, ASM)
-            _wait(done, T_SHUP, SI // SB, NSU2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
-            smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
-            acc = st.stream_rows(
+            _shdown(
+                t - T_SHDOWN,
                 shared_w2,
-                shared_w2,
-                smid,
-                (t - T_SHDOWN) * SD,
-                0,
-                SI // SDK,
+                scratch,
+                done,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                S,
+                H,
                 SI,
+                SB,
                 SD,
                 SDK,
-                S,
-                0,
+                NSU2,
                 STAGES,
+                T_SHUP,
+                O_SMID,
+                P_SH,
+                R_ITEMS,
                 CPU,
-                True,
-            )
-            q = (t - T_SHDOWN) * (SD // 2) + tl.arange(0, SD // 2)
-            _push(
-                peers,
-                world,
-                P_SH // 8 + rank * 16 * (H // 2),
-                H // 2,
-                q,
-                _pairs(acc, SD),
-                q >= 0,
-                tag,
-                S,
+                ASM,
             )
         elif t < T_ROUTE:
             _gather(
@@ -672,16 +667,32 @@ def k2_kernel(
             )
             pt.ticket_finish(done, t, tag)
         elif t < T_FINAL:
-            # this rank's up_proj rows (H/tp output columns), asked of L2 before the wait
-            r0 = rank * HPR + (t - T_UPPROJ) * UC
-            _prefetch(up_proj + r0 * LAT, 2 * LAT, 2 * LAT, UC, CPU, ASM)
-            _wait(done, T_LRED, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
-            nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.bfloat16))
-            acc = st.stream_rows(
-                up_proj, up_proj, nlat, r0, 0, LAT // UBK, LAT, UC, UBK, S, 0, STAGES, CPU, ASM
+            _upproj(
+                t - T_UPPROJ,
+                up_proj,
+                scratch,
+                done,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                S,
+                H,
+                LAT,
+                HPR,
+                UC,
+                UBK,
+                S2,
+                STAGES,
+                T_LRED,
+                O_NLAT,
+                P_UPO,
+                R_ITEMS,
+                CPU,
+                ASM,
             )
-            q = r0 // 2 + tl.arange(0, UC // 2)
-            _push(peers, world, P_UPO // 8, H // 2, q, _pairs(acc, UC), q >= 0, tag, S)
         elif t < T_HS:
             _final(
                 (t - T_FINAL) // NF,
@@ -1062,6 +1073,47 @@ def _shup(
 
 
 @triton.jit
+def _shdown(
+    d,
+    shared_w2,
+    scratch,
+    done,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    SI: tl.constexpr,
+    SB: tl.constexpr,
+    SD: tl.constexpr,
+    SDK: tl.constexpr,
+    NSU2: tl.constexpr,
+    STAGES: tl.constexpr,
+    T_SHUP: tl.constexpr,
+    O_SMID: tl.constexpr,
+    P_SH: tl.constexpr,
+    R_ITEMS: tl.constexpr,
+    CPU: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """SD output columns of this rank's shared-expert partial (K = SI; its rows asked of
+    L2 before the wait for every shup item) -> bf16 -> every rank's sh[this rank]."""
+    _prefetch(shared_w2 + d * SD * SI, 2 * SI, 2 * SI, SD, CPU, ASM)
+    _wait(done, T_SHUP, SI // SB, NSU2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+    smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
+    acc = st.stream_rows(
+        shared_w2, shared_w2, smid, d * SD, 0, SI // SDK, SI, SD, SDK, S, 0, STAGES, CPU, ASM
+    )
+    q = d * (SD // 2) + tl.arange(0, SD // 2)
+    _push(
+        peers, world, P_SH // 8 + rank * 16 * (H // 2), H // 2, q, _pairs(acc, SD), q >= 0, tag, S
+    )
+
+
+@triton.jit
 def _gather(
     s,
     scratch,
@@ -1408,6 +1460,46 @@ def _lred(
         vh = _bf16(vh * rstd) * wh
     nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.int32))
     tl.store(nlat + s * (LAT // 2) + i, pt.bf16x2_pack(vl, vh), mask=m)
+
+
+@triton.jit
+def _upproj(
+    u,
+    up_proj,
+    scratch,
+    done,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    LAT: tl.constexpr,
+    HPR: tl.constexpr,
+    UC: tl.constexpr,
+    UBK: tl.constexpr,
+    S2: tl.constexpr,
+    STAGES: tl.constexpr,
+    T_LRED: tl.constexpr,
+    O_NLAT: tl.constexpr,
+    P_UPO: tl.constexpr,
+    R_ITEMS: tl.constexpr,
+    CPU: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """UC of this rank's H/tp up_proj rows (its rows asked of L2 before the wait for every
+    lred item) over the normed latent -> bf16 -> every rank's upo (the column's owner)."""
+    r0 = rank * HPR + u * UC
+    _prefetch(up_proj + r0 * LAT, 2 * LAT, 2 * LAT, UC, CPU, ASM)
+    _wait(done, T_LRED, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+    nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.bfloat16))
+    acc = st.stream_rows(
+        up_proj, up_proj, nlat, r0, 0, LAT // UBK, LAT, UC, UBK, S, 0, STAGES, CPU, ASM
+    )
+    q = r0 // 2 + tl.arange(0, UC // 2)
+    _push(peers, world, P_UPO // 8, H // 2, q, _pairs(acc, UC), q >= 0, tag, S)
 
 
 @triton.jit
