@@ -40,9 +40,7 @@ def check_steps(rank, world, group, cases, seed=0, cache_dtype="auto"):
         for i, (reqs, pad, ctx) in enumerate(cases)
     ]
     blocks = max(s.caches[0].shape[0] for s in steps)
-    caches = [
-        torch.zeros((blocks,) + c.shape[1:], dtype=c.dtype) for c in steps[0].caches
-    ]
+    caches = [torch.zeros((blocks,) + c.shape[1:], dtype=c.dtype) for c in steps[0].caches]
     runner = _runner(cfg, group, rank, caches, seed)
     records = []
     try:

@@ -38,7 +38,8 @@ BUILDS = [DrafterBuild(DrafterConfig.tiny(tp), w) for tp in (1, 2, 4) for w in (
 
 
 def _ids(b):
-    return f"{'tiny' if b.cfg.hidden_size < 2048 else 'real'}-tp{b.tp}-{'wide' if b.wide else 'narrow'}"
+    size = "tiny" if b.cfg.hidden_size < 2048 else "real"
+    return f"{size}-tp{b.tp}-{'wide' if b.wide else 'narrow'}"
 
 
 @pytest.mark.timeout(30)
@@ -107,7 +108,9 @@ def test_builds_refuse_shapes_they_cannot_serve(kw):
 
 
 def _caches(cfg, blocks=5, dtype=torch.bfloat16):
-    return [torch.zeros(blocks, 1, cfg.block_size, cfg.kv_entry, dtype=dtype)] * cfg.num_hidden_layers
+    return [
+        torch.zeros(blocks, 1, cfg.block_size, cfg.kv_entry, dtype=dtype)
+    ] * cfg.num_hidden_layers
 
 
 @pytest.mark.timeout(30)
@@ -116,12 +119,14 @@ def test_refusals_name_each_reason():
     cfg = DrafterConfig.tiny(2)
     rope = cos_sin_cache(cfg)
     ok = _caches(cfg)
+    tp3 = replace(cfg, tp=3, num_attention_heads=6, intermediate_size=96)
+    strided = torch.zeros(5, cfg.block_size, 2 * cfg.kv_entry, dtype=torch.bfloat16)[..., ::2]
     assert refusals(cfg, 2, ok, rope, None, 2) == []
     assert refusals(cfg, 2, ok, rope, 132, 132) == []
     cases = [
         ("CU count", (cfg, 2, ok, rope, 64, 132)),
         ("TP size", (cfg, 4, ok, rope, None, 2)),
-        ("tp 3", (replace(cfg, tp=3, num_attention_heads=6, intermediate_size=96), 3, ok, rope, None, 2)),
+        ("tp 3", (tp3, 3, ok, rope, None, 2)),
         ("layer count", (cfg, 2, ok[:1], rope, None, 2)),
         ("num_hidden_layers", (replace(cfg, num_hidden_layers=17), 2, ok * 9, rope, None, 2)),
         ("rope cache dtype", (cfg, 2, ok, rope.to(torch.bfloat16), None, 2)),
@@ -131,7 +136,7 @@ def test_refusals_name_each_reason():
         ("KV cache 0 shape", (cfg, 2, [c[..., :-1] for c in ok], rope, None, 2)),
         ("KV cache 0 dtype", (cfg, 2, _caches(cfg, dtype=torch.float16), rope, None, 2)),
         ("KV cache 0 dtype", (replace(cfg, cache_dtype="fp8"), 2, ok, rope, None, 2)),
-        ("KV cache 1: must be contiguous", (cfg, 2, [ok[0], torch.zeros(5, cfg.block_size, 2 * cfg.kv_entry, dtype=torch.bfloat16)[..., ::2]], rope, None, 2)),
+        ("KV cache 1: must be contiguous", (cfg, 2, [ok[0], strided], rope, None, 2)),
         ("KV cache 1: 6 blocks", (cfg, 2, [ok[0], _caches(cfg, 6)[0]], rope, None, 2)),
     ]  # fmt: skip
     for what, args in cases:

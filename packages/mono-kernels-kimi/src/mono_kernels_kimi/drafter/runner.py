@@ -164,9 +164,7 @@ class DrafterRunner(LayerRunner):
             cus = torch.cuda.get_device_properties(self.device).multi_processor_count
         if programs is None:
             programs = cus if cus is not None else 2
-        agree(
-            refusals(cfg, world, caches, rope, cus, programs), group, "this draft deployment"
-        )
+        agree(refusals(cfg, world, caches, rope, cus, programs), group, "this draft deployment")
         weights.validate(cfg, self.device)
         for name, t in [("rope", rope)] + [(f"caches[{i}]", c) for i, c in enumerate(caches)]:
             if t.device != self.device:
@@ -183,9 +181,7 @@ class DrafterRunner(LayerRunner):
         for wide, b in self.builds.items():
             self.offsets[wide] = off
             off += scratch_bytes(b)
-        self.mono = MonoRunner(
-            self.device, group, rank, self.tp, off, peer_bytes(cfg), deadline_ns
-        )
+        self.mono = MonoRunner(self.device, group, rank, self.tp, off, peer_bytes(cfg), deadline_ns)
         self.caches = [cache_view(c) for c in caches]
         self._bound = _signature(caches)
         self.weights, self.rope = weights, rope

@@ -11,9 +11,10 @@ waits only on done pairs of smaller tickets of its own launch, or on peers' push
 their items of earlier stages, so the launch finishes at any residency and under the
 interpreter, where programs run one after another:
 
-    norm    GROUPS  row group s (RB rows): layer 0 input_layernorm of the embedding (the residual); later
-                    layers the ranks' MLP partials (`ar2`, previous layer) in rank order ->
-                    bf16, + residual -> the new residual, input_layernorm -> `xa`
+    norm    GROUPS  row group s (RB rows): layer 0 input_layernorm of the embedding (the
+                    residual); later layers the ranks' MLP partials (`ar2`, previous
+                    layer) in rank order -> bf16, + residual -> the new residual,
+                    input_layernorm -> `xa`
     qkva    NQA     QA rows of fused_qkv_a_proj -> `qkv` (bf16)
     qkvn    GROUPS  row group s: q_a_layernorm -> `qc`; kv_a_layernorm, RoPE of k_pe -> the
                     cache entry at the row's slot (nothing for a negative slot)

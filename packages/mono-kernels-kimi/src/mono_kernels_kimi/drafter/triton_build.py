@@ -26,8 +26,8 @@ from .spec import (
     MAX_REQUESTS,
     DrafterBuild,
     final_start,
-    layer_starts,
     layer_stages,
+    layer_starts,
     p2,
     peer_layout,
     per_layer,
@@ -640,9 +640,7 @@ def _entries(cache, slots, valid, col0, cols, ncols, ks, FP8: tl.constexpr, ENTR
     if FP8:
         x = tl.load(cache.to(tl.pointer_type(tl.uint8)) + off, mask=m, other=0).to(tl.int32)
         return tl.where(m, _bf16(_fp8_value(x) * ks), 0.0)
-    return tl.load(cache.to(tl.pointer_type(tl.bfloat16)) + off, mask=m, other=0.0).to(
-        tl.float32
-    )
+    return tl.load(cache.to(tl.pointer_type(tl.bfloat16)) + off, mask=m, other=0.0).to(tl.float32)
 
 
 @triton.jit

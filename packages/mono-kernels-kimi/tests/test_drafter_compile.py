@@ -1,0 +1,33 @@
+"""The drafter kernel's Triton build compiled ahead of time, without a GPU, for sm_90 and
+gfx950 (in a child process: a backend abort would take pytest down)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from mono_peer.testing import spawn
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ranks = _load("drafter_ranks")
+
+
+@pytest.mark.timeout(300)
+def test_compiles_for_sm90_and_gfx950():
+    """TP 2, narrow: a real launch's specialization (the wide build differs in constants)."""
+    (facts,) = spawn(ranks.compile_checks, 1, 280, 2, False, env={"TRITON_INTERPRET": "0"})
+    assert facts["sys_release_xchg"], "peer pairs are not 64-bit release exchanges at sys scope"
+    assert facts["gpu_acquire"], "waits on other programs' items have no gpu-scope acquire"
+    assert facts["globaltimer"], "the bounded waits do not read %globaltimer"
+    assert facts["spills"] == 0, f"sm_90 build spills {facts['spills']} bytes"
+    assert facts["residency"] is None, facts["residency"]
+    assert facts["hip_atomics"], "gfx950 build has no global atomics"
+    assert facts["hip_clock"], "gfx950 waits do not read s_memrealtime"
