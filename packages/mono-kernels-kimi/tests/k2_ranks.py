@@ -9,11 +9,14 @@ outputs and their distance to k2_reference.
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 from mono_kernels_kimi.config import KimiK3Config
 from mono_kernels_kimi.k2.inputs import step_inputs
 from mono_kernels_kimi.k2.reference import k2_reference
 from mono_kernels_kimi.k2.runner import K2Runner
 from mono_kernels_kimi.k2.weights import random_weights
+from mono_runtime.topk_triton import sigmoid_topk_row
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -193,3 +196,45 @@ def compile_checks(rank, world, group, rows, tp):
         "registers": res.registers,
         "residency": residency_problem(res, 132, DeviceLimits(), "k2"),
     }
+
+
+@triton.jit
+def _topk_kernel(logits, bias, ids, w, E: tl.constexpr, E2: tl.constexpr, K: tl.constexpr):
+    """Row r's sigmoid_topk_row (scale 2.5, renormalized) -> ids[r], w[r]."""
+    r = tl.program_id(0)
+    e = tl.arange(0, E2)
+    lg = tl.load(logits + r * E + e, mask=e < E, other=0.0)
+    b = tl.load(bias + e, mask=e < E, other=0.0)
+    i, v = sigmoid_topk_row(lg, b, E, K, K, 2.5, True)
+    k = tl.arange(0, K)
+    tl.store(ids + r * K + k, i)
+    tl.store(w + r * K + k, v)
+
+
+def topk_cases(rank, world, group):
+    """mono_runtime.topk_triton.sigmoid_topk_row against mono_runtime.routing.sigmoid_topk
+    on rows made to test its rule: ties (-> lower id), NaN logits (last), -inf, and an
+    expert count that is not a power of two. Returns (ids equal, max weight error) a row."""
+    from mono_runtime.routing import sigmoid_topk
+
+    e, k = 12, 4
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, e, generator=g)
+    logits[0] = 0.5  # every key ties: ids 0..3
+    logits[1, 3:9] = float("nan")  # NaN keys rank last
+    logits[2] = float("-inf")  # every score 0: ties again (weights NaN in both)
+    logits[3, ::2] = logits[3, 1::2]  # pairwise ties
+    logits[4, :10] = float("nan")  # fewer finite keys than picks
+    bias = torch.zeros(e)
+    bias[7] = 0.01
+    ids = torch.empty(6, k, dtype=torch.int32)
+    w = torch.empty(6, k)
+    _topk_kernel[(6,)](logits, bias, ids, w, e, 16, k)
+    ref_ids, ref_w = sigmoid_topk(logits, bias, k, 2.5, True)
+    out = []
+    for r in range(6):
+        same = bool(torch.equal(ids[r].long(), ref_ids[r]))
+        err = (w[r] - ref_w[r]).abs().nan_to_num(0.0).max().item()
+        nan_alike = bool(torch.equal(w[r].isnan(), ref_w[r].isnan()))
+        out.append((same, err, nan_alike))
+    return out

@@ -123,3 +123,12 @@ def test_bad_construction_raises_before_allocating(kw, match, monkeypatch):
     monkeypatch.setattr(k2_runner, "MonoRunner", no_runner)
     with pytest.raises(ValueError, match=match):
         k2_runner.K2Runner(KimiK3Config.tiny(1), None, 0, "cpu", **({"widths": [1]} | kw))
+
+
+@pytest.mark.timeout(60)
+def test_device_topk_follows_the_routing_rule():
+    """The route's top-k core on ties, NaN and -inf logits and a non-power-of-two E."""
+    (rows,) = spawn(ranks.topk_cases, 1, 50, env=ENV)
+    for r, (same, err, nan_alike) in enumerate(rows):
+        assert same, f"row {r}: ids differ from mono_runtime.routing.sigmoid_topk"
+        assert err < 1e-6 and nan_alike, f"row {r}: weights off by {err}"
