@@ -223,9 +223,12 @@ def refused(rank, world, group):
         ("KV cache 1 dtype", cfg, [ok[0], ok[1].float()], rope),
         ("KV cache 0: must be contiguous", cfg, [_strided(c) for c in ok], rope),
     ]
+    cases.append(("weights.layers[0].input_layernorm", cfg, ok, rope))  # another model's
     out = []
     for what, c, caches, rp in cases:
         w = random_weights(replace(c, tp=1))
+        if what.startswith("weights"):
+            w = random_weights(replace(c, hidden_size=128))
         try:
             DrafterRunner(c, group, rank, "cpu", w, caches, rp).close()
             out.append((what, None))

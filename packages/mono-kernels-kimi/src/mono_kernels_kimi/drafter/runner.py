@@ -143,7 +143,8 @@ class DrafterRunner(LayerRunner):
         """Collective (every rank of `group`, `cfg.tp` of them, same config): `weights` this
         rank's, `caches` the draft layers' KV caches (`[blocks, (1,) block, entry]`),
         `rope` the draft's fp32 cos/sin table. Raises MonoUnsupported on every rank when any
-        rank cannot be served, ValueError for a bad argument, both before allocating."""
+        rank cannot be served (weights of another shape included), ValueError for an argument
+        of the wrong kind, both before allocating."""
         self.cfg, self.rank, self.tp = cfg, rank, cfg.tp
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -164,11 +165,21 @@ class DrafterRunner(LayerRunner):
             cus = torch.cuda.get_device_properties(self.device).multi_processor_count
         if programs is None:
             programs = cus if cus is not None else 2
-        agree(refusals(cfg, world, caches, rope, cus, programs), group, "this draft deployment")
-        weights.validate(cfg, self.device)
-        for name, t in [("rope", rope)] + [(f"caches[{i}]", c) for i, c in enumerate(caches)]:
-            if t.device != self.device:
-                raise ValueError(f"{name}: on {t.device}, expected {self.device}")
+        reasons = refusals(cfg, world, caches, rope, cus, programs)
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            reasons.append("built during graph capture (the peer exchange is collective)")
+        if not reasons:  # what one rank alone could lack is agreed too: no rank raises alone
+            try:
+                weights.validate(cfg, self.device)
+            except ValueError as err:
+                reasons.append(str(err))
+            tensors = [("rope", rope)] + [(f"caches[{i}]", c) for i, c in enumerate(caches)]
+            reasons += [
+                f"{name}: on {t.device}, expected {self.device}"
+                for name, t in tensors
+                if t.device != self.device
+            ]
+        agree(reasons, group, "this draft deployment")
         self.programs = programs
         self.builds = {wide: DrafterBuild(cfg, wide) for wide in (False, True)}
         self.kernels = {wide: DrafterTriton(b) for wide, b in self.builds.items()}
