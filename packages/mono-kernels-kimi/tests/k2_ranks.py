@@ -29,13 +29,14 @@ def _step(cfg, s, seed):
     return step_inputs(cfg, s, seed=seed, padding=(1,) if s > 1 else ())
 
 
-def check_steps(rank, world, group, widths, layers, seed=0, pack=True):
+def check_steps(rank, world, group, widths, layers, seed=0, pack=True, timeline=False):
     """One step per width: a launch per layer of `layers`, in order, each on the prefix
     the one before left (the last launch final); per-launch records of the distances to
-    the reference. `pack` False streams the checkpoint's mxfp4-k32 experts as loaded."""
+    the reference. `pack` False streams the checkpoint's mxfp4-k32 experts as loaded;
+    `timeline`: timeline builds, the step's last launch's items in its last record."""
     cfg = KimiK3Config.tiny(world)
     weights = [random_weights(cfg, seed=seed, rank=r) for r in range(world)]
-    runner = K2Runner(cfg, group, rank, "cpu", widths=widths, pack=pack)
+    runner = K2Runner(cfg, group, rank, "cpu", widths=widths, pack=pack, timeline=timeline)
     mine = runner.pack(random_weights(cfg, seed=seed, rank=rank))
     runner.warm()
     records = []
@@ -81,6 +82,8 @@ def check_steps(rank, world, group, widths, layers, seed=0, pack=True):
                 ids_equal=bool(torch.equal(ids.long(), ref.topk_ids)),
                 w_err=float((topw - ref.topk_weights).abs().max()),
             )
+            if timeline:
+                records[-1]["timeline"] = runner.timeline(s, final=True)
     finally:
         runner.close()
     return records

@@ -18,6 +18,7 @@ from mono_kernels_kimi.k2.spec import (
     peer_bytes,
     peer_layout,
     scratch_layout,
+    stage_of,
     stages,
     starts,
     table_offsets,
@@ -145,3 +146,12 @@ def test_kernel_parameters_are_the_launch_args_then_constexprs():
     assert tuple(params[:n]) == triton_build.LAUNCH_ARGS
     for b in (BUILDS[0], BUILDS[-1]):
         assert set(params[n:]) == set(triton_build.constexprs(b, cpu=True))
+
+
+def test_timeline_builds_stamp_every_ticket():
+    b = K2Build(KimiK3Config.tiny(2), 3, timeline=True)
+    assert scratch_layout(b)["timeline"][1] == 32 * tickets(b, True)
+    assert "timeline" not in scratch_layout(K2Build(KimiK3Config.tiny(2), 3))
+    assert [stage_of(b, t) for t in range(tickets(b, True))] == [
+        name for name, n in stages(b) for _ in range(n)
+    ]

@@ -43,8 +43,18 @@ def _check(records):
 
 @pytest.mark.timeout(120)
 def test_tp1_widths_and_layers():
-    (records,) = spawn(ranks.check_steps, 1, 100, [1, 3], LAYERS, 0, env=ENV)
+    (records,) = spawn(ranks.check_steps, 1, 100, [1, 3], LAYERS, 0, True, True, env=ENV)
     _check(records)
+    # timeline builds: the last launch of each step stamped every ticket, in its stage
+    from mono_kernels_kimi.config import KimiK3Config
+    from mono_kernels_kimi.k2.spec import K2Build, stages
+
+    for r in records[1::2]:
+        b = K2Build(KimiK3Config.tiny(1), r["s"], timeline=True)
+        rows = r["timeline"]
+        assert [row["ticket"] for row in rows] == list(range(len(rows)))
+        assert [row["stage"] for row in rows] == [n for n, k in stages(b) for _ in range(k)]
+        assert all(row["program"] in (0, 1) for row in rows)
 
 
 @pytest.mark.timeout(150)

@@ -24,7 +24,15 @@ from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
 
 from ..config import KimiK3Config
 from .build import K2Triton
-from .spec import K2Build, peer_bytes, scratch_bytes, scratch_layout, table_offsets
+from .spec import (
+    K2Build,
+    peer_bytes,
+    scratch_bytes,
+    scratch_layout,
+    stage_of,
+    table_offsets,
+    tickets,
+)
 from .weights import K2Weights
 
 BF16 = torch.bfloat16
@@ -50,10 +58,12 @@ class K2Runner(LayerRunner):
         programs: int | None = None,
         runner: MonoRunner | None = None,
         pack: bool = True,
+        timeline: bool = False,
         scratch_offset: int = 0,
     ) -> None:
         """`cfg.tp` ranks; `pack`: stream the experts as mxfp4-rot, which `pack(weights)`
-        converts them to once, in place (False: the checkpoint's mxfp4-k32 as loaded)."""
+        converts them to once, in place (False: the checkpoint's mxfp4-k32 as loaded).
+        `timeline`: builds that stamp each item's program, start and end (`timeline(s)`)."""
         self.cfg, self.rank, self.tp = cfg, rank, cfg.tp
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -73,7 +83,9 @@ class K2Runner(LayerRunner):
             raise ValueError(f"scratch_offset: {scratch_offset} is not a multiple of 256 >= 0")
         if self.device.type == "cpu" and not _cpu_interpreter():  # before any allocation
             raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
-        self.builds = {s: K2Build(cfg, s, packed=bool(pack)) for s in self.widths}
+        self.builds = {
+            s: K2Build(cfg, s, packed=bool(pack), timeline=bool(timeline)) for s in self.widths
+        }
         self.kernels = {s: K2Triton(b) for s, b in self.builds.items()}
         target = target_name(self.device)
         for kernel in self.kernels.values():
@@ -144,6 +156,20 @@ class K2Runner(LayerRunner):
         ids = table[t["topk_ids"] : t["topk_ids"] + 4 * s * k].view(torch.int32).view(s, k)
         w = table[t["topk_w"] : t["topk_w"] + 4 * s * k].view(torch.float32).view(s, k)
         return ids, w
+
+    def timeline(self, s: int, final: bool = False) -> list[dict]:
+        """Width s's last launch (`final`: it ended in the handshake), item by item in
+        ticket order: program, ticket, stage (spec.stages), start and end (device ns; poll
+        counts under the interpreter)."""
+        self._live()
+        b = self.builds[s]
+        if not b.timeline:
+            raise ValueError("timeline: this runner's builds do not stamp items (timeline=True)")
+        stamps = self.region(s, "timeline").view(torch.int64).view(-1, 4).cpu().tolist()
+        return [
+            dict(program=p, ticket=t, stage=stage_of(b, t), start=t0, end=t1)
+            for p, t, t0, t1 in stamps[: tickets(b, final)]
+        ]
 
     # -- launches -------------------------------------------------------------------------
     def warm(self) -> None:

@@ -81,6 +81,7 @@ class K2Build:
     cfg: KimiK3Config
     rows: int
     packed: bool = True  # stream the experts as mxfp4-rot (False: the checkpoint's mxfp4-k32)
+    timeline: bool = False  # stamp each item's program, ticket, start and end (GPU tuning)
 
     def __post_init__(self) -> None:
         c = self.cfg
@@ -127,6 +128,7 @@ class K2Build:
             self.rows,
             c.tp,
             self.layout,
+            self.timeline,
             c.hidden_size,
             c.o_proj_in,
             c.latent_size,
@@ -277,6 +279,14 @@ def stages(b: K2Build, final: bool = True) -> list[tuple[str, int]]:
     return [(name, counts[name]) for name in STAGES]
 
 
+def stage_of(b: K2Build, ticket: int) -> str:
+    """The stage of a ticket (spec order)."""
+    for name, first in reversed(starts(b).items()):
+        if ticket >= first:
+            return name
+    raise ValueError(f"ticket {ticket} < 0")
+
+
 def starts(b: K2Build) -> dict[str, int]:
     """The first ticket of each stage (the handshake's when it runs)."""
     out, t = {}, 0
@@ -366,6 +376,8 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
     kpart  fp32 their parts: [NR + NL, DKS, 16, S] then [NSU, DKS, 2 SB, S]
     dpart  fp32[ND, NG, DC, S]  the down groups' partials
     nlat   bf16[S, LAT] the normed latent the up-projection reads
+    timeline  int64[tickets, 4] (timeline builds only): each item's program, ticket,
+           start and end (device clock, ns; the poll count under the interpreter)
     """
     c, s, p = b.cfg, b.rows, b.plan
     h, lat, nb = c.hidden_size, c.latent_size, c.num_attn_res_blocks
@@ -387,6 +399,7 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
             ("dpart", 4 * b.plan.nd * b.plan.ng * b.plan.dc * s),
             ("nlat", 2 * s * lat),
         ]
+        + ([("timeline", 32 * tickets(b, True))] if b.timeline else [])
     )
 
 

@@ -271,6 +271,8 @@ def k2_kernel(
     LBETA: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
+    TL: tl.constexpr,
+    O_TL: tl.constexpr,
 ):
     tag = pt.step_tag(ctl, slot)
     counter = tickets + slot
@@ -280,6 +282,8 @@ def k2_kernel(
     total = T_HS + final  # the handshake closes final launches
     t = pt.ticket_take(counter, total)
     while t < total:
+        if TL:
+            t_begin = pt.clock(0, CPU)
         if t < T_COL:
             _oproj(
                 t, core, o_proj, peers, rank, world, tag, S, H, KO, OC, OBK, STAGES, P_AR1, CPU, ASM
@@ -725,6 +729,12 @@ def k2_kernel(
             pt.poll(
                 me + P_HS // 8 + i, i < world, tag, ctl, health, peers, rank, world, R_HS, 0, CPU
             )
+        if TL:  # the item's (program, ticket, start, end)
+            stamp = (scratch + O_TL).to(tl.pointer_type(tl.int64)) + t * 4
+            tl.store(stamp, tl.program_id(0).to(tl.int64))
+            tl.store(stamp + 1, t.to(tl.int64))
+            tl.store(stamp + 2, t_begin)
+            tl.store(stamp + 3, pt.clock(0, CPU))
         t = pt.ticket_take(counter, total)
 
 
@@ -1632,7 +1642,9 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         WT2=p2(b.max_slots * b.rows),
         **{f"T_{n.upper()}": st_[n] for n in st_ if n not in ("oproj", "handshake")},
         T_HS=st_["handshake"],
-        **{f"O_{name.upper()}": sl[name][0] for name in sl},
+        **{f"O_{name.upper()}": sl[name][0] for name in sl if name != "timeline"},
+        TL=b.timeline,
+        O_TL=sl["timeline"][0] if b.timeline else 0,
         T_SLOTE=tb["slot_expert"],
         T_WTAB=tb["wtab"],
         T_IDS=tb["topk_ids"],
