@@ -101,22 +101,28 @@ def _same_except_block(cfg, mine, ref, step):
     return bool(torch.equal(flat_m[keep], flat_r[keep]))
 
 
-def fault_then_reset(rank, world, group, late_rank):
-    """A rank stalls past the deadline: MonoFault on every rank; after reset() a right
-    step."""
+def fault_then_reset(rank, world, group, late_rank, case):
+    """A rank stalls past the deadline in a one-request step: MonoFault on every rank and
+    a poisoned output; after reset() the step `case` (requests, padding, contexts) runs
+    right: its output and distance to the reference."""
     from mono_runtime.errors import MonoFault
 
     cfg = DrafterConfig.tiny(world)
     weights = [random_weights(cfg, seed=3, rank=r) for r in range(world)]
-    step = step_inputs(cfg, weights[0], 1, seed=11)
-    caches = [c.clone() for c in step.caches]
+    late = step_inputs(cfg, weights[0], 1, seed=11)
+    reqs, pad, ctx = case
+    step = step_inputs(cfg, weights[0], reqs, seed=12, padding=pad, context_lens=ctx)
+    nb = max(late.caches[0].shape[0], step.caches[0].shape[0])
+    caches = [torch.zeros((nb,) + c.shape[1:], dtype=c.dtype) for c in step.caches]
+    for mine, theirs in zip(caches, late.caches, strict=True):
+        mine[: theirs.shape[0]].copy_(theirs)
     runner = _runner(cfg, group, rank, caches, 3, deadline_ns=200_000_000)  # 200 polls
-    args = (step.embeds, step.positions, step.slot_mapping, step.block_table, step.seq_lens)
     outcome = {}
     try:
         runner.inject(late_rank, 2_000_000_000)
         runner.step_begin()
-        out = runner(*args)
+        out = runner(late.embeds, late.positions, late.slot_mapping, late.block_table,
+                     late.seq_lens)  # fmt: skip
         try:
             runner.after_step()
             outcome["fault"] = None
@@ -126,14 +132,20 @@ def fault_then_reset(rank, world, group, late_rank):
         runner.inject(None)
         runner.reset()
         runner.mono.set_deadline(5_000_000_000)  # a slow interpreter rank must not fault now
+        for mine, theirs in zip(caches, step.caches, strict=True):
+            mine[: theirs.shape[0]].copy_(theirs)
         runner.step_begin()
-        out = runner(*args)
+        out = runner(step.embeds, step.positions, step.slot_mapping, step.block_table,
+                     step.seq_lens)  # fmt: skip
         runner.after_step()
         ref = drafter_reference(
             cfg, step.embeds, step.positions, step.caches, step.block_table, step.seq_lens,
             step.slot_mapping, weights, step.live,
         )  # fmt: skip
-        outcome["after_reset_err"] = rel_l2(out, ref.hidden)
+        rows = step.live.repeat_interleave(cfg.query_len)
+        outcome["out"] = out
+        outcome["after_reset_err"] = rel_l2(out[rows], ref.hidden[rows])
+        outcome["pad_zero"] = bool((out[~rows] == 0).all())
     finally:
         runner.close()
     return outcome

@@ -96,6 +96,14 @@ def _fp8_trip(x, scale):
 
 
 @triton.jit
+def _prefetch(w, r0, K: tl.constexpr, NROWS: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr):
+    """L2 prefetch of NROWS bf16 weight rows of K columns from row r0 (mono_runtime.stream's,
+    NVIDIA only): an item asks for its weights before it waits for its inputs."""
+    if ASM:
+        st.prefetch_l2(w + r0 * K, 2 * K, 2 * K, NROWS, CPU)
+
+
+@triton.jit
 def _wait(
     done, first, N: tl.constexpr, W2: tl.constexpr, tag, ctl, health, peers, rank, world,
     R_ITEMS: tl.constexpr, CPU: tl.constexpr,
@@ -293,8 +301,9 @@ def drafter_kernel(
                         O_TOT, P_AR2, R_AR2, EPS, CPU,
                     )  # fmt: skip
             elif u < T_QKVN:
-                _wait(done, base, NRG, W2, tag0, ctl, health, peers, rank, world, R_ITEMS, CPU)
                 r0, keep = _tile(u - T_QKVA, QL + L + R, QA)
+                _prefetch(_ptr(lw, _W_QKVA, tl.bfloat16), r0, H, QA, CPU, ASM)
+                _wait(done, base, NRG, W2, tag0, ctl, health, peers, rank, world, R_ITEMS, CPU)
                 _gemv_tiles(
                     _ptr(lw, _W_QKVA, tl.bfloat16),
                     (scratch + O_XA).to(tl.pointer_type(tl.bfloat16)),
@@ -310,9 +319,10 @@ def drafter_kernel(
                         QL, L, R, QC, RB, O_QKV, O_QC, EPS, FP8,
                     )  # fmt: skip
             elif u < T_ABSORB:
+                r0, keep = _tile(u - T_QB, NH * (P + R), QBN)
+                _prefetch(_ptr(lw, _W_QB, tl.bfloat16), r0, QL, QBN, CPU, ASM)
                 _wait(done, base + T_QKVN, NRG, W2, tag0, ctl, health, peers, rank, world,
                       R_ITEMS, CPU)  # fmt: skip
-                r0, keep = _tile(u - T_QB, NH * (P + R), QBN)
                 _gemv_tiles(
                     _ptr(lw, _W_QB, tl.bfloat16),
                     (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)),
@@ -347,6 +357,7 @@ def drafter_kernel(
                         NSPLIT, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CPU, ASM,
                     )  # fmt: skip
             elif u < T_POST:
+                _prefetch(_ptr(lw, _W_O, tl.bfloat16), (u - T_OPROJ) * OC, NH * V, OC, CPU, ASM)
                 _wait(done, base + T_COMB, T_OPROJ - T_COMB, W2, tag0, ctl, health, peers, rank,
                       world, R_ITEMS, CPU)  # fmt: skip
                 _project_push(
@@ -367,6 +378,8 @@ def drafter_kernel(
                         RB, MAXROWS, O_RES, O_TOT, R_AR1, EPS, CPU,
                     )  # fmt: skip
             elif u < T_DOWN:
+                _prefetch(_ptr(lw, _W_GU, tl.bfloat16), (u - T_GU) * GB, H, GB, CPU, ASM)
+                _prefetch(_ptr(lw, _W_GU, tl.bfloat16), IL + (u - T_GU) * GB, H, GB, CPU, ASM)
                 _wait(done, base + T_POST, NRG, W2, tag0, ctl, health, peers, rank, world,
                       R_ITEMS, CPU)  # fmt: skip
                 _gu(
@@ -374,6 +387,7 @@ def drafter_kernel(
                     TILES, O_XM, O_MID, SITU, STAGES, CPU, ASM,
                 )  # fmt: skip
             else:
+                _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), (u - T_DOWN) * OC, IL, OC, CPU, ASM)
                 _wait(done, base + T_GU, T_DOWN - T_GU, W2, tag0, ctl, health, peers, rank, world,
                       R_ITEMS, CPU)  # fmt: skip
                 _project_push(
