@@ -99,20 +99,71 @@ def _fp8_trip(x, scale):
 def _prefetch(w, r0, K: tl.constexpr, NROWS: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr):
     """L2 prefetch of NROWS bf16 weight rows of K columns from row r0 (mono_runtime.stream's,
     NVIDIA only): an item asks for its weights before it waits for its inputs."""
-    if ASM:
-        st.prefetch_l2(w + r0 * K, 2 * K, 2 * K, NROWS, CPU)
+    st.prefetch_l2(w + r0 * K, 2 * K, 2 * K, NROWS, CPU)
 
 
 @triton.jit
 def _wait(
-    done, first, N: tl.constexpr, W2: tl.constexpr, tag, ctl, health, peers, rank, world,
+    done, first, n, tag, ctl, health, peers, rank, world, W2: tl.constexpr,
     R_ITEMS: tl.constexpr, CPU: tl.constexpr,
 ):  # fmt: skip
-    """Wait (bounded) for items first..first+N-1 (smaller tickets); then their stores are
-    visible to this program. W2 (a power of two >= N) sizes the poll."""
-    return pt.wait_done(
-        done, first, N, W2, tag, ctl, health, peers, rank, world, R_ITEMS, first, CPU
-    )
+    """Wait (bounded) for items first..first+n-1 (smaller tickets; n = 0: none), then
+    acquire them: their stores are visible to this program (pt.wait_done with a count
+    known at run time, so that one wait serves every stage)."""
+    i = tl.arange(0, W2)
+    m = i < n
+    _, ok = pt.poll(done + first + i, m, tag, ctl, health, peers, rank, world, R_ITEMS, first, CPU)
+    tl.atomic_add(done + first + i, 0, mask=m, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+    return ok
+
+
+@triton.jit
+def _deps(
+    k, u, ngroups, nreq, NL: tl.constexpr, PER_LAYER: tl.constexpr, NRG: tl.constexpr,
+    NHG: tl.constexpr, NSPLIT: tl.constexpr, T_QKVA: tl.constexpr, T_QKVN: tl.constexpr,
+    T_QB: tl.constexpr, T_ABSORB: tl.constexpr, T_ATTN: tl.constexpr, T_COMB: tl.constexpr,
+    T_OPROJ: tl.constexpr, T_POST: tl.constexpr, T_GU: tl.constexpr, T_DOWN: tl.constexpr,
+):  # fmt: skip
+    """(first, count) of the items ticket (layer k, local u) waits for: spec.waits, and
+    nothing for an item without work (a row group or request past the launch's)."""
+    base = k * PER_LAYER
+    first = base + T_GU
+    n = u * 0 + (T_DOWN - T_GU)  # down
+    if k == NL:  # the final norm of group u: the last layer's post item (the residual)
+        first = base - PER_LAYER + T_POST + u
+        n = (u < ngroups).to(tl.int32)
+    elif u < T_QKVA:  # norm: the previous layer's post item of the group
+        first = base - PER_LAYER + T_POST + u
+        n = ((k > 0) & (u < ngroups)).to(tl.int32)
+    elif u < T_QKVN:
+        first = base
+        n = u * 0 + NRG
+    elif u < T_QB:
+        first = base + T_QKVA
+        n = (u - T_QKVN < ngroups).to(tl.int32) * (T_QKVN - T_QKVA)
+    elif u < T_ABSORB:
+        first = base + T_QKVN
+        n = u * 0 + NRG
+    elif u < T_ATTN:
+        first = base + T_QB
+        n = u * 0 + (T_ABSORB - T_QB)
+    elif u < T_COMB:  # attn: every absorb item (the block's cache entries came before)
+        first = base + T_ABSORB
+        n = ((u - T_ATTN) // (NHG * NSPLIT) < nreq).to(tl.int32) * (T_ATTN - T_ABSORB)
+    elif u < T_OPROJ:  # comb: its request and group's splits
+        first = base + T_ATTN + (u - T_COMB) * NSPLIT
+        n = ((u - T_COMB) // NHG < nreq).to(tl.int32) * NSPLIT
+    elif u < T_POST:
+        first = base + T_COMB
+        n = u * 0 + (T_OPROJ - T_COMB)
+    elif u < T_GU:  # post: the group's norm item (the residual)
+        first = base + u - T_POST
+        n = (u - T_POST < ngroups).to(tl.int32)
+    elif u < T_DOWN:
+        first = base + T_POST
+        n = u * 0 + NRG
+    return first, n
 
 
 @triton.jit
@@ -136,7 +187,7 @@ def _gemv_tiles(
     of the launch's rows (as a bf16 GEMM leaves it)."""
     m = tl.arange(0, BN)
     n = tl.arange(0, 16)
-    for tt in tl.static_range(TILES):
+    for tt in range(0, TILES):
         if tt * 16 < nrows:
             acc = st.stream_rows(
                 w, w, x + tt * 16 * K, row0, 0, K // BK, K, BN, BK, 16, 0, STAGES, CPU, ASM
@@ -284,133 +335,126 @@ def drafter_kernel(
     pt.fault_stall(ctl, peers, rank, world, CPU)
     t = pt.ticket_take(counter, TOTAL)
     while t < TOTAL:
-        if t < T_FINAL:
-            k = t // PER_LAYER
-            u = t - k * PER_LAYER
-            base = k * PER_LAYER
-            tag = pt.step_tag(ctl, slot + k)  # layer k's pushes (spec: one slot a layer)
-            lw = table + k * _NPTR
-            if u < T_QKVA:
-                if u < ngroups:
-                    if k > 0:  # the group's residual, written by the last layer's post item
-                        _wait(done, base - PER_LAYER + T_POST + u, 1, W2, tag0, ctl, health,
-                              peers, rank, world, R_ITEMS, CPU)  # fmt: skip
-                    _norm(
-                        u, k, embeds, lw, scratch, nrows, me, pt.step_tag(ctl, slot + k - 1),
-                        ctl, health, peers, rank, world, H, RC, RB, MAXROWS, O_RES, O_XA,
-                        O_TOT, P_AR2, R_AR2, EPS, CPU,
-                    )  # fmt: skip
+        k = (t // PER_LAYER).to(tl.int32)  # the layer; NL for the final norm's items
+        u = t.to(tl.int32) - k * PER_LAYER
+        lw = table + tl.minimum(k, NL - 1) * _NPTR
+        tag = pt.step_tag(ctl, slot + k)  # layer k's pushes (spec: one slot a layer)
+        if ASM and not CPU:  # the item's weight rows, asked of L2 before its wait (NVIDIA)
+            if (k == NL) | (u < T_QKVA):
+                pass
             elif u < T_QKVN:
-                r0, keep = _tile(u - T_QKVA, QL + L + R, QA)
+                r0, _ = _tile(u - T_QKVA, QL + L + R, QA)
                 _prefetch(_ptr(lw, _W_QKVA, tl.bfloat16), r0, H, QA, CPU, ASM)
-                _wait(done, base, NRG, W2, tag0, ctl, health, peers, rank, world, R_ITEMS, CPU)
-                _gemv_tiles(
-                    _ptr(lw, _W_QKVA, tl.bfloat16),
-                    (scratch + O_XA).to(tl.pointer_type(tl.bfloat16)),
-                    r0, keep, (scratch + O_QKV).to(tl.pointer_type(tl.bfloat16)), nrows,
-                    H, QA, HK, QL + L + R, TILES, STAGES, CPU, ASM,
-                )  # fmt: skip
             elif u < T_QB:
-                if u - T_QKVN < ngroups:
-                    _wait(done, base + T_QKVA, T_QKVN - T_QKVA, W2, tag0, ctl, health, peers,
-                          rank, world, R_ITEMS, CPU)  # fmt: skip
-                    _qkvn(
-                        u - T_QKVN, lw, positions, slot_mapping, rope, scratch, nrows,
-                        QL, L, R, QC, RB, O_QKV, O_QC, EPS, FP8,
-                    )  # fmt: skip
+                pass
             elif u < T_ABSORB:
-                r0, keep = _tile(u - T_QB, NH * (P + R), QBN)
+                r0, _ = _tile(u - T_QB, NH * (P + R), QBN)
                 _prefetch(_ptr(lw, _W_QB, tl.bfloat16), r0, QL, QBN, CPU, ASM)
-                _wait(done, base + T_QKVN, NRG, W2, tag0, ctl, health, peers, rank, world,
-                      R_ITEMS, CPU)  # fmt: skip
-                _gemv_tiles(
-                    _ptr(lw, _W_QB, tl.bfloat16),
-                    (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)),
-                    r0, keep, (scratch + O_Q).to(tl.pointer_type(tl.bfloat16)), nrows,
-                    QL, QBN, QK, NH * (P + R), TILES, STAGES, CPU, ASM,
-                )  # fmt: skip
-            elif u < T_ATTN:
-                _wait(done, base + T_QB, T_ABSORB - T_QB, W2, tag0, ctl, health, peers, rank,
-                      world, R_ITEMS, CPU)  # fmt: skip
-                _absorb(
-                    (u - T_ABSORB) // NLA, (u - T_ABSORB) % NLA, lw, positions, rope, scratch,
-                    nrows, L, R, P, V, NH, ROWSP, TILES, LA, RP, O_Q, O_QLAT, O_QPE, FP8, CPU,
-                )  # fmt: skip
-            elif u < T_COMB:
-                i = u - T_ATTN
-                r = i // (NHG * NSPLIT)
-                if r < nreq:
-                    _wait(done, base + T_ABSORB, T_ATTN - T_ABSORB, W2, tag0, ctl, health,
-                          peers, rank, world, R_ITEMS, CPU)  # fmt: skip
-                    _attn(
-                        r, (i // NSPLIT) % NHG, i % NSPLIT, lw, block_table, seq_lens, scratch,
-                        bt_stride, L, R, Q, BS, ROWSP, HG, NHG, QHR, RP, NSPLIT, O_QLAT, O_QPE,
-                        O_PO, O_PM, O_PL, SCALE, FP8, CPU,
-                    )  # fmt: skip
-            elif u < T_OPROJ:
-                i = u - T_COMB
-                if i // NHG < nreq:
-                    _wait(done, base + T_ATTN + i * NSPLIT, NSPLIT, W2, tag0, ctl, health,
-                          peers, rank, world, R_ITEMS, CPU)  # fmt: skip
-                    _comb(
-                        i // NHG, i % NHG, lw, scratch, L, P, V, NH, Q, ROWSP, HG, NHG, QHR,
-                        NSPLIT, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CPU, ASM,
-                    )  # fmt: skip
-            elif u < T_POST:
+            elif (u >= T_OPROJ) & (u < T_POST):
                 _prefetch(_ptr(lw, _W_O, tl.bfloat16), (u - T_OPROJ) * OC, NH * V, OC, CPU, ASM)
-                _wait(done, base + T_COMB, T_OPROJ - T_COMB, W2, tag0, ctl, health, peers, rank,
-                      world, R_ITEMS, CPU)  # fmt: skip
-                _project_push(
-                    u - T_OPROJ, _ptr(lw, _W_O, tl.bfloat16),
-                    (scratch + O_V).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
-                    P_AR1 // 8 + rank * MAXROWS * (H // 2), tag, NH * V, VK, H, OC, TILES,
-                    STAGES, CPU, ASM,
-                )  # fmt: skip
-            elif u < T_GU:
-                g = u - T_POST
-                if g < ngroups:
-                    _wait(done, base + g, 1, W2, tag0, ctl, health, peers, rank, world,
-                          R_ITEMS, CPU)  # fmt: skip
-                    _add_norm(
-                        g, _ptr(lw, _W_POST, tl.bfloat16), me + P_AR1 // 8,
-                        (scratch + O_XM).to(tl.pointer_type(tl.int32)), scratch, nrows,
-                        tl.zeros((RB,), tl.int1), tag, ctl, health, peers, rank, world, H, RC,
-                        RB, MAXROWS, O_RES, O_TOT, R_AR1, EPS, CPU,
-                    )  # fmt: skip
-            elif u < T_DOWN:
+            elif (u >= T_GU) & (u < T_DOWN):
                 _prefetch(_ptr(lw, _W_GU, tl.bfloat16), (u - T_GU) * GB, H, GB, CPU, ASM)
                 _prefetch(_ptr(lw, _W_GU, tl.bfloat16), IL + (u - T_GU) * GB, H, GB, CPU, ASM)
-                _wait(done, base + T_POST, NRG, W2, tag0, ctl, health, peers, rank, world,
-                      R_ITEMS, CPU)  # fmt: skip
-                _gu(
-                    u - T_GU, _ptr(lw, _W_GU, tl.bfloat16), scratch, nrows, H, IL, GB, HK,
-                    TILES, O_XM, O_MID, SITU, STAGES, CPU, ASM,
-                )  # fmt: skip
-            else:
+            elif u >= T_DOWN:
                 _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), (u - T_DOWN) * OC, IL, OC, CPU, ASM)
-                _wait(done, base + T_GU, T_DOWN - T_GU, W2, tag0, ctl, health, peers, rank, world,
-                      R_ITEMS, CPU)  # fmt: skip
-                _project_push(
-                    u - T_DOWN, _ptr(lw, _W_DOWN, tl.bfloat16),
-                    (scratch + O_MID).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
-                    P_AR2 // 8 + rank * MAXROWS * (H // 2), tag, IL, IK, H, OC, TILES, STAGES,
-                    CPU, ASM,
-                )  # fmt: skip
-            if (u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN)):
-                pt.ticket_finish(done, t, tag0)
-        else:
-            # the final norm of row group g (0 on a padding request's rows)
-            g = t - T_FINAL
+        first, n = _deps(
+            k, u, ngroups, nreq, NL, PER_LAYER, NRG, NHG, NSPLIT, T_QKVA, T_QKVN, T_QB,
+            T_ABSORB, T_ATTN, T_COMB, T_OPROJ, T_POST, T_GU, T_DOWN,
+        )  # fmt: skip
+        if n > 0:
+            _wait(done, first, n, tag0, ctl, health, peers, rank, world, W2, R_ITEMS, CPU)
+        if (k == NL) | (u < T_QKVA) | ((u >= T_POST) & (u < T_GU)):
+            # a row stage: norm, post or the final norm of row group g
+            g = tl.where((k < NL) & (u >= T_POST), u - T_POST, u)
             if g < ngroups:
-                _wait(done, (NL - 1) * PER_LAYER + T_POST + g, 1, W2, tag0, ctl, health, peers,
-                      rank, world, R_ITEMS, CPU)  # fmt: skip
-                row = g * RB + tl.arange(0, RB)
-                pad = tl.load(seq_lens + row // Q, mask=row < nrows, other=1) == 0
-                _add_norm(
-                    g, final_norm, me + P_AR2 // 8, out, scratch, nrows, pad,
-                    pt.step_tag(ctl, slot + NL - 1), ctl, health, peers, rank, world, H, RC, RB,
-                    MAXROWS, O_RES, O_TOT, R_AR2, EPS, CPU,
+                if (k == 0) & (u < T_QKVA):
+                    _embed_norm(
+                        g, embeds, _ptr(lw, _W_IN, tl.bfloat16), scratch, nrows, H, RC, RB,
+                        O_RES, O_XA, O_TOT, EPS,
+                    )  # fmt: skip
+                else:
+                    src = me + P_AR2 // 8  # norm and final: the MLP partials of layer k - 1
+                    region = u * 0 + R_AR2
+                    rtag = pt.step_tag(ctl, slot + k - 1)
+                    w = _ptr(lw, _W_IN, tl.bfloat16)
+                    dst = (scratch + O_XA).to(tl.pointer_type(tl.int32))
+                    row = g * RB + tl.arange(0, RB)
+                    zero = row < 0
+                    if (k < NL) & (u >= T_POST):  # post: the o_proj partials of layer k
+                        src = me + P_AR1 // 8
+                        region = u * 0 + R_AR1
+                        rtag = tag
+                        w = _ptr(lw, _W_POST, tl.bfloat16)
+                        dst = (scratch + O_XM).to(tl.pointer_type(tl.int32))
+                    if k == NL:  # padding requests' rows come out 0
+                        w = final_norm
+                        dst = out
+                        zero = tl.load(seq_lens + row // Q, mask=row < nrows, other=1) == 0
+                    _add_norm(
+                        g, w, src, region, dst, scratch, nrows, zero, rtag, ctl, health, peers,
+                        rank, world, H, RC, RB, MAXROWS, O_RES, O_TOT, EPS, CPU,
+                    )  # fmt: skip
+        elif u < T_QKVN:
+            r0, keep = _tile(u - T_QKVA, QL + L + R, QA)
+            _gemv_tiles(
+                _ptr(lw, _W_QKVA, tl.bfloat16), (scratch + O_XA).to(tl.pointer_type(tl.bfloat16)),
+                r0, keep, (scratch + O_QKV).to(tl.pointer_type(tl.bfloat16)), nrows,
+                H, QA, HK, QL + L + R, TILES, STAGES, CPU, ASM,
+            )  # fmt: skip
+        elif u < T_QB:
+            if u - T_QKVN < ngroups:
+                _qkvn(
+                    u - T_QKVN, lw, positions, slot_mapping, rope, scratch, nrows,
+                    QL, L, R, QC, RB, O_QKV, O_QC, EPS, FP8,
                 )  # fmt: skip
+        elif u < T_ABSORB:
+            r0, keep = _tile(u - T_QB, NH * (P + R), QBN)
+            _gemv_tiles(
+                _ptr(lw, _W_QB, tl.bfloat16), (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)),
+                r0, keep, (scratch + O_Q).to(tl.pointer_type(tl.bfloat16)), nrows,
+                QL, QBN, QK, NH * (P + R), TILES, STAGES, CPU, ASM,
+            )  # fmt: skip
+        elif u < T_ATTN:
+            _absorb(
+                (u - T_ABSORB) // NLA, (u - T_ABSORB) % NLA, lw, positions, rope, scratch,
+                nrows, L, R, P, V, NH, ROWSP, TILES, LA, RP, O_Q, O_QLAT, O_QPE, FP8, CPU,
+            )  # fmt: skip
+        elif u < T_COMB:
+            i = u - T_ATTN
+            if i // (NHG * NSPLIT) < nreq:
+                _attn(
+                    i // (NHG * NSPLIT), (i // NSPLIT) % NHG, i % NSPLIT, lw, block_table,
+                    seq_lens, scratch, bt_stride, L, R, Q, BS, ROWSP, HG, NHG, QHR, RP,
+                    NSPLIT, O_QLAT, O_QPE, O_PO, O_PM, O_PL, SCALE, FP8, CPU,
+                )  # fmt: skip
+        elif u < T_OPROJ:
+            i = u - T_COMB
+            if i // NHG < nreq:
+                _comb(
+                    i // NHG, i % NHG, lw, scratch, L, P, V, NH, Q, ROWSP, HG, NHG, QHR,
+                    NSPLIT, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CPU, ASM,
+                )  # fmt: skip
+        elif u < T_GU:  # oproj (post items are row stages)
+            _project_push(
+                u - T_OPROJ, _ptr(lw, _W_O, tl.bfloat16),
+                (scratch + O_V).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
+                P_AR1 // 8 + rank * MAXROWS * (H // 2), tag, NH * V, VK, H, OC, TILES,
+                STAGES, CPU, ASM,
+            )  # fmt: skip
+        elif u < T_DOWN:
+            _gu(
+                u - T_GU, _ptr(lw, _W_GU, tl.bfloat16), scratch, nrows, H, IL, GB, HK,
+                TILES, O_XM, O_MID, SITU, STAGES, CPU, ASM,
+            )  # fmt: skip
+        else:
+            _project_push(
+                u - T_DOWN, _ptr(lw, _W_DOWN, tl.bfloat16),
+                (scratch + O_MID).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
+                P_AR2 // 8 + rank * MAXROWS * (H // 2), tag, IL, IK, H, OC, TILES, STAGES,
+                CPU, ASM,
+            )  # fmt: skip
+        if (k < NL) & ((u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN))):
+            pt.ticket_finish(done, t, tag0)
         t = pt.ticket_take(counter, TOTAL)
 
 
@@ -429,29 +473,6 @@ def _lanes(g, c, RB: tl.constexpr, RC: tl.constexpr):
 def _per_row(x, RB: tl.constexpr, RC: tl.constexpr):
     """Lane values [RB x RC / 2] summed per row -> [RB]."""
     return tl.sum(tl.reshape(x, (RB, RC // 2)), 1)
-
-
-@triton.jit
-def _reduce_add(
-    g, c, src, scratch, nrows, tag, ctl, health, peers, rank, world, H: tl.constexpr,
-    RC: tl.constexpr, RB: tl.constexpr, MAXROWS: tl.constexpr, O_RES: tl.constexpr,
-    O_TOT: tl.constexpr, region: tl.constexpr, CPU: tl.constexpr,
-):  # fmt: skip
-    """Row group g, chunk c: the ranks' bf16 pairs at `src` in rank order -> bf16, plus
-    the residual in fp32 (poisoned where a wait gave up) -> tot; the new residual (bf16)
-    replaces the old. Returns each row's sum of squares over the chunk."""
-    row, p = _lanes(g, c, RB, RC)
-    live = row < nrows
-    lo, hi, ok = pt.reduce_bf16x2(
-        src + row * (H // 2) + p, MAXROWS * (H // 2), live, tag, ctl, health, peers, rank,
-        world, region, g * RB * (H // 2) + c * (RC // 2), CPU,
-    )  # fmt: skip
-    res = (scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p
-    old = tl.load(res, mask=live, other=0)
-    lo = tl.where(ok, _bf16(lo) + pt.bf16x2_lo(old), float("nan"))
-    hi = tl.where(ok, _bf16(hi) + pt.bf16x2_hi(old), float("nan"))
-    tl.store(res, pt.bf16x2_pack(lo, hi), mask=live)
-    return _store_tot(scratch, row, p, lo, hi, live, H, RB, RC, O_TOT)
 
 
 @triton.jit
@@ -476,11 +497,11 @@ def _normed_store(
     where `zero`, [RB] per row)."""
     tl.debug_barrier()
     rstd = 1.0 / tl.sqrt_rn(ss / H + EPS)
-    for c in tl.static_range(H // RC):
+    r = tl.reshape(tl.broadcast_to(rstd[:, None], (RB, RC // 2)), (RB * (RC // 2),))
+    z = tl.reshape(tl.broadcast_to(zero[:, None], (RB, RC // 2)), (RB * (RC // 2),))
+    for c in range(0, H // RC):
         row, p = _lanes(g, c, RB, RC)
         live = row < nrows
-        r = tl.reshape(tl.broadcast_to(rstd[:, None], (RB, RC // 2)), (RB * (RC // 2),))
-        z = tl.reshape(tl.broadcast_to(zero[:, None], (RB, RC // 2)), (RB * (RC // 2),))
         tot = (scratch + O_TOT).to(tl.pointer_type(tl.float32)) + row * H + 2 * p
         lo = tl.load(tot, mask=live, other=0.0, volatile=True)
         hi = tl.load(tot + 1, mask=live, other=0.0, volatile=True)
@@ -491,52 +512,50 @@ def _normed_store(
 
 
 @triton.jit
-def _norm(
-    g, k, embeds, lw, scratch, nrows, me, tag, ctl, health, peers, rank, world,
-    H: tl.constexpr, RC: tl.constexpr, RB: tl.constexpr, MAXROWS: tl.constexpr,
-    O_RES: tl.constexpr, O_XA: tl.constexpr, O_TOT: tl.constexpr, P_AR2: tl.constexpr,
-    R_AR2: tl.constexpr, EPS: tl.constexpr, CPU: tl.constexpr,
+def _embed_norm(
+    g, embeds, w, scratch, nrows, H: tl.constexpr, RC: tl.constexpr, RB: tl.constexpr,
+    O_RES: tl.constexpr, O_XA: tl.constexpr, O_TOT: tl.constexpr, EPS: tl.constexpr,
 ):  # fmt: skip
-    """Row group g's attention input: layer 0 normalizes the embedding (the residual);
-    layer k adds the ranks' MLP partials of layer k - 1 (tagged `tag`) to the residual
-    first (`fused_allreduce_rms_norm`)."""
+    """Layer 0, row group g: the embedding is the residual; input_layernorm -> xa."""
     ss = tl.zeros((RB,), tl.float32)
-    for c in tl.static_range(H // RC):
-        if k == 0:
-            row, p = _lanes(g, c, RB, RC)
-            live = row < nrows
-            e = tl.load(embeds + row * (H // 2) + p, mask=live, other=0)
-            res = (scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p
-            tl.store(res, e, mask=live)
-            ss += _store_tot(
-                scratch, row, p, pt.bf16x2_lo(e), pt.bf16x2_hi(e), live, H, RB, RC, O_TOT
-            )
-        else:
-            ss += _reduce_add(
-                g, c, me + P_AR2 // 8, scratch, nrows, tag, ctl, health, peers, rank, world,
-                H, RC, RB, MAXROWS, O_RES, O_TOT, R_AR2, CPU,
-            )  # fmt: skip
+    for c in range(0, H // RC):
+        row, p = _lanes(g, c, RB, RC)
+        live = row < nrows
+        e = tl.load(embeds + row * (H // 2) + p, mask=live, other=0)
+        tl.store((scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p, e,
+                 mask=live)  # fmt: skip
+        ss += _store_tot(scratch, row, p, pt.bf16x2_lo(e), pt.bf16x2_hi(e), live, H, RB, RC,
+                         O_TOT)  # fmt: skip
     _normed_store(
-        g, _ptr(lw, _W_IN, tl.bfloat16), (scratch + O_XA).to(tl.pointer_type(tl.int32)),
-        scratch, nrows, ss, ss != ss, H, RC, RB, O_TOT, EPS,
+        g, w, (scratch + O_XA).to(tl.pointer_type(tl.int32)), scratch, nrows, ss, ss != ss,
+        H, RC, RB, O_TOT, EPS,
     )  # fmt: skip
 
 
 @triton.jit
 def _add_norm(
-    g, w, src, dst, scratch, nrows, zero, tag, ctl, health, peers, rank, world,
+    g, w, src, region, dst, scratch, nrows, zero, tag, ctl, health, peers, rank, world,
     H: tl.constexpr, RC: tl.constexpr, RB: tl.constexpr, MAXROWS: tl.constexpr,
-    O_RES: tl.constexpr, O_TOT: tl.constexpr, region: tl.constexpr, EPS: tl.constexpr,
-    CPU: tl.constexpr,
+    O_RES: tl.constexpr, O_TOT: tl.constexpr, EPS: tl.constexpr, CPU: tl.constexpr,
 ):  # fmt: skip
-    """Row group g: the ranks' partials at `src` + the residual -> the new residual; the
-    norm with `w` -> dst pairs (0 on rows where `zero`)."""
+    """Row group g (`fused_allreduce_rms_norm`): the ranks' bf16 pairs at `src` (peer
+    region `region`, tagged `tag`) summed in rank order -> bf16, plus the residual in fp32
+    (poisoned where a wait gave up) -> the new residual (bf16); the sum normalized with
+    `w` -> dst pairs (0 on rows where `zero`)."""
     ss = tl.zeros((RB,), tl.float32)
-    for c in tl.static_range(H // RC):
-        ss += _reduce_add(
-            g, c, src, scratch, nrows, tag, ctl, health, peers, rank, world, H, RC, RB,
-            MAXROWS, O_RES, O_TOT, region, CPU,
+    for c in range(0, H // RC):
+        row, p = _lanes(g, c, RB, RC)
+        live = row < nrows
+        lo, hi, ok = pt.reduce_bf16x2(
+            src + row * (H // 2) + p, MAXROWS * (H // 2), live, tag, ctl, health, peers, rank,
+            world, region, g * RB * (H // 2) + c * (RC // 2), CPU,
         )  # fmt: skip
+        res = (scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p
+        old = tl.load(res, mask=live, other=0)
+        lo = tl.where(ok, _bf16(lo) + pt.bf16x2_lo(old), float("nan"))
+        hi = tl.where(ok, _bf16(hi) + pt.bf16x2_hi(old), float("nan"))
+        tl.store(res, pt.bf16x2_pack(lo, hi), mask=live)
+        ss += _store_tot(scratch, row, p, lo, hi, live, H, RB, RC, O_TOT)
     _normed_store(g, w, dst, scratch, nrows, ss, zero, H, RC, RB, O_TOT, EPS)
 
 
@@ -556,11 +575,11 @@ def _qkvn(
     qc = (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)) + row[:, None] * QL
     qw = _ptr(lw, _W_QALN, tl.bfloat16)
     ss = tl.zeros((RB,), tl.float32)
-    for c in tl.static_range(QL // QC):
+    for c in range(0, QL // QC):
         x = tl.load(src + c * QC + tl.arange(0, QC)[None, :]).to(tl.float32)
         ss += tl.sum(x * x, 1)
     rstd = 1.0 / tl.sqrt_rn(ss / QL + EPS)
-    for c in tl.static_range(QL // QC):
+    for c in range(0, QL // QC):
         i = c * QC + tl.arange(0, QC)[None, :]
         x = tl.load(src + i).to(tl.float32) * rstd[:, None]
         tl.store(qc + i, _bf16(x * tl.load(qw + i).to(tl.float32)).to(tl.bfloat16),
@@ -613,7 +632,7 @@ def _absorb(
     q = (scratch + O_Q).to(tl.pointer_type(tl.bfloat16))
     qlat = (scratch + O_QLAT).to(tl.pointer_type(tl.bfloat16)) + h * ROWSP * L
     n = tl.arange(0, 16)
-    for tt in tl.static_range(TILES):
+    for tt in range(0, TILES):
         if tt * 16 < nrows:
             tok = tt * 16 + n
             xt = tl.load(q + tok[None, :] * (NH * (P + R)) + h * (P + R) + pi[:, None])  # [P, 16]
@@ -739,11 +758,11 @@ def _comb(
     pl = (scratch + O_PL).to(tl.pointer_type(tl.float32)) + part0 * QHR + i
     po = (scratch + O_PO).to(tl.pointer_type(tl.float32)) + (part0 * QHR + i)[:, None] * L
     big = tl.full((QHR,), float("-inf"), tl.float32)
-    for j in tl.static_range(NSPLIT):
+    for j in range(0, NSPLIT):
         big = tl.maximum(big, tl.load(pm + j * QHR, volatile=True))
     lsum = tl.zeros((QHR,), tl.float32)
     acc = tl.zeros((QHR, L), tl.float32)
-    for j in tl.static_range(NSPLIT):
+    for j in range(0, NSPLIT):
         mj = tl.load(pm + j * QHR, volatile=True)
         wj = tl.where(mj == float("-inf"), 0.0, tl.exp(mj - big))
         lsum += wj * tl.load(pl + j * QHR, volatile=True)
@@ -762,15 +781,15 @@ def _comb(
     vp = (scratch + O_V).to(tl.pointer_type(tl.bfloat16))
     n = tl.arange(0, 16)
     vi = tl.arange(0, V)
-    for hh in tl.static_range(HG):
+    for hh in range(0, HG):
         h = g * HG + hh
-        acc = st.stream_rows(
+        vh = st.stream_rows(
             kvb, kvb, latp + (h * ROWSP + r * Q) * L, h * (P + V) + P, 0, L // LK, L, V,
             LK, Q, 0, STAGES, CPU, ASM,
         )  # fmt: skip
         tl.store(
             vp + (r * Q + n)[None, :] * (NH * V) + (h * V + vi)[:, None],
-            _bf16(acc).to(tl.bfloat16),
+            _bf16(vh).to(tl.bfloat16),
             mask=(n < Q)[None, :],
         )
 
@@ -784,7 +803,7 @@ def _project_push(
     """OC output columns of a row-parallel projection (o_proj, down_proj): this rank's
     bf16 partial -> every rank's reduction region (pairs at `off`)."""
     n = tl.arange(0, 16)
-    for tt in tl.static_range(TILES):
+    for tt in range(0, TILES):
         if tt * 16 < nrows:
             acc = st.stream_rows(w, w, x + tt * 16 * K, i * OC, 0, K // BK, K, OC, BK, 16,
                                  0, STAGES, CPU, ASM)  # fmt: skip
@@ -803,7 +822,7 @@ def _gu(
     mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
     m = tl.arange(0, GB)
     n = tl.arange(0, 16)
-    for tt in tl.static_range(TILES):
+    for tt in range(0, TILES):
         if tt * 16 < nrows:
             xt = x + tt * 16 * H
             g = _bf16(st.stream_rows(w, w, xt, i * GB, 0, H // HK, H, GB, HK, 16, 0, STAGES,
