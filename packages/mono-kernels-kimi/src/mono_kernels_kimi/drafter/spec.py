@@ -180,6 +180,7 @@ class Plan:
     qhr: int  # query rows of an attention tile (hg x query_len, padded)
     rp: int  # RoPE columns padded for the dot (>= 16)
     nsplit: int  # KV splits of a request and head group
+    kc: int  # cache entries an attention step reads (a page in steps of kc)
     oc: int  # output columns of an oproj / down item
     no: int
     gb: int  # gate (and up) rows of a gu item
@@ -202,7 +203,8 @@ class Plan:
         n, q = c.local_heads, c.query_len
         qa, qbn = (64, 64) if big else (16, 16)
         qa, qbn = min(qa, p2(c.qkv_a_rows) // 2 or 16), min(qbn, max(16, p2(c.q_b_rows) // 2))
-        hg = max(d for d in range(1, n + 1) if n % d == 0 and d * q <= 64)
+        # a head group's query rows: one 16-row tile (its fp32 [rows, L] output in registers)
+        hg = max(d for d in range(1, n + 1) if n % d == 0 and d * q <= 16)
         la = _step(c.kv_lora_rank, 128)
         oc = _step(c.hidden_size, 64 if big else 16)
         gb = _step(c.local_intermediate, 32 if big else 16)
@@ -218,6 +220,7 @@ class Plan:
             qhr=max(16, p2(hg * q)),
             rp=max(16, p2(c.qk_rope_head_dim)),
             nsplit=(4 if b.wide else 16) if big else (2 if b.wide else 3),
+            kc=min(c.block_size, 32),
             oc=oc,
             no=c.hidden_size // oc,
             gb=gb,

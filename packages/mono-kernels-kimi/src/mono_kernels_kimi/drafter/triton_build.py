@@ -258,6 +258,7 @@ def drafter_kernel(
     IL: tl.constexpr,
     Q: tl.constexpr,
     BS: tl.constexpr,
+    KC: tl.constexpr,
     NL: tl.constexpr,
     ROWS: tl.constexpr,
     ROWSP: tl.constexpr,
@@ -424,7 +425,7 @@ def drafter_kernel(
             if i // (NHG * NSPLIT) < nreq:
                 _attn(
                     i // (NHG * NSPLIT), (i // NSPLIT) % NHG, i % NSPLIT, lw, block_table,
-                    seq_lens, scratch, bt_stride, L, R, Q, BS, ROWSP, HG, NHG, QHR, RP,
+                    seq_lens, scratch, bt_stride, L, R, Q, BS, KC, ROWSP, HG, NHG, QHR, RP,
                     NSPLIT, O_QLAT, O_QPE, O_PO, O_PM, O_PL, SCALE, FP8, CPU,
                 )  # fmt: skip
         elif u < T_OPROJ:
@@ -672,18 +673,18 @@ def _entries(cache, slots, valid, col0, cols, ncols, ks, FP8: tl.constexpr, ENTR
     off = slots[:, None] * ENTRY + col0 + cols[None, :]
     if FP8:
         x = tl.load(cache.to(tl.pointer_type(tl.uint8)) + off, mask=m, other=0).to(tl.int32)
-        return tl.where(m, _bf16(_fp8_value(x) * ks), 0.0)
-    return tl.load(cache.to(tl.pointer_type(tl.bfloat16)) + off, mask=m, other=0.0).to(tl.float32)
+        return tl.where(m, _bf16(_fp8_value(x) * ks), 0.0).to(tl.bfloat16)
+    return tl.load(cache.to(tl.pointer_type(tl.bfloat16)) + off, mask=m, other=0.0)
 
 
 @triton.jit
 def _attn(
     r, g, j, lw, block_table, seq_lens, scratch, bt_stride, L: tl.constexpr,
-    R: tl.constexpr, Q: tl.constexpr, BS: tl.constexpr, ROWSP: tl.constexpr,
-    HG: tl.constexpr, NHG: tl.constexpr, QHR: tl.constexpr, RP: tl.constexpr,
-    NSPLIT: tl.constexpr, O_QLAT: tl.constexpr, O_QPE: tl.constexpr, O_PO: tl.constexpr,
-    O_PM: tl.constexpr, O_PL: tl.constexpr, SCALE: tl.constexpr, FP8: tl.constexpr,
-    CPU: tl.constexpr,
+    R: tl.constexpr, Q: tl.constexpr, BS: tl.constexpr, KC: tl.constexpr,
+    ROWSP: tl.constexpr, HG: tl.constexpr, NHG: tl.constexpr, QHR: tl.constexpr,
+    RP: tl.constexpr, NSPLIT: tl.constexpr, O_QLAT: tl.constexpr, O_QPE: tl.constexpr,
+    O_PO: tl.constexpr, O_PM: tl.constexpr, O_PL: tl.constexpr, SCALE: tl.constexpr,
+    FP8: tl.constexpr, CPU: tl.constexpr,
 ):  # fmt: skip
     """Request r, head group g, split j: the group's query rows (HG heads x Q tokens) over
     the split's share of the request's KV pages (non-causal: every row reads positions
@@ -713,17 +714,19 @@ def _attn(
     ks = 1.0
     if FP8:
         ks = tl.load(_ptr(lw, _W_KS, tl.float32))
-    e = tl.arange(0, BS)
+    e = tl.arange(0, KC)
     m = tl.full((QHR,), float("-inf"), tl.float32)
     lsum = tl.zeros((QHR,), tl.float32)
     acc = tl.zeros((QHR, L), tl.float32)
-    for pg in range(p0, p1):
+    for ch in range(p0 * (BS // KC), p1 * (BS // KC)):  # KC entries of a page at a time
+        pg = ch // (BS // KC)
         blk = tl.load(block_table + r * bt_stride + pg).to(tl.int64)
-        valid = pg * BS + e < seq
-        slots = blk * BS + e
-        kl = _entries(cache, slots, valid, 0, li, L, ks, FP8, L + R)  # [BS, L]
-        kp = _entries(cache, slots, valid, L, ri, R, ks, FP8, L + R)  # [BS, RP]
-        s = _dot(ql, tl.trans(kl), tl.zeros((QHR, BS), tl.float32), CPU)
+        pos = ch * KC + e
+        valid = pos < seq
+        slots = blk * BS + (pos - pg * BS)
+        kl = _entries(cache, slots, valid, 0, li, L, ks, FP8, L + R)  # [KC, L]
+        kp = _entries(cache, slots, valid, L, ri, R, ks, FP8, L + R)  # [KC, RP]
+        s = _dot(ql, tl.trans(kl), tl.zeros((QHR, KC), tl.float32), CPU)
         s = _dot(qp, tl.trans(kp), s, CPU) * SCALE
         s = tl.where(valid[None, :], s, float("-inf"))
         mn = tl.maximum(m, tl.max(s, 1))
@@ -869,6 +872,7 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         IL=c.local_intermediate,
         Q=c.query_len,
         BS=c.block_size,
+        KC=p.kc,
         NL=c.num_hidden_layers,
         ROWS=b.rows,
         ROWSP=b.tiles * spec.TILE,
