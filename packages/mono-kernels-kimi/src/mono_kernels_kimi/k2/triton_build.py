@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from mono_runtime import decode_triton as dt
 from mono_runtime import protocol_triton as pt
 from mono_runtime.protocol import region_id
 from mono_runtime.stream import device as st
@@ -22,12 +23,6 @@ from mono_runtime.topk_triton import sigmoid_topk_row
 from .spec import K2Build, p2, peer_layout, scratch_layout, starts, table_offsets
 
 NAN_PAIR = tl.constexpr(0x7FC07FC0)  # two bf16 quiet NaNs: what a failed gather stores
-
-
-@triton.jit
-def _bf16(x):
-    """x rounded to bf16 (nearest even, as the pair packing rounds), as fp32."""
-    return (pt.bf16_bits(x) << 16).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -50,28 +45,6 @@ def _situ(g, u, BETA: tl.constexpr, LBETA: tl.constexpr):
 
 
 @triton.jit
-def _pairs(acc, BN: tl.constexpr):
-    """fp32 [BN weight rows, 16 tokens] -> int32 [16, BN / 2] bf16 pairs (rounded)."""
-    lo, hi = tl.split(tl.reshape(tl.trans(acc), (16, BN // 2, 2)))
-    return pt.bf16x2_pack(lo, hi)
-
-
-@triton.jit
-def _push(peers, world, off, row_pairs, q, payload, keep, tag, S: tl.constexpr):
-    """Publish `payload` [16 tokens, Q] at pair `off + token * row_pairs + q` of every
-    rank's peer data (tokens < S, lanes where `keep`)."""
-    t = tl.arange(0, 16)[:, None]
-    for dst in range(world):
-        pt.publish(
-            pt.peer_data(peers, dst) + off + t * row_pairs + q[None, :],
-            payload,
-            tag,
-            (t < S) & keep[None, :],
-            "sys",
-        )
-
-
-@triton.jit
 def _share(rank, g, SHARE: tl.constexpr, TOTAL: tl.constexpr, BN: tl.constexpr):
     """Item g of this rank's SHARE rows of a whole [TOTAL, *] weight: (first row of the BN
     streamed, which rows of them to keep). A share smaller than BN streams neighbouring
@@ -81,43 +54,6 @@ def _share(rank, g, SHARE: tl.constexpr, TOTAL: tl.constexpr, BN: tl.constexpr):
     rows = r0 + tl.arange(0, BN)
     keep = (rows >= first) & (rows < tl.minimum(first + BN, (rank + 1) * SHARE))
     return r0, rows, keep
-
-
-@triton.jit
-def _prefetch(base, stride, row_bytes, NROWS: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr):
-    """L2 prefetch of NROWS weight rows (mono_runtime.stream's, NVIDIA only): a program
-    asks for an item's weights before it waits for the item's inputs."""
-    if ASM:
-        st.prefetch_l2(base, stride, row_bytes, NROWS, CPU)
-
-
-@triton.jit
-def _expert(e, w, ws, N: tl.constexpr, K: tl.constexpr):
-    """(values, scales) of expert e's MXFP4 [N, K] matrix in a stacked tensor."""
-    eo = e.to(tl.int64)
-    return w + eo * (N * K // 2), ws + eo * (N * K // 32)
-
-
-@triton.jit
-def _wait(
-    done,
-    first,
-    N: tl.constexpr,
-    N2: tl.constexpr,
-    tag,
-    ctl,
-    health,
-    peers,
-    rank,
-    world,
-    region,
-    CPU: tl.constexpr,
-):
-    """Wait (bounded) for items first..first+N-1 (smaller tickets); then their stores are
-    visible to this program. N2: N rounded up to a power of two."""
-    return pt.wait_done(
-        done, first, N, N2, tag, ctl, health, peers, rank, world, region, first, CPU
-    )
 
 
 # Integer arguments that vary per launch or per rank: never specialized (a value of 1 or a
@@ -330,7 +266,7 @@ def k2_kernel(
             )
         elif t < T_NORM:
             s_ = (t - T_MIX) // NCH
-            _wait(
+            dt.wait_items(
                 done,
                 T_COL + s_ * NCH,
                 NCH,
@@ -368,7 +304,7 @@ def k2_kernel(
             pt.ticket_finish(done, t, tag)
         elif t < T_ROUTER:
             s_ = (t - T_NORM) // NCH
-            _wait(
+            dt.wait_items(
                 done,
                 T_MIX + s_ * NCH,
                 NCH,
@@ -392,17 +328,17 @@ def k2_kernel(
             buf = (scratch + O_KPART).to(tl.pointer_type(tl.float32))
             if t < T_LATDOWN:
                 r0, _, _ = _share(rank, (t - T_ROUTER) // DKS, EPR, E, 16)
-                _prefetch(router + r0 * H + kp * (H // DKS), 2 * H, 2 * (H // DKS), 16, CPU, ASM)
+                dt.prefetch_rows(router, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
             elif t < T_SHUP:
                 r0, _, _ = _share(rank, (t - T_LATDOWN) // DKS, LPR, LAT, 16)
-                _prefetch(
-                    latent_down + r0 * H + kp * (H // DKS), 2 * H, 2 * (H // DKS), 16, CPU, ASM
-                )
+                dt.prefetch_rows(latent_down, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
             else:
-                w = shared_w13 + ((t - T_SHUP) // DKS) * SB * H + kp * (H // DKS)
-                _prefetch(w, 2 * H, 2 * (H // DKS), SB, CPU, ASM)
-                _prefetch(w + SI * H, 2 * H, 2 * (H // DKS), SB, CPU, ASM)
-            _wait(done, T_NORM, S * NCH, SNCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+                r0 = ((t - T_SHUP) // DKS) * SB
+                dt.prefetch_rows(shared_w13, r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
+                dt.prefetch_rows(shared_w13, SI + r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
+            dt.wait_items(
+                done, T_NORM, S * NCH, SNCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
             x = (scratch + O_X).to(tl.pointer_type(tl.bfloat16))
             if t < T_LATDOWN:
                 g = (t - T_ROUTER) // DKS
@@ -550,7 +486,7 @@ def k2_kernel(
             )
             pt.ticket_finish(done, t, tag)
         elif t < T_UP:
-            _wait(done, T_ROUTE, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+            dt.wait_items(done, T_ROUTE, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
             _union(
                 scratch,
                 S,
@@ -569,8 +505,10 @@ def k2_kernel(
             )
             pt.ticket_finish(done, t, tag)
         elif t < T_DOWN:
-            ok = _wait(done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
-            ok = ok & _wait(
+            ok = dt.wait_items(
+                done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
+            ok = ok & dt.wait_items(
                 done, T_GATHER, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
             _up(
@@ -638,7 +576,7 @@ def k2_kernel(
             )
             pt.ticket_finish(done, t, tag)
         elif t < T_LRED:
-            _wait(
+            dt.wait_items(
                 done,
                 T_DOWN + (t - T_DSUM) * NG,
                 NG,
@@ -727,19 +665,12 @@ def k2_kernel(
         else:
             # the TP fault handshake: every final item here is done; tell every rank, hear
             # from every rank (a rank that gave up has set its alarm here)
-            _wait(done, T_FINAL, S * NF, SNF2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
-            i = tl.arange(0, 8)
-            for dst in range(world):
-                pt.publish(pt.peer_data(peers, dst) + P_HS // 8 + rank + i, i, tag, i == 0, "sys")
-            pt.poll(
-                me + P_HS // 8 + i, i < world, tag, ctl, health, peers, rank, world, R_HS, 0, CPU
+            dt.wait_items(
+                done, T_FINAL, S * NF, SNF2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
+            dt.handshake(me, peers, rank, world, P_HS // 8, 8, tag, ctl, health, R_HS, CPU)
         if TL:  # the item's (program, ticket, start, end)
-            stamp = (scratch + O_TL).to(tl.pointer_type(tl.int64)) + t * 4
-            tl.store(stamp, tl.program_id(0).to(tl.int64))
-            tl.store(stamp + 1, t.to(tl.int64))
-            tl.store(stamp + 2, t_begin)
-            tl.store(stamp + 3, pt.clock(0, CPU))
+            dt.stamp_item((scratch + O_TL).to(tl.pointer_type(tl.int64)), t, t_begin, CPU)
         t = pt.ticket_take(counter, total)
 
 
@@ -771,8 +702,16 @@ def _oproj(
         o_proj, o_proj, core, i * OC, 0, KO // OBK, KO, OC, OBK, S, 0, STAGES, CPU, ASM
     )
     q = i * (OC // 2) + tl.arange(0, OC // 2)
-    _push(
-        peers, world, P_AR1 // 8 + rank * 16 * (H // 2), H // 2, q, _pairs(acc, OC), q >= 0, tag, S
+    dt.push_pairs(
+        peers,
+        world,
+        P_AR1 // 8 + rank * 16 * (H // 2),
+        H // 2,
+        q,
+        dt.tile_pairs(acc, OC),
+        True,
+        tag,
+        S,
     )
 
 
@@ -815,24 +754,14 @@ def _col(
     the new prefix (reset: o; else bf16(prefix + o)) -> pnew (and the prefix, live rows);
     each source's sum of squares and dot with norm * proj over the chunk."""
     p = ch * (RC // 2) + tl.arange(0, RC // 2)
-    lo, hi, ok = pt.reduce_bf16x2(
-        me + P_AR1 // 8 + s * (H // 2) + p,
-        16 * (H // 2),
-        p >= 0,
-        tag,
-        ctl,
-        health,
-        peers,
-        rank,
-        world,
-        R_AR1,
-        s * (H // 2) + ch * (RC // 2),
-        CPU,
-    )
-    ol, oh = _bf16(lo), _bf16(hi)
+    lo, hi, ok = dt.reduce_row(
+        me, P_AR1 // 8, s, p, ch * (RC // 2), p >= 0, H // 2,
+        tag, ctl, health, peers, rank, world, R_AR1, CPU,
+    )  # fmt: skip
+    ol, oh = dt.bf16_round(lo), dt.bf16_round(hi)
     old = tl.load(prefix + s * (H // 2) + p)
-    pl = tl.where(reset != 0, ol, _bf16(pt.bf16x2_lo(old) + ol))
-    ph = tl.where(reset != 0, oh, _bf16(pt.bf16x2_hi(old) + oh))
+    pl = tl.where(reset != 0, ol, dt.bf16_round(pt.bf16x2_lo(old) + ol))
+    ph = tl.where(reset != 0, oh, dt.bf16_round(pt.bf16x2_hi(old) + oh))
     pl = tl.where(ok, pl, float("nan"))
     ph = tl.where(ok, ph, float("nan"))
     packed = pt.bf16x2_pack(pl, ph)
@@ -929,30 +858,10 @@ def _norm(
     k = ch * RC + tl.arange(0, RC)
     v = tl.load((scratch + O_MIX).to(tl.pointer_type(tl.float32)) + s * H + k, volatile=True)
     v = v * rstd * tl.load(post_norm + k).to(tl.float32)
-    tl.store((scratch + O_X).to(tl.pointer_type(tl.bfloat16)) + s * H + k, _bf16(v).to(tl.bfloat16))
-
-
-@triton.jit
-def _sum_parts(acc, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.constexpr):
-    """Split K: store this item's K part kp of a [BN, 16] fp32 sum in buf; (last, total):
-    `last` in the item that finished the last part, which gets the parts summed in part
-    order (results do not depend on timing). The last also resets the counter."""
-    n = tl.arange(0, BN)
-    t = tl.arange(0, 16)
-    live = t[None, :] < S
-    base = buf + n[:, None] * S + t[None, :]
-    total = acc
-    last = kp == kp
-    if PARTS > 1:
-        tl.store(base + kp * (BN * S), acc, mask=live)
-        tl.debug_barrier()
-        last = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == PARTS - 1
-        total = tl.zeros((BN, 16), tl.float32)
-        if last:
-            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
-            for q in tl.static_range(PARTS):  # unrolled: the loads fly together, in order
-                total += tl.load(base + q * (BN * S), mask=live, other=0.0, volatile=True)
-    return last, total
+    tl.store(
+        (scratch + O_X).to(tl.pointer_type(tl.bfloat16)) + s * H + k,
+        dt.bf16_round(v).to(tl.bfloat16),
+    )
 
 
 @triton.jit
@@ -985,10 +894,10 @@ def _router(
     acc = st.stream_rows(
         router, router, x, r0, kp * KP, KP // RBK, H, 16, RBK, S, 0, STAGES, CPU, ASM
     )
-    last, acc = _sum_parts(acc, buf, cnt, kp, DKS, 16, S)
+    last, acc = dt.split_k(acc, buf, cnt, kp, DKS, 16, S)
     if last:
         payload = tl.trans(acc).to(tl.int32, bitcast=True)
-        _push(peers, world, P_LG // 8, E, rows, payload, keep, tag, S)
+        dt.push_pairs(peers, world, P_LG // 8, E, rows, payload, keep[None, :], tag, S)
 
 
 @triton.jit
@@ -1021,11 +930,13 @@ def _latdown(
     acc = st.stream_rows(
         latent_down, latent_down, x, r0, kp * KP, KP // RBK, H, 16, RBK, S, 0, STAGES, CPU, ASM
     )
-    last, acc = _sum_parts(acc, buf, cnt, kp, DKS, 16, S)
+    last, acc = dt.split_k(acc, buf, cnt, kp, DKS, 16, S)
     if last:
         q = r0 // 2 + tl.arange(0, 8)
         kq = tl.sum(tl.reshape(keep.to(tl.int32), (8, 2)), 1) == 2
-        _push(peers, world, P_LAT // 8, LAT // 2, q, _pairs(acc, 16), kq, tag, S)
+        dt.push_pairs(
+            peers, world, P_LAT // 8, LAT // 2, q, dt.tile_pairs(acc, 16), kq[None, :], tag, S
+        )
 
 
 @triton.jit
@@ -1073,18 +984,12 @@ def _shup(
         ASM,
     )
     gu = tl.reshape(tl.permute(tl.join(g, u), (2, 0, 1)), (2 * SB, 16))  # gate rows, up rows
-    last, gu = _sum_parts(gu, buf, cnt, kp, DKS, 2 * SB, S)
+    last, gu = dt.split_k(gu, buf, cnt, kp, DKS, 2 * SB, S)
     if last:
         g, u = tl.split(tl.permute(tl.reshape(gu, (2, SB, 16)), (1, 2, 0)))
-        h = _situ(_bf16(g), _bf16(u), BETA, LBETA)
-        n = tl.arange(0, SB)
-        t = tl.arange(0, 16)
+        h = _situ(dt.bf16_round(g), dt.bf16_round(u), BETA, LBETA)
         smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
-        tl.store(
-            smid + t[None, :] * SI + (c * SB + n)[:, None],
-            _bf16(h).to(tl.bfloat16),
-            mask=t[None, :] < S,
-        )
+        dt.store_mid(smid, 0, c, h, S, SI, SB)
 
 
 @triton.jit
@@ -1116,15 +1021,23 @@ def _shdown(
 ):
     """SD output columns of this rank's shared-expert partial (K = SI; its rows asked of
     L2 before the wait for every shup item) -> bf16 -> every rank's sh[this rank]."""
-    _prefetch(shared_w2 + d * SD * SI, 2 * SI, 2 * SI, SD, CPU, ASM)
-    _wait(done, T_SHUP, SI // SB, NSU2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+    dt.prefetch_rows(shared_w2, d * SD, SD, SI, 0, SI, 0, CPU, ASM)
+    dt.wait_items(done, T_SHUP, SI // SB, NSU2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
     smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
     acc = st.stream_rows(
         shared_w2, shared_w2, smid, d * SD, 0, SI // SDK, SI, SD, SDK, S, 0, STAGES, CPU, ASM
     )
     q = d * (SD // 2) + tl.arange(0, SD // 2)
-    _push(
-        peers, world, P_SH // 8 + rank * 16 * (H // 2), H // 2, q, _pairs(acc, SD), q >= 0, tag, S
+    dt.push_pairs(
+        peers,
+        world,
+        P_SH // 8 + rank * 16 * (H // 2),
+        H // 2,
+        q,
+        dt.tile_pairs(acc, SD),
+        True,
+        tag,
+        S,
     )
 
 
@@ -1301,7 +1214,7 @@ def _up(
     (bf16); nothing for a slot past the union's count."""
     if j < _slot_count(scratch, O_TABLE, MAXSLOTS):
         e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
-        w, ws = _expert(e, w13, w13_scale, 2 * RI, LAT)
+        w, ws = dt.stacked_expert(e, w13, w13_scale, 2 * RI, LAT, FMT)
         xlat = (scratch + O_XLAT).to(tl.pointer_type(tl.bfloat16))
         g = st.stream_rows(
             w, ws, xlat, c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU, ASM
@@ -1310,14 +1223,8 @@ def _up(
             w, ws, xlat, RI + c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU, ASM
         )
         h = tl.where(ok, _situ(g, u, BETA, LBETA), float("nan"))
-        n = tl.arange(0, BN)
-        t = tl.arange(0, 16)
         mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
-        tl.store(
-            mid + (j * S + t[None, :]) * RI + (c * BN + n)[:, None],
-            _bf16(h).to(tl.bfloat16),
-            mask=t[None, :] < S,
-        )
+        dt.store_mid(mid, j, c, h, S, RI, BN)
 
 
 @triton.jit
@@ -1360,7 +1267,7 @@ def _down(
     """Latent columns [d DC, (d + 1) DC) of this rank's routed partial over the slots of
     group q in order (ascending expert id), each as soon as its up items are done (its
     weights asked of L2 first), weighted by wtab, in fp32 -> dpart[d, q]."""
-    ok = _wait(done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+    ok = dt.wait_items(done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
     nslots = _slot_count(scratch, O_TABLE, MAXSLOTS)
     per = (nslots + NG - 1) // NG
     j1 = tl.minimum((q + 1) * per, nslots)
@@ -1371,9 +1278,9 @@ def _down(
     for j in range(tl.minimum(q * per, nslots), j1):
         e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
         wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
-        w, ws = _expert(e, w2, w2_scale, LAT, RI)
-        _prefetch(w + d * DC * (RI // 2), RI // 2, RI // 2, DC, CPU, ASM)
-        ok = ok & _wait(
+        w, ws = dt.stacked_expert(e, w2, w2_scale, LAT, RI, FMT)
+        dt.prefetch_rows(w, d * DC, DC, RI, 0, RI, FMT, CPU, ASM)
+        ok = ok & dt.wait_items(
             done, T_UP + j * NC, NC, NC2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
         )
         y = st.stream_rows(
@@ -1405,20 +1312,18 @@ def _dsum(
     rl[this rank]."""
     n = tl.arange(0, DC)
     t = tl.arange(0, 16)
-    base = (scratch + O_DPART).to(tl.pointer_type(tl.float32)) + (d * NG * DC + n[:, None]) * S
-    acc = tl.zeros((DC, 16), tl.float32)
-    for g in tl.static_range(NG):  # unrolled: the loads fly together, summed in order
-        acc += tl.load(
-            base + g * DC * S + t[None, :], mask=t[None, :] < S, other=0.0, volatile=True
-        )
+    dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
+    acc = dt.sum_parts(
+        dpart + (d * NG * DC + n[:, None]) * S + t[None, :], NG, DC * S, t[None, :] < S, DC
+    )
     q = d * (DC // 2) + tl.arange(0, DC // 2)
-    _push(
+    dt.push_pairs(
         peers,
         world,
         P_RL // 8 + rank * 16 * (LAT // 2),
         LAT // 2,
         q,
-        _pairs(acc, DC),
+        dt.tile_pairs(acc, DC),
         q >= 0,
         tag,
         S,
@@ -1450,29 +1355,18 @@ def _lred(
     (normalized in fp32, rounded, times the bf16 weight, rounded) -> nlat."""
     i = tl.arange(0, LP2)
     m = i < LAT // 2
-    lo, hi, ok = pt.reduce_bf16x2(
-        me + P_RL // 8 + s * (LAT // 2) + i,
-        16 * (LAT // 2),
-        m,
-        tag,
-        ctl,
-        health,
-        peers,
-        rank,
-        world,
-        R_RL,
-        s * (LAT // 2),
-        CPU,
+    lo, hi, ok = dt.reduce_row(
+        me, P_RL // 8, s, i, 0, m, LAT // 2, tag, ctl, health, peers, rank, world, R_RL, CPU
     )
-    vl = tl.where(ok, _bf16(lo), float("nan"))
-    vh = tl.where(ok, _bf16(hi), float("nan"))
+    vl = tl.where(ok, dt.bf16_round(lo), float("nan"))
+    vh = tl.where(ok, dt.bf16_round(hi), float("nan"))
     if LNORM:
         ss = tl.sum(tl.where(m, vl * vl + vh * vh, 0.0), 0)
         rstd = 1.0 / tl.sqrt_rn(ss / LAT + EPS)
         wl = tl.load(latent_norm + 2 * i, mask=m, other=0.0).to(tl.float32)
         wh = tl.load(latent_norm + 2 * i + 1, mask=m, other=0.0).to(tl.float32)
-        vl = _bf16(vl * rstd) * wl
-        vh = _bf16(vh * rstd) * wh
+        vl = dt.bf16_round(vl * rstd) * wl
+        vh = dt.bf16_round(vh * rstd) * wh
     nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.int32))
     tl.store(nlat + s * (LAT // 2) + i, pt.bf16x2_pack(vl, vh), mask=m)
 
@@ -1507,14 +1401,14 @@ def _upproj(
     """UC of this rank's H/tp up_proj rows (its rows asked of L2 before the wait for every
     lred item) over the normed latent -> bf16 -> every rank's upo (the column's owner)."""
     r0 = rank * HPR + u * UC
-    _prefetch(up_proj + r0 * LAT, 2 * LAT, 2 * LAT, UC, CPU, ASM)
-    _wait(done, T_LRED, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+    dt.prefetch_rows(up_proj, r0, UC, LAT, 0, LAT, 0, CPU, ASM)
+    dt.wait_items(done, T_LRED, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
     nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.bfloat16))
     acc = st.stream_rows(
         up_proj, up_proj, nlat, r0, 0, LAT // UBK, LAT, UC, UBK, S, 0, STAGES, CPU, ASM
     )
     q = r0 // 2 + tl.arange(0, UC // 2)
-    _push(peers, world, P_UPO // 8, H // 2, q, _pairs(acc, UC), q >= 0, tag, S)
+    dt.push_pairs(peers, world, P_UPO // 8, H // 2, q, dt.tile_pairs(acc, UC), True, tag, S)
 
 
 @triton.jit
@@ -1541,20 +1435,10 @@ def _final(
     """Row s, FC columns: bf16(the ranks' shared partials in rank order) + the column
     owner's up-projection -> out (bf16; 0 on a padding row)."""
     p = f * (FC // 2) + tl.arange(0, FC // 2)
-    lo, hi, ok = pt.reduce_bf16x2(
-        me + P_SH // 8 + s * (H // 2) + p,
-        16 * (H // 2),
-        p >= 0,
-        tag,
-        ctl,
-        health,
-        peers,
-        rank,
-        world,
-        R_SH,
-        s * (H // 2) + f * (FC // 2),
-        CPU,
-    )
+    lo, hi, ok = dt.reduce_row(
+        me, P_SH // 8, s, p, f * (FC // 2), p >= 0, H // 2,
+        tag, ctl, health, peers, rank, world, R_SH, CPU,
+    )  # fmt: skip
     up, got = pt.poll(
         me + P_UPO // 8 + s * (H // 2) + p,
         p >= 0,
@@ -1569,8 +1453,8 @@ def _final(
         CPU,
     )
     ok = ok & got
-    ol = tl.where(ok, _bf16(lo) + pt.bf16x2_lo(up), float("nan"))
-    oh = tl.where(ok, _bf16(hi) + pt.bf16x2_hi(up), float("nan"))
+    ol = tl.where(ok, dt.bf16_round(lo) + pt.bf16x2_lo(up), float("nan"))
+    oh = tl.where(ok, dt.bf16_round(hi) + pt.bf16x2_hi(up), float("nan"))
     live = tl.load(slots + s) >= 0
     tl.store(out + s * (H // 2) + p, tl.where(live, pt.bf16x2_pack(ol, oh), 0))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from mono_runtime import decode_triton as dt
 from mono_runtime import protocol_triton as pt
 from mono_runtime.protocol import region_id
 from mono_runtime.stream import device as st
@@ -20,28 +21,7 @@ from mono_runtime.stream import device as st
 from ..formats import WeightFormat
 from .spec import Experts, FfnBuild, max_tickets, peer_layout, scratch_layout, table_offsets
 
-
-@triton.jit
-def _round_bf16(x):
-    """x rounded to bf16 (nearest even, as the runtime's packing rounds), as fp32."""
-    return (pt.bf16_bits(x) << 16).to(tl.float32, bitcast=True)
-
-
 # -- the expert stages ----------------------------------------------------------------
-
-
-@triton.jit
-def _expert(
-    e, E: tl.constexpr, w, ws, sw, sws, N: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr
-):
-    """(weights, scales) of expert e's [N, K] matrix in a stacked tensor (e < E)."""
-    eo = e.to(tl.int64)
-    if FMT == 1 or FMT == 3:
-        return w + eo * (N * K // 2), ws + eo * (N * K // 32)
-    elif FMT == 2:
-        return w + eo * (N * K), ws + eo * (((N + 127) // 128) * ((K + 127) // 128))
-    else:
-        return w + eo * (N * K), ws
 
 
 @triton.jit
@@ -66,27 +46,6 @@ def _up_item(
     g = st.stream_rows(w, ws, xn, c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
     u = st.stream_rows(w, ws, xn, I + c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
     return g, u
-
-
-@triton.jit
-def _prefetch_rows(
-    w,
-    row0,
-    NROWS: tl.constexpr,
-    K: tl.constexpr,
-    k0,
-    KLEN: tl.constexpr,
-    FMT: tl.constexpr,
-    CPU: tl.constexpr,
-):
-    """L2 prefetch of columns k0 .. k0 + KLEN of rows row0.. of a [*, K] weight: exactly
-    what an item streams (values only: scales are small)."""
-    if FMT == 1 or FMT == 3:
-        st.prefetch_l2(w + (row0 * K + k0) // 2, K // 2, KLEN // 2, NROWS, CPU)
-    elif FMT == 2:
-        st.prefetch_l2(w + row0 * K + k0, K, KLEN, NROWS, CPU)
-    else:
-        st.prefetch_l2(w + row0 * K + k0, 2 * K, 2 * KLEN, NROWS, CPU)
 
 
 @triton.jit
@@ -130,14 +89,9 @@ def _finish_up(
         base = upart + n[:, None] * S + t[None, :]
         tl.store(base + kp * (2 * BN * S), g, mask=live)
         tl.store(base + kp * (2 * BN * S) + BN * S, u, mask=live)
-        tl.debug_barrier()
-        if tl.atomic_add(ucount, 1, sem="acq_rel", scope="gpu") == PARTS - 1:
-            tl.atomic_xchg(ucount, 0, sem="relaxed", scope="gpu")
-            g = tl.zeros((BN, 16), tl.float32)
-            u = tl.zeros((BN, 16), tl.float32)
-            for q in tl.static_range(PARTS):  # unrolled: the loads fly together, summed in order
-                g += tl.load(base + q * (2 * BN * S), mask=live, other=0.0, volatile=True)
-                u += tl.load(base + q * (2 * BN * S) + BN * S, mask=live, other=0.0, volatile=True)
+        if dt.last_arrival(ucount, PARTS):
+            g = dt.sum_parts(base, PARTS, 2 * BN * S, live, BN)
+            u = dt.sum_parts(base + BN * S, PARTS, 2 * BN * S, live, BN)
             _up_block_done(
                 g, u, j, c, scount, mid, done, slotdone, tag, S, I, BN, NC, ALPHA, BETA, LIMIT
             )
@@ -168,43 +122,12 @@ def _up_block_done(
 ):
     """SwiGLU-OAI of a whole row block -> mid; the slot's last block marks it done
     (`slotdone + j`), which is all a down item waits for."""
-    n = tl.arange(0, BN)
-    t = tl.arange(0, 16)
-    h = _swiglu(g, u, ALPHA, BETA, LIMIT)
-    tl.store(
-        mid + (j * S + t[None, :]) * I + (c * BN + n)[:, None],
-        _round_bf16(h).to(tl.bfloat16),
-        mask=t[None, :] < S,
-    )
-    tl.debug_barrier()
-    if tl.atomic_add(scount + j, 1, sem="acq_rel", scope="gpu") == NC - 1:
-        tl.atomic_xchg(scount + j, 0, sem="relaxed", scope="gpu")
+    dt.store_mid(mid, j, c, _swiglu(g, u, ALPHA, BETA, LIMIT), S, I, BN)
+    if dt.last_arrival(scount + j, NC):
         pt.ticket_finish(done, slotdone + j, tag)
 
 
 # -- the kernel ---------------------------------------------------------------------------
-
-
-@triton.jit
-def _wait_items(
-    done,
-    first,
-    N: tl.constexpr,
-    N2: tl.constexpr,
-    tag,
-    ctl,
-    health,
-    peers,
-    rank,
-    world,
-    region,
-    CPU: tl.constexpr,
-):
-    """Wait (bounded) until items first..first+N-1 (smaller tickets) are done; then their
-    stores are visible to this program. N2: N rounded up to a power of two."""
-    return pt.wait_done(
-        done, first, N, N2, tag, ctl, health, peers, rank, world, region, first, CPU
-    )
 
 
 # Integer arguments that vary per launch or per rank: never specialized (a value of 1 or a
@@ -345,7 +268,7 @@ def ffn_kernel(
             )
             total = STATIC + (nslots - HAS_SHARED) * NROUTED + tail
             routed = t * 0 + 1
-            _reset_if_last(counter, t, total)
+            dt.ticket_reset_if_last(counter, t, total)
         if t >= total:
             pass  # drawn before this program knew the slot count: no task, no more draws
         elif t < NPUSH:
@@ -354,37 +277,20 @@ def ffn_kernel(
             p = t * (PUSHC // 2) + tl.arange(0, PUSHC // 2)
             rows = tl.arange(0, 16)[:, None]
             payload = tl.load(part + rows * (H // 2) + p[None, :], mask=rows < S, other=0)
-            for dst in range(world):
-                dst_ar1 = pt.peer_data(peers, dst) + P_AR1 // 8
-                pt.publish(
-                    dst_ar1 + (rank * 16 + rows) * (H // 2) + p[None, :],
-                    payload,
-                    tag,
-                    rows < S,
-                    "sys",
-                )
+            off = P_AR1 // 8 + rank * 16 * (H // 2)
+            dt.push_pairs(peers, world, off, H // 2, p, payload, True, tag, S)
         elif t < NORM0:
             # seam item (row s, columns [ch*SC, (ch+1)*SC)): rank-ordered sum + residual
             s = (t - NPUSH) // NCH
             ch = (t - NPUSH) % NCH
             p = ch * (SC // 2) + tl.arange(0, SC // 2)
-            lo, hi, ok = pt.reduce_bf16x2(
-                me + P_AR1 // 8 + s * (H // 2) + p,
-                16 * (H // 2),
-                p >= 0,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                R_AR1,
-                s * (H // 2) + ch * (SC // 2),
-                CPU,
-            )
+            lo, hi, ok = dt.reduce_row(
+                me, P_AR1 // 8, s, p, ch * (SC // 2), p >= 0, H // 2,
+                tag, ctl, health, peers, rank, world, R_AR1, CPU,
+            )  # fmt: skip
             r = tl.load(residual + s * (H // 2) + p)
-            xl = tl.where(ok, _round_bf16(lo) + pt.bf16x2_lo(r), float("nan"))
-            xh = tl.where(ok, _round_bf16(hi) + pt.bf16x2_hi(r), float("nan"))
+            xl = tl.where(ok, dt.bf16_round(lo) + pt.bf16x2_lo(r), float("nan"))
+            xh = tl.where(ok, dt.bf16_round(hi) + pt.bf16x2_hi(r), float("nan"))
             tl.store(residual_out + s * (H // 2) + p, pt.bf16x2_pack(xl, xh))
             tl.store(xs + s * H + 2 * p, xl)
             tl.store(xs + s * H + 2 * p + 1, xh)
@@ -394,7 +300,7 @@ def ffn_kernel(
             # norm item (row s, same columns): Gemma RMSNorm over the row's chunks' sums
             s = (t - NORM0) // NCH
             ch = (t - NORM0) % NCH
-            _wait_items(
+            dt.wait_items(
                 done, NPUSH + s * NCH, NCH, NCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
             total_sq = tl.sum(tl.zeros((2,), tl.float32), 0)
@@ -419,7 +325,7 @@ def ffn_kernel(
             part_k = u % RP
             # its 16 rows x RK columns of fp32 weights are asked for while the norm lands
             st.prefetch_l2(router + g * 16 * H + part_k * RK, 4 * H, 4 * RK, 16, CPU)
-            _wait_items(
+            dt.wait_items(
                 done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
             rows = tl.arange(0, 16)
@@ -434,9 +340,7 @@ def ffn_kernel(
                 logit + (part_k * S + rows[:, None]) * E + ex[None, :], acc, mask=rows[:, None] < S
             )
             # the last router item to finish routes: no hand-off to a route task to notice
-            tl.debug_barrier()
-            if tl.atomic_add(rcount, 1, sem="acq_rel", scope="gpu") == RG * RP - 1:
-                tl.atomic_xchg(rcount, 0, sem="relaxed", scope="gpu")
+            if dt.last_arrival(rcount, RG * RP):
                 _route(
                     logit,
                     bias,
@@ -463,9 +367,9 @@ def ffn_kernel(
             u = t - SHUP
             c = u // UKS0
             kp = u % UKS0
-            _prefetch_rows(sw13, c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
-            _prefetch_rows(sw13, I + c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
-            _wait_items(
+            dt.prefetch_rows(sw13, c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
+            dt.prefetch_rows(sw13, I + c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
+            dt.wait_items(
                 done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
             g, v = _up_item(
@@ -502,7 +406,7 @@ def ffn_kernel(
                 c = (u // UKS) % NC
                 kp = u % UKS
                 e = tl.load(slot_e + j, volatile=True)
-                w, ws = _expert(e, E, w13, w13_scale, sw13, sw13_scale, 2 * I, H, FMT)
+                w, ws = dt.stacked_expert(e, w13, w13_scale, 2 * I, H, FMT)
                 g, v = _up_item(
                     xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT, STAGES, CPU
                 )
@@ -580,20 +484,10 @@ def ffn_kernel(
                 s = (u - nup - ND * NG) // NF
                 f = (u - nup - ND * NG) % NF
                 p = f * (FC // 2) + tl.arange(0, FC // 2)
-                lo, hi, ok = pt.reduce_bf16x2(
-                    me + P_AR2 // 8 + s * (H // 2) + p,
-                    16 * (H // 2),
-                    p >= 0,
-                    tag,
-                    ctl,
-                    health,
-                    peers,
-                    rank,
-                    world,
-                    R_AR2,
-                    s * (H // 2) + f * (FC // 2),
-                    CPU,
-                )
+                lo, hi, ok = dt.reduce_row(
+                    me, P_AR2 // 8, s, p, f * (FC // 2), p >= 0, H // 2,
+                    tag, ctl, health, peers, rank, world, R_AR2, CPU,
+                )  # fmt: skip
                 tl.store(
                     out + s * (H // 2) + p,
                     pt.bf16x2_pack(tl.where(ok, lo, float("nan")), tl.where(ok, hi, float("nan"))),
@@ -602,7 +496,7 @@ def ffn_kernel(
             else:
                 # the TP fault handshake: every final task here is done; tell every rank,
                 # hear from every rank (a rank that gave up has set its alarm here)
-                _wait_items(
+                dt.wait_items(
                     done,
                     t - S * NF,
                     S * NF,
@@ -616,31 +510,10 @@ def ffn_kernel(
                     R_ITEMS,
                     CPU,
                 )
-                i = tl.arange(0, W2P)
-                for dst in range(world):
-                    pt.publish(
-                        pt.peer_data(peers, dst) + P_HS // 8 + rank + i, i, tag, i == 0, "sys"
-                    )
-                pt.poll(
-                    me + P_HS // 8 + i,
-                    i < world,
-                    tag,
-                    ctl,
-                    health,
-                    peers,
-                    rank,
-                    world,
-                    R_HS,
-                    0,
-                    CPU,
-                )
+                dt.handshake(me, peers, rank, world, P_HS // 8, W2P, tag, ctl, health, R_HS, CPU)
         if TL:
             if t < total:  # the item's (program, ticket, start, end) in ns
-                stamp = (scratch + O_TL).to(tl.pointer_type(tl.int64)) + t * 4
-                tl.store(stamp, tl.program_id(0).to(tl.int64))
-                tl.store(stamp + 1, t.to(tl.int64))
-                tl.store(stamp + 2, t_begin)
-                tl.store(stamp + 3, pt.clock(0, CPU))
+                dt.stamp_item((scratch + O_TL).to(tl.pointer_type(tl.int64)), t, t_begin, CPU)
         if t < total:
             t = pt.ticket_take(counter, total)
     if (routed == 0) & (t >= STATIC):
@@ -648,7 +521,7 @@ def ffn_kernel(
         nslots = _slot_count(
             done, nslots_p, ROUTED, MAXSLOTS, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
         )
-        _reset_if_last(counter, t, STATIC + (nslots - HAS_SHARED) * NROUTED + tail)
+        dt.ticket_reset_if_last(counter, t, STATIC + (nslots - HAS_SHARED) * NROUTED + tail)
 
 
 @triton.jit
@@ -705,8 +578,8 @@ def _down_item(
         e = tl.load(slot_e + j, volatile=True)
         wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
         if e == E:
-            _prefetch_rows(sw2, d * DC, DC, I, 0, I, SFMT, CPU)
-            ok = ok & _wait_items(
+            dt.prefetch_rows(sw2, d * DC, DC, I, 0, I, SFMT, CPU)
+            ok = ok & dt.wait_items(
                 done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
             y = st.stream_rows(
@@ -726,9 +599,9 @@ def _down_item(
                 True,
             )
         else:
-            w, ws = _expert(e, E, w2, w2_scale, sw2, sw2_scale, H, I, FMT)
-            _prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
-            ok = ok & _wait_items(
+            w, ws = dt.stacked_expert(e, w2, w2_scale, H, I, FMT)
+            dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
+            ok = ok & dt.wait_items(
                 done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
             y = st.stream_rows(
@@ -738,24 +611,11 @@ def _down_item(
     acc = tl.where(ok, acc, float("nan"))
     base = dpart + d * (NG * DC * S) + n[:, None] * S + t[None, :]
     tl.store(base + q * (DC * S), acc, mask=live)
-    tl.debug_barrier()
-    if tl.atomic_add(dcount + d, 1, sem="acq_rel", scope="gpu") == NG - 1:
-        tl.atomic_xchg(dcount + d, 0, sem="relaxed", scope="gpu")
-        tot = tl.zeros((DC, 16), tl.float32)
-        for g in tl.static_range(NG):  # unrolled, summed in group order
-            tot += tl.load(base + g * (DC * S), mask=live, other=0.0, volatile=True)
-        lo, hi = tl.split(tl.reshape(tl.trans(tot), (16, DC // 2, 2)))
-        payload = pt.bf16x2_pack(lo, hi)
+    if dt.last_arrival(dcount + d, NG):
+        tot = dt.sum_parts(base, NG, DC * S, live, DC)  # in group order
         p = d * (DC // 2) + tl.arange(0, DC // 2)
-        for dst in range(world):
-            dst_ar2 = pt.peer_data(peers, dst) + P_AR2 // 8
-            pt.publish(
-                dst_ar2 + (rank * 16 + t[:, None]) * (H // 2) + p[None, :],
-                payload,
-                tag,
-                t[:, None] < S,
-                "sys",
-            )
+        off = P_AR2 // 8 + rank * 16 * (H // 2)
+        dt.push_pairs(peers, world, off, H // 2, p, dt.tile_pairs(tot, DC), True, tag, S)
 
 
 @triton.jit
@@ -775,16 +635,8 @@ def _slot_count(
 ):
     """The route's slot count (waits for the route's done item, set by the last router
     item, a smaller ticket)."""
-    _wait_items(done, ROUTE, 1, 1, tag, ctl, health, peers, rank, world, region, CPU)
+    dt.wait_items(done, ROUTE, 1, 1, tag, ctl, health, peers, rank, world, region, CPU)
     return tl.minimum(tl.maximum(tl.load(nslots_p, volatile=True), 0), MAXSLOTS).to(tl.int64)
-
-
-@triton.jit
-def _reset_if_last(counter, t, n_items):
-    """ticket_take's last-taker reset, for a ticket drawn against an upper bound of the
-    item count: the launch draws n_items + P tickets in all, the last one resets."""
-    if t == n_items + tl.num_programs(0) - 1:
-        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit

@@ -1,0 +1,246 @@
+"""Device helpers (`@triton.jit`) of the fused decode kernels: the pieces every ticket-loop
+kernel that streams weights against <= 16 token rows and trades bf16 pairs with every rank
+is built from (MiniMax-M3's FFN, Kimi-K3's K2).
+
+Why here: the kernels must agree bit for bit with their references and with each other's
+conventions (bf16 rounding, the split-K order, the [16 tokens, H / 2] pair rows a rank
+pushes), so each convention is written once. Every helper inlines into its caller (Triton
+inlines `@triton.jit` calls): no extra memory traffic or registers over writing it in place.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import protocol_triton as pt
+from .stream import device as st
+
+# -- values -------------------------------------------------------------------------------
+
+
+@triton.jit
+def bf16_round(x):
+    """x rounded to bf16 (nearest even, as the pair packing rounds), as fp32: what a bf16
+    tensor of the reference would hold."""
+    return (pt.bf16_bits(x) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def tile_pairs(acc, BN: tl.constexpr):
+    """fp32 [BN weight rows, 16 tokens] (a `stream_rows` result) -> int32 [16 tokens,
+    BN / 2] bf16 pairs (rounded): the payload of `push_pairs`."""
+    lo, hi = tl.split(tl.reshape(tl.trans(acc), (16, BN // 2, 2)))
+    return pt.bf16x2_pack(lo, hi)
+
+
+# -- weights ------------------------------------------------------------------------------
+
+
+@triton.jit
+def stacked_expert(e, w, ws, N: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr):
+    """(values, scales) of expert e's [N, K] matrix in a stacked [E, N, K] tensor of
+    `stream_rows` format FMT (1, 3: MXFP4, 32-value scale groups; 2: FP8, 128 x 128 scale
+    blocks; else bf16, no scales)."""
+    eo = e.to(tl.int64)
+    if FMT == 1 or FMT == 3:
+        return w + eo * (N * K // 2), ws + eo * (N * K // 32)
+    elif FMT == 2:
+        return w + eo * (N * K), ws + eo * (((N + 127) // 128) * ((K + 127) // 128))
+    else:
+        return w + eo * (N * K), ws
+
+
+@triton.jit
+def prefetch_rows(
+    w,
+    row0,
+    NROWS: tl.constexpr,
+    K: tl.constexpr,
+    k0,
+    KLEN: tl.constexpr,
+    FMT: tl.constexpr,
+    CPU: tl.constexpr,
+    ASM: tl.constexpr = True,
+):
+    """L2 prefetch of columns k0 .. k0 + KLEN of rows row0.. of a [*, K] weight of format
+    FMT: exactly what an item streams (values only: scales are small). A program asks for
+    an item's weights before it waits for the item's inputs. Nothing under the interpreter
+    or without ASM (the bulk prefetch is NVIDIA PTX)."""
+    if ASM:
+        if FMT == 1 or FMT == 3:
+            st.prefetch_l2(w + (row0 * K + k0) // 2, K // 2, KLEN // 2, NROWS, CPU)
+        elif FMT == 2:
+            st.prefetch_l2(w + row0 * K + k0, K, KLEN, NROWS, CPU)
+        else:
+            st.prefetch_l2(w + row0 * K + k0, 2 * K, 2 * KLEN, NROWS, CPU)
+
+
+@triton.jit
+def store_mid(mid, j, c, h, S: tl.constexpr, COLS: tl.constexpr, BN: tl.constexpr):
+    """Activated rows [c BN, (c + 1) BN) of slot j, fp32 [BN, 16 tokens] -> mid[j] (bf16
+    [S tokens, COLS], rounded): the down items' `stream_rows` input."""
+    n = tl.arange(0, BN)
+    t = tl.arange(0, 16)
+    tl.store(
+        mid + (j * S + t[None, :]) * COLS + (c * BN + n)[:, None],
+        bf16_round(h).to(tl.bfloat16),
+        mask=t[None, :] < S,
+    )
+
+
+# -- items and counters -------------------------------------------------------------------
+
+
+@triton.jit
+def wait_items(
+    done,
+    first,
+    N: tl.constexpr,
+    N2: tl.constexpr,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    region,
+    CPU: tl.constexpr,
+):
+    """Wait (bounded) until items first..first+N-1 (smaller tickets) are done; then their
+    stores are visible to this program. False: the wait gave up. N2: N rounded up to a
+    power of two."""
+    return pt.wait_done(
+        done, first, N, N2, tag, ctl, health, peers, rank, world, region, first, CPU
+    )
+
+
+@triton.jit
+def last_arrival(cnt, N: tl.constexpr):
+    """Count this program in at `cnt` (int32, 0 at launch start) after all its prior
+    stores; True in the N-th to arrive, which also resets the counter for the next launch
+    and (acquire) sees every earlier arrival's stores."""
+    tl.debug_barrier()
+    last = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == N - 1
+    if last:
+        tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+    return last
+
+
+@triton.jit
+def ticket_reset_if_last(counter, t, n_items):
+    """`pt.ticket_take`'s last-taker reset for a ticket drawn against an upper bound of the
+    item count: a launch draws n_items + programs tickets in all, the last one resets."""
+    if t == n_items + tl.num_programs(0) - 1:
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def sum_parts(base, PARTS: tl.constexpr, STRIDE: tl.constexpr, live, BN: tl.constexpr):
+    """The fp32 [BN, 16] tiles at base + q STRIDE (q < PARTS, other programs' stores),
+    summed in q order: results do not depend on which program finished when. The loads
+    are unrolled, so they fly together."""
+    total = tl.zeros((BN, 16), tl.float32)
+    for q in tl.static_range(PARTS):
+        total += tl.load(base + q * STRIDE, mask=live, other=0.0, volatile=True)
+    return total
+
+
+@triton.jit
+def split_k(acc, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.constexpr):
+    """Split K: store this item's K part kp of a [BN, 16] fp32 sum in buf ([PARTS, BN, S]);
+    (last, total): `last` in the item that finished the last part, which gets the parts
+    summed in part order (`sum_parts`). One part: (True, acc)."""
+    n = tl.arange(0, BN)
+    t = tl.arange(0, 16)
+    live = t[None, :] < S
+    base = buf + n[:, None] * S + t[None, :]
+    total = acc
+    last = kp == kp
+    if PARTS > 1:
+        tl.store(base + kp * (BN * S), acc, mask=live)
+        last = last_arrival(cnt, PARTS)
+        total = tl.zeros((BN, 16), tl.float32)
+        if last:
+            total = sum_parts(base, PARTS, BN * S, live, BN)
+    return last, total
+
+
+@triton.jit
+def stamp_item(stamps, t, t_begin, CPU: tl.constexpr):
+    """Timeline builds: item t's (program, ticket, start, end) -> stamps[t] (int64 x 4;
+    device ns, poll counts under the interpreter)."""
+    stamp = stamps + t * 4
+    tl.store(stamp, tl.program_id(0).to(tl.int64))
+    tl.store(stamp + 1, t.to(tl.int64))
+    tl.store(stamp + 2, t_begin)
+    tl.store(stamp + 3, pt.clock(0, CPU))
+
+
+# -- ranks --------------------------------------------------------------------------------
+
+
+@triton.jit
+def push_pairs(peers, world, off, row_pairs, q, payload, keep, tag, S: tl.constexpr):
+    """Publish `payload` [16 tokens, Q] at pair `off + token * row_pairs + q` of every
+    rank's peer data (tokens < S, lanes where `keep`: a block that broadcasts against
+    [16, Q], or True)."""
+    t = tl.arange(0, 16)[:, None]
+    for dst in range(world):
+        pt.publish(
+            pt.peer_data(peers, dst) + off + t * row_pairs + q[None, :],
+            payload,
+            tag,
+            (t < S) & keep,
+            "sys",
+        )
+
+
+@triton.jit
+def reduce_row(
+    me,
+    off,
+    s,
+    p,
+    p0,
+    mask,
+    ROWP: tl.constexpr,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    region,
+    CPU: tl.constexpr,
+):
+    """Pairs p (p0: the first) of token row s of what every rank pushed to this rank's
+    [ranks, 16 tokens, ROWP pairs] area at `off` (`push_pairs`), summed in rank order:
+    (lo, hi, ok) as `pt.reduce_bf16x2`, bit-identical on every rank."""
+    return pt.reduce_bf16x2(
+        me + off + s * ROWP + p,
+        16 * ROWP,
+        mask,
+        tag,
+        ctl,
+        health,
+        peers,
+        rank,
+        world,
+        region,
+        s * ROWP + p0,
+        CPU,
+    )
+
+
+@triton.jit
+def handshake(
+    me, peers, rank, world, off, W: tl.constexpr, tag, ctl, health, region, CPU: tl.constexpr
+):
+    """The TP fault handshake that closes a final launch: tell every rank this one is done
+    (pair `off + rank`), hear from every rank (a rank that gave up has set its alarm, so
+    the poll gives up rather than waits). W: the world rounded up to a power of two."""
+    i = tl.arange(0, W)
+    for dst in range(world):
+        pt.publish(pt.peer_data(peers, dst) + off + rank + i, i, tag, i == 0, "sys")
+    pt.poll(me + off + i, i < world, tag, ctl, health, peers, rank, world, region, 0, CPU)
