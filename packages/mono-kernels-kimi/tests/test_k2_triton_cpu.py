@@ -130,7 +130,9 @@ def test_bad_construction_raises_before_allocating(kw, match, monkeypatch):
     def no_runner(*a, **k):
         raise AssertionError("MonoRunner built before the arguments were checked")
 
-    monkeypatch.setattr(k2_runner, "MonoRunner", no_runner)
+    from mono_runtime.kernel import mono_layer_runner
+
+    monkeypatch.setattr(mono_layer_runner, "MonoRunner", no_runner)  # where it is built
     with pytest.raises(ValueError, match=match):
         k2_runner.K2Runner(KimiK3Config.tiny(1), None, 0, "cpu", **({"widths": [1]} | kw))
 

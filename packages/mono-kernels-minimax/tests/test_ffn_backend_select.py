@@ -57,7 +57,11 @@ class FakeMono:
             tickets=torch.zeros(P.SLOTS, dtype=torch.int64, device=DEV),
         )
         self.peers = torch.zeros(tp, dtype=torch.int64, device=DEV)
-        self.tp, self.steps = tp, 0
+        self.tp, self.steps, self.slot = tp, 0, 0
+
+    def take_slot(self):
+        self.slot += 1
+        return self.slot - 1
 
     def launch_args(self):
         return dict(self.args)
@@ -66,7 +70,7 @@ class FakeMono:
         return dict(peers=self.peers, rank=1, world=self.tp)
 
     def step_begin(self):
-        self.steps += 1
+        self.steps, self.slot = self.steps + 1, 0
 
 
 def _weights(fmt: WeightFormat, tp: int, device=DEV) -> FfnWeights:

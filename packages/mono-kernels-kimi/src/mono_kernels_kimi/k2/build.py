@@ -12,10 +12,9 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from mono_runtime.builds import DeviceLimits, Resources, residency_problem
-from mono_runtime.errors import MonoUnsupported
 from mono_runtime.kernel import INTERPRETER, RUNTIME_ARGS, Arg, Build, Compiled, KernelSpec
 from mono_runtime.kernel.registry import register
+from mono_runtime.kernel.triton_warm import warm_triton
 
 from ..config import KimiK3Config
 from . import triton_build
@@ -75,26 +74,18 @@ class K2Triton(Build):
         return Compiled(target, kernel.metadata.shared, binary=kernel)
 
     def warm(self, programs: int, **args: Any) -> None:
-        """Compile and load (Triton's warmup), then refuse a grid that cannot be resident
-        at once; nothing on a CPU (the interpreter compiles nothing)."""
+        """Compile and load the launch's binary, then refuse a grid that cannot be resident
+        at once (mono_runtime.kernel.triton_warm); nothing on a CPU."""
         self.spec.check(args)
-        device = args["scratch"].device
-        if device.type == "cpu":
-            return
-        kernel = triton_build.k2_kernel.warmup(
-            *triton_build.kernel_args(self.key, **args),
-            grid=(programs,),
-            **triton_build.constexprs(self.key, False, triton_build.native_asm()),
+        warm_triton(
+            triton_build.k2_kernel,
+            triton_build.kernel_args(self.key, **args),
+            triton_build.constexprs(self.key, False, triton_build.native_asm()),
+            programs=programs,
             num_warps=self.key.plan.warps,
+            device=args["scratch"].device,
+            what=f"K2 width {self.key.rows}",
         )
-        problem = residency_problem(
-            Resources.of_compiled(kernel),
-            programs,
-            DeviceLimits.of(device),
-            f"K2 width {self.key.rows}",
-        )
-        if problem:
-            raise MonoUnsupported(problem)
 
     def launch(self, programs: int, **args: Any) -> None:
         self.spec.check(args)

@@ -12,14 +12,13 @@ MonoFault on every rank after any give-up; `reset()` makes the runner usable aga
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import Any
 
 import torch
-from mono_runtime import protocol as P
 from mono_runtime.errors import MonoUnsupported
-from mono_runtime.kernel import LayerRunner, target_name
+from mono_runtime.kernel import check_tensor, target_name
+from mono_runtime.kernel.mono_layer_runner import MonoLayerRunner
 from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
 
 from ..config import KimiK3Config
@@ -38,15 +37,11 @@ from .weights import K2Weights
 BF16 = torch.bfloat16
 
 
-def _cpu_interpreter() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _span(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
 
 
-class K2Runner(LayerRunner):
+class K2Runner(MonoLayerRunner):
     def __init__(
         self,
         cfg: KimiK3Config,
@@ -65,24 +60,11 @@ class K2Runner(LayerRunner):
         converts them to once, in place (False: the checkpoint's mxfp4-k32 as loaded).
         `timeline`: builds that stamp each item's program, start and end (`timeline(s)`)."""
         self.cfg, self.rank, self.tp = cfg, rank, cfg.tp
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            # tensors report an indexed device; "cuda" alone would never compare equal
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        widths = list(widths)
-        if not widths or any(isinstance(w, bool) or not isinstance(w, int) for w in widths):
-            raise ValueError(f"widths: expected a non-empty list of ints, got {widths!r}")
-        self.widths = tuple(sorted(set(widths)))
-        if programs is not None and (
-            isinstance(programs, bool) or not isinstance(programs, int) or programs < 1
-        ):
-            raise ValueError(f"programs: expected an int >= 1, got {programs!r}")
+        self._setup(device, widths, programs)
         if isinstance(scratch_offset, bool) or not isinstance(scratch_offset, int):
             raise ValueError(f"scratch_offset: expected an int, got {scratch_offset!r}")
         if scratch_offset < 0 or scratch_offset % 256:
             raise ValueError(f"scratch_offset: {scratch_offset} is not a multiple of 256 >= 0")
-        if self.device.type == "cpu" and not _cpu_interpreter():  # before any allocation
-            raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
         self.builds = {
             s: K2Build(cfg, s, packed=bool(pack), timeline=bool(timeline)) for s in self.widths
         }
@@ -92,18 +74,10 @@ class K2Runner(LayerRunner):
             reason = kernel.supports(target)
             if reason:
                 raise MonoUnsupported(f"K2 runner on {target}: {reason}")
-        self.offsets, off = {}, scratch_offset
-        for s, b in self.builds.items():
-            self.offsets[s] = off
-            off += scratch_bytes(b)
-        need_peer = peer_bytes(cfg)
-        self._owns_mono = runner is None
-        if runner is None:
-            runner = MonoRunner(self.device, group, rank, self.tp, off, need_peer, deadline_ns)
-        elif runner.scratch.numel() < off or runner.peer.bytes.numel() < P.PEER_HEAD + need_peer:
-            raise ValueError("runner: its scratch or peer buffer is smaller than this runner needs")
-        self.mono = runner
-        self.cpu = self.device.type == "cpu"
+        sizes = {s: scratch_bytes(b) for s, b in self.builds.items()}
+        self._attach(
+            sizes, peer_bytes(cfg), group, rank, self.tp, deadline_ns, runner, scratch_offset
+        )
         if programs is None:
             programs = (
                 2
@@ -121,41 +95,14 @@ class K2Runner(LayerRunner):
             raise ValueError(f"weights: expected K2Weights, got {type(weights).__name__}")
         return weights.packed(self.builds[self.widths[0]].packed)
 
-    # -- protocol (LayerRunner's hooks) ----------------------------------------------------
-    def _step_begin(self) -> None:
-        """Bumps the (shared) runner's epoch; launches take tag slots from 0 again."""
-        self.mono.step_begin()
-
-    def _after_step(self) -> None:
-        self.mono.after_step()
-
-    def _reset(self) -> None:
-        """Collective: clears the scratch, peer buffer, health and the tag era."""
-        self.mono.reset()
-
-    def _inject(self, rank: int | None, delay_ns: int) -> None:
-        self.mono.inject(rank, delay_ns)
-
-    def _release(self) -> None:
-        if self._owns_mono:
-            self.mono.close()
-
     # -- views ----------------------------------------------------------------------------
-    def region(self, s: int, name: str) -> torch.Tensor:
-        """uint8 view of region `name` of width s's scratch (spec.scratch_layout)."""
-        self._live()
-        off, n = scratch_layout(self.builds[s])[name]
-        base = self.offsets[s] + off
-        return self.mono.scratch[base : base + n]
+    def _layout(self, s: int) -> dict:
+        return scratch_layout(self.builds[s])
 
     def routing(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_ids int32 [S, K], topk_weights fp32 [S, K]) of width s's last launch."""
-        b, k = self.builds[s], self.cfg.num_experts_per_token
-        t = table_offsets(b)
-        table = self.region(s, "table")
-        ids = table[t["topk_ids"] : t["topk_ids"] + 4 * s * k].view(torch.int32).view(s, k)
-        w = table[t["topk_w"] : t["topk_w"] + 4 * s * k].view(torch.float32).view(s, k)
-        return ids, w
+        k = self.cfg.num_experts_per_token
+        return self._routing(s, k, table_offsets(self.builds[s]))
 
     def timeline(self, s: int, final: bool = False) -> list[dict]:
         """Width s's last launch (`final`: it ended in the handshake), item by item in
@@ -208,8 +155,7 @@ class K2Runner(LayerRunner):
         final=False,
     ) -> dict:
         la, pa = self.mono.launch_args(), self.mono.peer_args()
-        b = self.builds[s]
-        region = self.mono.scratch[self.offsets[s] : self.offsets[s] + scratch_bytes(b)]
+        region = self.scratch(s)
         return dict(
             core=core,
             prefix=prefix,
@@ -274,18 +220,8 @@ class K2Runner(LayerRunner):
             ("slots", slots, (s,), torch.int64),
             ("out", out, (s, h), BF16),
         ):
-            if t is None:
-                continue
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
-            if tuple(t.shape) != shape:
-                raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {shape}")
-            if t.dtype != dtype:
-                raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
-            if not t.is_contiguous():
-                raise ValueError(f"{name}: must be contiguous (strides {t.stride()})")
-            if t.device != self.device:
-                raise ValueError(f"{name}: on {t.device}, expected {self.device}")
+            if t is not None:
+                check_tensor(name, t, shape, dtype, self.device)
         if not isinstance(blocks, torch.Tensor) or blocks.dim() != 3:
             raise ValueError(f"blocks: expected a 3-D tensor [S, blocks, {h}]")
         if blocks.shape[0] != s or blocks.shape[2] != h or blocks.shape[1] < sources:

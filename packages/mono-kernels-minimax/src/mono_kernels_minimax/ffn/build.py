@@ -15,8 +15,6 @@ from functools import cached_property
 from typing import Any
 
 import torch
-from mono_runtime.builds import DeviceLimits, Resources, residency_problem
-from mono_runtime.errors import MonoUnsupported
 from mono_runtime.flydsl.testing import toolchain_missing
 from mono_runtime.flydsl.toolchain import ARCHES
 from mono_runtime.kernel import (
@@ -29,6 +27,7 @@ from mono_runtime.kernel import (
     target_name,
 )
 from mono_runtime.kernel.registry import register
+from mono_runtime.kernel.triton_warm import warm_triton
 
 from ..config import MiniMaxM3Config
 from ..formats import WeightFormat
@@ -98,25 +97,18 @@ class FfnTriton(_Ffn):
         return Compiled(target, kernel.metadata.shared, binary=kernel)
 
     def warm(self, programs: int, **args: Any) -> None:
-        """Compile and load (Triton's warmup), then refuse a grid that cannot be resident
-        at once; nothing on a CPU (the interpreter compiles nothing)."""
+        """Compile and load the launch's binary, then refuse a grid that cannot be resident
+        at once (mono_runtime.kernel.triton_warm); nothing on a CPU."""
         self.spec.check(args)
-        device = args["scratch"].device
-        if device.type == "cpu":
-            return
-        kernel = triton_build.ffn_kernel.warmup(
-            *triton_build.kernel_args(self.key, **args),
-            grid=(programs,),
-            **triton_build.constexprs(self.key, False),
+        warm_triton(
+            triton_build.ffn_kernel,
+            triton_build.kernel_args(self.key, **args),
+            triton_build.constexprs(self.key, False),
+            programs=programs,
+            num_warps=self.key.plan.warps,
+            device=args["scratch"].device,
+            what=f"FFN width {self.key.rows}",
         )
-        problem = residency_problem(
-            Resources.of_compiled(kernel),
-            programs,
-            DeviceLimits.of(device),
-            f"FFN width {self.key.rows}",
-        )
-        if problem:
-            raise MonoUnsupported(problem)
 
     def launch(self, programs: int, **args: Any) -> None:
         self.spec.check(args)

@@ -17,14 +17,13 @@ through it, and it refuses, with the reason, a target it does not serve.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import Any
 
 import torch
-from mono_runtime import protocol as P
 from mono_runtime.errors import MonoUnsupported
-from mono_runtime.kernel import LayerRunner, check_tensor, target_name
+from mono_runtime.kernel import check_tensor, target_name
+from mono_runtime.kernel.mono_layer_runner import MonoLayerRunner
 from mono_runtime.runner import MonoRunner
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -33,10 +32,6 @@ from ..formats import WeightFormat
 from .build import BY_BACKEND
 from .spec import Experts, FfnBuild, peer_bytes, scratch_bytes, scratch_layout, table_offsets
 from .weights import FfnWeights
-
-
-def _cpu_interpreter() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _layout(rot: bool) -> str:
@@ -67,7 +62,7 @@ def choose_build(device: torch.device | str, hip_version: str | None) -> str:
     return "flydsl" if torch.device(device).type == "cuda" and hip_version else "triton"
 
 
-class FfnRunner(LayerRunner):
+class FfnRunner(MonoLayerRunner):
     def __init__(
         self,
         cfg: MiniMaxM3Config,
@@ -89,20 +84,7 @@ class FfnRunner(LayerRunner):
         mxfp4-k32 as it is (slower; for an engine whose other paths read those tensors).
         `timeline`: builds that stamp each item's start and end (`timeline(s)`)."""
         self.cfg, self.fmt, self.tp, self.rank = cfg, WeightFormat(fmt), tp, rank
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            # Tensors report an indexed device; "cuda" alone would never compare equal.
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        widths = list(widths)
-        if not widths or any(isinstance(w, bool) or not isinstance(w, int) for w in widths):
-            raise ValueError(f"widths: expected a non-empty list of ints, got {widths!r}")
-        self.widths = tuple(sorted(set(widths)))
-        if programs is not None and (
-            isinstance(programs, bool) or not isinstance(programs, int) or programs < 1
-        ):
-            raise ValueError(f"programs: expected an int >= 1, got {programs!r}")
-        if self.device.type == "cpu" and not _cpu_interpreter():  # before any allocation
-            raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
+        self._setup(device, widths, programs)
         self.builds = {
             s: FfnBuild(
                 cfg, s, tp, self.fmt, Experts(experts), packed=bool(pack), timeline=bool(timeline)
@@ -116,18 +98,8 @@ class FfnRunner(LayerRunner):
             reason = kernel.supports(target)
             if reason:
                 raise MonoUnsupported(f"FFN runner on {target}: {reason}")
-        self.offsets, off = {}, 0
-        for s, b in self.builds.items():
-            self.offsets[s] = off
-            off += scratch_bytes(b)
-        need_peer = peer_bytes(cfg, tp)
-        self._owns_mono = runner is None
-        if runner is None:
-            runner = MonoRunner(self.device, group, rank, tp, off, need_peer, deadline_ns)
-        elif runner.scratch.numel() < off or runner.peer.bytes.numel() < P.PEER_HEAD + need_peer:
-            raise ValueError("runner: its scratch or peer buffer is smaller than this runner needs")
-        self.mono = runner
-        self.cpu = self.device.type == "cpu"
+        sizes = {s: scratch_bytes(b) for s, b in self.builds.items()}
+        self._attach(sizes, peer_bytes(cfg, tp), group, rank, tp, deadline_ns, runner)
         if programs is None and self.cpu:
             programs = 2
         elif programs is None:  # the plans' `occ` programs per SM (ticket loops need no
@@ -148,41 +120,13 @@ class FfnRunner(LayerRunner):
             raise ValueError(f"weights: expected FfnWeights, got {type(weights).__name__}")
         return weights.packed(self.rot)
 
-    # -- protocol (LayerRunner's hooks) ----------------------------------------------------
-    def _step_begin(self) -> None:
-        """Bumps the (shared) runner's epoch; launches take tag slots from 0 again."""
-        self.mono.step_begin()
-
-    def _after_step(self) -> None:
-        self.mono.after_step()
-
-    def _reset(self) -> None:
-        """Clears every scratch region, the peer buffer, health and the tag era."""
-        self.mono.reset()
-
-    def _inject(self, rank: int | None, delay_ns: int) -> None:
-        self.mono.inject(rank, delay_ns)
-
-    def _release(self) -> None:
-        if self._owns_mono:
-            self.mono.close()
-
     # -- views ----------------------------------------------------------------------------
-    def region(self, s: int, name: str) -> torch.Tensor:
-        """uint8 view of region `name` of width s's scratch (spec.scratch_layout)."""
-        self._live()
-        off, n = scratch_layout(self.builds[s])[name]
-        base = self.offsets[s] + off
-        return self.mono.scratch[base : base + n]
+    def _layout(self, s: int) -> dict:
+        return scratch_layout(self.builds[s])
 
     def routing(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_ids int32 [S, K], topk_weights fp32 [S, K]) of width s's last launch."""
-        b, k = self.builds[s], self.cfg.top_k
-        t = table_offsets(b)
-        table = self.region(s, "table")
-        ids = table[t["topk_ids"] : t["topk_ids"] + 4 * s * k].view(torch.int32).view(s, k)
-        w = table[t["topk_w"] : t["topk_w"] + 4 * s * k].view(torch.float32).view(s, k)
-        return ids, w
+        return self._routing(s, self.cfg.top_k, table_offsets(self.builds[s]))
 
     def timeline(self, s: int, final: bool = False) -> list[dict]:
         """Width s's last launch, item by item (timeline builds only; see ffn.timeline)."""
@@ -216,7 +160,7 @@ class FfnRunner(LayerRunner):
     ) -> dict:
         """The launch's arguments by name: the `kernel_args` keywords of either build."""
         la, pa = self.mono.launch_args(), self.mono.peer_args()
-        region = self.mono.scratch[self.offsets[s] : self.offsets[s] + scratch_bytes(b)]
+        region = self.scratch(s)
         if weights is None:
             weights = self._type_weights()
         return dict(
