@@ -12,9 +12,9 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from mono_runtime.kernel import INTERPRETER, RUNTIME_ARGS, Arg, Build, Compiled, KernelSpec
+from mono_runtime.kernel import INTERPRETER, RUNTIME_ARGS, Arg, Build, KernelSpec
 from mono_runtime.kernel.registry import register
-from mono_runtime.kernel.triton_warm import warm_triton
+from mono_runtime.kernel.triton_build import TritonBuild, warm_triton
 
 from ..config import KimiK3Config
 from . import triton_build
@@ -47,12 +47,13 @@ def launch_spec(b: K2Build) -> KernelSpec:
 
 
 @register
-class K2Triton(Build):
+class K2Triton(TritonBuild):
     """The Triton build (triton_build)."""
 
     family = "k2"
     backend = "triton"
     targets = ("sm90",)
+    module = triton_build
     key: K2Build
 
     @classmethod
@@ -69,13 +70,9 @@ class K2Triton(Build):
             return None
         return f"K2's Triton build serves GPUs and the interpreter, not {target}"
 
-    def _compile(self, target: str) -> Compiled:
-        kernel = triton_build.compile_for(self.key, target)
-        return Compiled(target, kernel.metadata.shared, binary=kernel)
-
     def warm(self, programs: int, **args: Any) -> None:
         """Compile and load the launch's binary, then refuse a grid that cannot be resident
-        at once (mono_runtime.kernel.triton_warm); nothing on a CPU."""
+        at once (mono_runtime.kernel.triton_build); nothing on a CPU."""
         self.spec.check(args)
         warm_triton(
             triton_build.k2_kernel,
@@ -86,7 +83,3 @@ class K2Triton(Build):
             device=args["scratch"].device,
             what=f"K2 width {self.key.rows}",
         )
-
-    def launch(self, programs: int, **args: Any) -> None:
-        self.spec.check(args)
-        triton_build.launch(self.key, programs, args["scratch"].device.type == "cpu", **args)

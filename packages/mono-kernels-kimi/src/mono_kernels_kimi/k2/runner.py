@@ -154,7 +154,6 @@ class K2Runner(MonoLayerRunner):
         reset=False,
         final=False,
     ) -> dict:
-        la, pa = self.mono.launch_args(), self.mono.peer_args()
         region = self.scratch(s)
         return dict(
             core=core,
@@ -168,12 +167,7 @@ class K2Runner(MonoLayerRunner):
             reset=reset,
             slot=slot,
             final=final,
-            ctl=la["ctl"],
-            health=la["health"],
-            tickets=la["tickets"],
-            peers=pa["peers"],
-            rank=pa["rank"],
-            world=pa["world"],
+            **self._runtime_args(),
         )
 
     def __call__(

@@ -27,7 +27,7 @@ from mono_runtime.kernel import (
     target_name,
 )
 from mono_runtime.kernel.registry import register
-from mono_runtime.kernel.triton_warm import warm_triton
+from mono_runtime.kernel.triton_build import TritonBuild, warm_triton
 
 from ..config import MiniMaxM3Config
 from ..formats import WeightFormat
@@ -81,24 +81,21 @@ class _Ffn(Build):
 
 
 @register
-class FfnTriton(_Ffn):
+class FfnTriton(TritonBuild, _Ffn):
     """The Triton build (triton_build): the streaming plan, tuned on the H200."""
 
     backend = "triton"
     targets = ("sm90",)
+    module = triton_build
 
     def supports(self, target: str) -> str | None:
         if target == INTERPRETER or target.startswith("sm"):
             return None
         return f"the FFN's Triton build serves CUDA GPUs; on {target} its FlyDSL build does"
 
-    def _compile(self, target: str) -> Compiled:
-        kernel = triton_build.compile_for(self.key, target)
-        return Compiled(target, kernel.metadata.shared, binary=kernel)
-
     def warm(self, programs: int, **args: Any) -> None:
         """Compile and load the launch's binary, then refuse a grid that cannot be resident
-        at once (mono_runtime.kernel.triton_warm); nothing on a CPU."""
+        at once (mono_runtime.kernel.triton_build); nothing on a CPU."""
         self.spec.check(args)
         warm_triton(
             triton_build.ffn_kernel,
@@ -109,10 +106,6 @@ class FfnTriton(_Ffn):
             device=args["scratch"].device,
             what=f"FFN width {self.key.rows}",
         )
-
-    def launch(self, programs: int, **args: Any) -> None:
-        self.spec.check(args)
-        triton_build.launch(self.key, programs, args["scratch"].device.type == "cpu", **args)
 
 
 @register

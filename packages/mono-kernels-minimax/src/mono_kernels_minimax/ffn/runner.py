@@ -159,7 +159,6 @@ class FfnRunner(MonoLayerRunner):
         self, b, s, part, residual, out, residual_out, slots, weights=None, slot=0, final=False
     ) -> dict:
         """The launch's arguments by name: the `kernel_args` keywords of either build."""
-        la, pa = self.mono.launch_args(), self.mono.peer_args()
         region = self.scratch(s)
         if weights is None:
             weights = self._type_weights()
@@ -173,12 +172,7 @@ class FfnRunner(MonoLayerRunner):
             scratch=region,
             slot=slot,
             final=final,
-            ctl=la["ctl"],
-            health=la["health"],
-            tickets=la["tickets"],
-            peers=pa["peers"],
-            rank=pa["rank"],
-            world=pa["world"],
+            **self._runtime_args(),
         )
 
     def _type_weights(self) -> FfnWeights:

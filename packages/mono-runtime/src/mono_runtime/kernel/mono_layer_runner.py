@@ -100,6 +100,19 @@ class MonoLayerRunner(LayerRunner):
         if self._owns_mono:
             self.mono.close()
 
+    def _runtime_args(self) -> dict[str, Any]:
+        """A launch's RUNTIME_ARGS on this runner, in their order: MonoRunner.launch_args()'s
+        ctl, health, tickets, then peer_args()'s peers, rank, world."""
+        la, pa = self.mono.launch_args(), self.mono.peer_args()
+        return dict(
+            ctl=la["ctl"],
+            health=la["health"],
+            tickets=la["tickets"],
+            peers=pa["peers"],
+            rank=pa["rank"],
+            world=pa["world"],
+        )
+
     # -- views ----------------------------------------------------------------------------
     def scratch(self, s: int) -> torch.Tensor:
         """uint8 view of width s's whole scratch region (a launch's `scratch`)."""

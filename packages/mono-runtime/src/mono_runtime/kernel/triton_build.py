@@ -1,0 +1,54 @@
+"""Triton builds: what every Build whose backend is one Triton kernel does alike.
+
+Why here: each Triton Build compiles ahead of time, warms and launches through its
+backend module the same way (`TritonBuild`), and warming is one sequence (`warm_triton`:
+warmup with the launch's exact arguments, constexprs and warps, so the binary is the one
+that launches; then the residency check); a copy per kernel would drift (one forgetting
+`num_warps` warms a binary that never runs)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from ..builds import DeviceLimits, Resources, residency_problem
+from ..errors import MonoUnsupported
+from .build import Build, Compiled
+
+
+def warm_triton(
+    kernel: Any,
+    args: Sequence[Any],
+    constexprs: Mapping[str, Any],
+    *,
+    programs: int,
+    num_warps: int,
+    device: Any,
+    what: str,
+) -> None:
+    """Compile and load `kernel` on `args` (a launch's runtime arguments) for a grid of
+    `programs`, then raise MonoUnsupported, naming `what`, when that grid cannot be
+    resident at once on `device`. Nothing on a CPU (the interpreter compiles nothing)."""
+    if device.type == "cpu":
+        return
+    compiled = kernel.warmup(*args, grid=(programs,), **constexprs, num_warps=num_warps)
+    problem = residency_problem(
+        Resources.of_compiled(compiled), programs, DeviceLimits.of(device), what
+    )
+    if problem:
+        raise MonoUnsupported(problem)
+
+
+class TritonBuild(Build):
+    """A Build whose backend module (`module`) holds `compile_for(key, target)` (a Triton
+    CompiledKernel) and `launch(key, grid, cpu, **args)`; the subclass adds `warm`."""
+
+    module: ClassVar[Any]
+
+    def _compile(self, target: str) -> Compiled:
+        kernel = self.module.compile_for(self.key, target)
+        return Compiled(target, kernel.metadata.shared, binary=kernel)
+
+    def launch(self, programs: int, **args: Any) -> None:
+        self.spec.check(args)
+        self.module.launch(self.key, programs, args["scratch"].device.type == "cpu", **args)
