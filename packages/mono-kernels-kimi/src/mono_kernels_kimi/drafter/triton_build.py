@@ -9,6 +9,11 @@ layers' weights and KV caches are reached through a device table of addresses (o
 layer), so one binary serves every layer. bf16 activations travel between ranks as int32
 pairs (column 2i in the low half), exactly a mailbox payload; rank sums add in rank order
 (fp32), so every rank gets bit-identical results.
+
+Code size: every item waits at one call site (`_deps` names what it waits for), every
+row norm reduces over ranks at one call site, and loops over row tiles, chunks, splits
+and heads are run-time loops, so the binary holds each protocol wait once (a fraction of
+the compile time, and of the instruction cache, of an unrolled kernel).
 """
 
 from __future__ import annotations
