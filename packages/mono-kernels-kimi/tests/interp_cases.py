@@ -16,13 +16,17 @@ import torch
 from mono_kernels_kimi.config import KimiK3Config
 from mono_kernels_kimi.kda.inputs import make_inputs
 
-TILING = dict(programs=3, block_h=32, block_n=16, block_k=32, block_v=8, prefetch_items=4)
+TILING = dict(
+    programs=3, block_h=32, block_n=16, block_k=32, split_k=2, block_v=8, prefetch_items=4
+)
 
 
 def cases():
     """(name, R, L, spec, layer_idx, pad, pad_slot, conv_layout): every (R, L) with
-    R x L <= 8 as spec-verify, plus plain decodes; layers cycle through the first layer
-    (no delta), block-write layers and ordinary ones; padding and conv layouts vary."""
+    R x L <= 8 as spec-verify, a few wider ones up to 16 rows (the most a build serves;
+    each costs interpreter time), plus plain decodes; layers cycle through the first
+    layer (no delta), block-write layers and ordinary ones; padding and conv layouts
+    vary."""
     out = []
     n = 0
     for L in range(1, 9):
@@ -33,7 +37,13 @@ def cases():
                 (f"spec-R{R}-L{L}", R, L, True, layer, pad, (-1, 0)[n % 2], ("SD", "DS")[n % 2])
             )
             n += 1
-    for R in (1, 3, 8):
+    for R, L in ((3, 5), (2, 8)):
+        layer = (0, 1, 2, 3, 4)[n % 5]
+        out.append(
+            (f"spec-R{R}-L{L}", R, L, True, layer, (1,), (-1, 0)[n % 2], ("SD", "DS")[n % 2])
+        )
+        n += 1
+    for R in (1, 3, 8, 16):
         out.append((f"decode-R{R}", R, 1, False, 3, (0,) if R > 1 else (), -1, "SD"))
     return out
 
@@ -142,7 +152,7 @@ if __name__ == "__main__":
     if not only or "warm" in only:
         from mono_kernels_kimi.kda.runner import KdaRunner
 
-        runner = KdaRunner(KimiK3Config.tiny(), "cpu", 8, **TILING)
+        runner = KdaRunner(KimiK3Config.tiny(), "cpu", 8, max_rows=8, **TILING)
         warmed = runner.warm()
         results["warm"] = dict(
             builds=sorted([b.requests, b.delta, b.write_block] for b in warmed),

@@ -26,7 +26,7 @@ def test_every_layer_reads_its_own_weights_and_caches():
     ("shapes", "layers", "says"),
     [
         ([], 8, "none given"),
-        ([(3, 3)], 8, "3x3: K1 serves at most 8 rows"),
+        ([(3, 6)], 8, "3x6: K1 serves at most 16 rows"),
         ([(0, 1)], 8, r"expected \(requests, L\)"),
         ([(1, 1)], 0, r"layers 0: must be 1\.\.64"),
     ],
@@ -40,7 +40,7 @@ def test_bad_shapes_are_refused(shapes, layers, says):
     ("argv", "says"),
     [
         (["--shapes", "1x"], "expected RxL pairs"),
-        (["--shapes", "4x4"], "K1 serves at most 8 rows"),
+        (["--shapes", "4x5"], "K1 serves at most 16 rows"),
         (["--iters", "0"], "--iters 0: must be >= 1"),
     ],
 )

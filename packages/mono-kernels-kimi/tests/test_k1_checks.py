@@ -117,17 +117,17 @@ def test_plain_decode_refuses_num_accepted():
         check_args(build, **args)
 
 
-def test_more_than_eight_rows_refused():
+def test_more_than_sixteen_rows_refused():
     with pytest.raises(ValueError, match="rows"):
-        K1Build.for_step(CFG, 3, 3)
+        K1Build.for_step(CFG, 3, 6)
     from mono_kernels_kimi.kda.runner import KdaRunner
 
-    runner = KdaRunner(CFG, "cpu", 2)
-    assert runner.widths == (1, 2, 3, 4)
+    runner = KdaRunner(CFG, "cpu", 3)
+    assert runner.widths == (1, 2, 3, 4, 5)
     with pytest.raises(ValueError, match="requests"):
-        runner.build(5, True, False)
+        runner.build(6, True, False)
     with pytest.raises(ValueError, match="max_rows"):
-        KdaRunner(CFG, "cpu", 9)
+        KdaRunner(CFG, "cpu", 17)
 
 
 @pytest.mark.parametrize(
@@ -139,10 +139,11 @@ def test_scratch_regions_disjoint_and_items_cover_the_work(R, L):
     regions = sorted(b.scratch_layout().values())
     for (o1, n1), (o2, _) in zip(regions, regions[1:], strict=False):
         assert o1 + n1 <= o2 and o2 % 256 == 0
-    ares, mix, x, proj, kda, norm = b.stage_items
-    assert ares == mix == x == 14  # 7168 / 512
-    assert proj * b.block_n >= cfg.in_proj_rows > (proj - 1) * b.block_n
-    assert kda == R * 12 * (128 // b.block_v) and norm == R * 12
+    ares, mix, proj, head = b.stage_items
+    assert ares == mix == R * L * 28  # (row, 256 columns of 7168)
+    assert proj == 396 and b.split_k == 4  # 99 blocks of 64 rows x 4 K parts: 3 waves
+    assert b.shared_blocks * 64 >= cfg.in_proj_rows - 4 * 1536 > (b.shared_blocks - 1) * 64
+    assert head == R * 12 * (128 // b.block_v + 1)  # a (head, request): kda items, norm
     assert b.scratch_bytes >= regions[-1][0] + regions[-1][1]
 
 
@@ -157,6 +158,8 @@ def test_scratch_regions_disjoint_and_items_cover_the_work(R, L):
         ({"grid": 4}, "unknown tiling keyword 'grid'"),
         ({"L": 1.0}, "L must be an int"),
         ({"max_rows": 2.0}, "max_rows must be an int"),
+        ({"block_n": 32}, r"block_n = 32 must be <= min\(head_dim, 128\)"),
+        ({"split_k": 4}, "hidden = 64 must be a multiple of split_k x block_k"),
     ],
 )
 def test_runner_refuses_bad_widths_and_tiling_before_allocating(kwargs, match):

@@ -59,9 +59,10 @@ def compiled(target: str, R: int, L: int) -> dict:
 def test_compiles_for_sm90(R, L):
     m = compiled("sm90", R, L)
     assert not m["backend_errors"], m
-    # stage hand-offs: a GPU-scope release exchange after each item (mono_runtime's
-    # ticket_finish), acquire reads in each wait; the TP fault handshake at system scope
-    assert m["release"] >= 6 and m["acquire"] >= 5 and m["sys_release"] >= 1, m
+    # hand-offs: a GPU-scope release exchange after each item (mono_runtime's
+    # ticket_finish, one site the stages share), acquire reads in each wait; the TP fault
+    # handshake at system scope
+    assert m["release"] >= 1 and m["acquire"] >= 5 and m["sys_release"] >= 1, m
     assert m["globaltimer"], m  # the waits are bounded by the runtime's deadline clock
     assert m["cg_loads"] > 0, m  # hand-offs bypass L1
     assert m["local"] == 0 and m["spill_bytes"] == 0, m  # ptxas: no spills

@@ -1,7 +1,8 @@
 """K1's Triton build under the interpreter at tiny shapes, against the reference.
 
-Every (R, L) with R x L <= 8 as a spec-verify step and a few plain decodes, with fresh
-random weights, caches and slots; padded requests (slot -1 or vLLM's null block 0).
+Every (R, L) with R x L <= 8 as a spec-verify step, a few up to 16 rows and plain decodes,
+with fresh random weights, caches and slots; padded requests (slot -1 or vLLM's null
+block 0).
 The kernels run in one child process (TRITON_INTERPRET=1 must never leak into this
 one, where GPU tests may be collected); each test asserts on its case's measurements.
 """

@@ -30,7 +30,7 @@ from .inputs import LayerInputs, make_inputs, make_weights
 from .runner import KdaRunner
 from .spec import MAX_ROWS
 
-SHAPES = ((1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (1, 4), (1, 8))
+SHAPES = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (1, 2), (1, 4), (1, 8), (2, 8))
 MAX_LAYERS = 64
 
 
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--shapes",
         default=",".join(f"{r}x{n}" for r, n in SHAPES),
-        help="comma-separated RxL step shapes (R requests of L rows, R*L <= 8)",
+        help=f"comma-separated RxL step shapes (R requests of L rows, R*L <= {MAX_ROWS})",
     )
     args = parser.parse_args(argv)
     try:

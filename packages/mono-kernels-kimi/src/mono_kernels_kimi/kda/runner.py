@@ -30,34 +30,22 @@ from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
 from ..config import KimiK3Config
 from . import triton_build
 from .checks import check_args
-from .spec import ARGS, MAX_ROWS, K1Build
+from .spec import ARGS, MAX_ROWS, K1Build, fit_tiling
 
 
 def default_tiling(cfg: KimiK3Config, device: torch.device) -> dict:
-    """Tile sizes that fit the model's sizes; programs = one per SM on a GPU."""
-
-    def pow2_at_most(n, cap):
-        p = 1
-        while p * 2 <= min(n, cap):
-            p *= 2
-        return p
-
+    """spec.fit_tiling's tile sizes; programs = one per SM on a GPU, and as many proj
+    items streaming into L2 during AttnRes as 5/8 of the L2 holds."""
+    tiling = fit_tiling(cfg)
     programs = 3
-    block_n = 32 if cfg.in_proj_rows >= 4096 else 16
-    prefetch = 4  # the interpreter never prefetches (x is ready before any in_proj item)
+    prefetch = 4  # the interpreter never prefetches (NVIDIA's bulk L2 prefetch)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         programs = props.multi_processor_count
         l2 = getattr(props, "L2_cache_size", 0) or 50 << 20
-        prefetch = (l2 * 5 // 8) // (block_n * cfg.hidden_size * 2)
-    return dict(
-        programs=programs,
-        prefetch_items=prefetch,
-        block_h=pow2_at_most(cfg.hidden_size, 512),
-        block_n=block_n,
-        block_k=pow2_at_most(cfg.hidden_size, 256),
-        block_v=min(16, cfg.kda_head_dim // 2),
-    )
+        item = tiling["block_n"] * (cfg.hidden_size // tiling["split_k"]) * 2
+        prefetch = (l2 * 5 // 8) // item
+    return dict(programs=programs, prefetch_items=prefetch, **tiling)
 
 
 TILING_MIN = {
@@ -66,6 +54,8 @@ TILING_MIN = {
     "block_h": 1,
     "block_n": 1,
     "block_k": 1,
+    "split_k": 1,
+    "stages": 1,
     "block_v": 1,
     "num_warps": 1,
 }

@@ -1,23 +1,30 @@
 """K1's build key, work plan, scratch layout and argument list: pure Python, CPU-testable.
 
-One launch runs a ticket loop over six stages of work items; a stage's items wait only
-for whole earlier stages (smaller tickets), so the launch cannot deadlock at any
-residency and runs correctly when programs execute one after another:
+One launch runs a ticket loop over four stages of work items. An item waits only for the
+items it reads (smaller tickets), so the launch cannot deadlock at any residency and runs
+correctly when programs execute one after another:
 
-    1 ares   per hidden slice: prefix (+ delta) -> bf16 prefix (in place), the block
-             write, per-source partial sum of squares and qk dot
-    2 mix    per hidden slice: softmax over the sources -> mixed row slice (fp32), its
-             partial sum of squares
-    3 x      per hidden slice: input RMSNorm -> bf16 x
-    4 proj   per BN in_proj rows: x @ in_proj^T -> bf16 q|k|v|g|f_a|beta
-    5 kda    per (request, head, BV state rows): f_b + lower-bound gate, conv (4) update
-             + SiLU, l2norm, the delta rule token by token (a state per token to its
-             slot), v channels' conv state
-    6 norm   per (request, head): gated RMSNorm -> core out, q/k channels' conv state
-             (written after every stage-5 item has read the old window)
+    1 ares  per (row, hidden block): prefix (+ delta) -> bf16 prefix (in place), the block
+            write, every source's partial sum of squares and qk dot (one load of all
+            sources: a single latency)
+    2 mix   per (row, hidden block), after stage 1's items of its row: softmax over the
+            sources -> mixed (fp32), its partial sum of squares
+    3 proj  per (BN in_proj rows, K part): weights the dot's wide operand in a pipelined
+            fixed-count loop; x = the input RMSNorm of the mix, made in the loader (bf16,
+            as `_attn_res_kernel` stores it). Items run head by head (f_a and beta rows
+            first, then each head's q, k, v, g rows); the first ones' rows stream into
+            L2 from launch, while stages 1-2 run. Each K part writes fp32 partials; the
+            last part of a row block to finish (a counter) sums them in part order ->
+            bf16 proj (readers load it once, as the stock GEMM's output).
+    4 head  per (head, request): NVC items of BV state rows each (f_b + lower-bound gate,
+            conv (4) update + SiLU, l2norm, the delta rule token by token; a state per
+            token to its slot; v channels' conv state), after the f_a/beta items and that
+            head's items of stage 3; then one item that waits for those NVC: gated RMSNorm
+            -> core out, q/k channels' conv state (after every reader of the old window)
 
-The control words (ticket, exits, per-stage done counts, error bits) sit at the head of
-the scratch region and are zero between launches: the last program out resets them.
+The split-K counters sit at the head of the scratch region, at the same offset in every
+build of a runner (its widths share one tiling), and are zero between launches: the last
+part of a row block resets its counter.
 """
 
 from __future__ import annotations
@@ -26,11 +33,9 @@ from dataclasses import asdict, dataclass
 
 from ..config import KimiK3Config
 
-MAX_ROWS = 8  # S = R x L rows a launch serves: the x rows of a step fit one dot tile
-ROW_TILE = 16  # rows of every tl.dot tile (S is padded up to it)
-CTRL_WORDS = 32  # int32 control words at the head of the scratch region
-TICKET, EXITS, DONE0, ERROR = 0, 1, 2, 9  # DONE0 + stage (0..5)
-STAGES = ("ares", "mix", "x", "proj", "kda", "norm")
+ROW_TILE = 16  # token rows on the narrow (N) side of every tl.dot tile (S padded up to it)
+MAX_ROWS = ROW_TILE  # S = R x L rows a launch serves: every (R, L) with R x L <= 16
+STAGE_NAMES = ("ares", "mix", "proj", "head")
 ALIGN = 256
 
 # Every argument of the Triton kernel before its constexprs, in launch order.
@@ -74,9 +79,28 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _pow2_at_most(n: int, cap: int) -> int:
+    return 1 << (min(n, cap).bit_length() - 1)
+
+
+def fit_tiling(cfg: KimiK3Config) -> dict:
+    """Tile sizes that fit the model's sizes (the defaults of `K1Build.for_step`). A TP8
+    rank of Kimi-K3 gets 28 AttnRes items a row and 396 proj items of 64 rows x 1792 K
+    (3 a program on 132 SMs), 28 pipelined steps of 64 K each (128 K steps: the proj
+    loop's live set spills past 255 registers at S >= 8)."""
+    block_k = _pow2_at_most(cfg.hidden_size, 64)
+    return dict(
+        block_h=_pow2_at_most(cfg.hidden_size, 256),
+        block_n=min(64, cfg.kda_head_dim),
+        block_k=block_k,
+        split_k=next(k for k in (4, 2, 1) if cfg.hidden_size % (k * block_k) == 0),
+        block_v=min(16, cfg.kda_head_dim // 2),
+    )
+
+
 @dataclass(frozen=True)
 class K1Build:
-    """Everything that changes K1's compiled code. Widths: rows = requests x L <= 8.
+    """Everything that changes K1's compiled code. Widths: rows = requests x L <= 16.
 
     Per-layer numbers that do not change the code (AttnRes sources, the block a
     block-write layer stores, epsilons, the gate bound) are launch arguments."""
@@ -98,14 +122,16 @@ class K1Build:
     write_block: bool  # a block-write layer: the updated prefix also goes to a block
     # tiling / launch
     programs: int = 132
-    block_h: int = 512
-    block_n: int = 32
-    block_k: int = 256
+    block_h: int = 256  # hidden columns of an AttnRes item
+    block_n: int = 64  # in_proj rows of a proj item (divides head_dim: items are per head)
+    block_k: int = 64  # K of one pipelined step of the proj loop
+    split_k: int = 4  # K parts of a proj item (hidden = split_k x steps x block_k)
+    stages: int = 4  # software-pipeline depth of the proj loop
     block_v: int = 16
     num_warps: int = 8
-    max_polls: int = 1 << 24
-    # in_proj items that stream their rows into L2 while the AttnRes stages run (0: off);
-    # keep prefetch_items x block_n x hidden x 2 bytes well under the L2 size
+    # proj items (the first ones) whose rows the programs ask L2 for at launch, so they
+    # stream while the AttnRes items run (0: off); keep prefetch_items x proj_item_bytes
+    # well under the L2 size
     prefetch_items: int = 0
 
     def __post_init__(self) -> None:
@@ -121,6 +147,17 @@ class K1Build:
             raise ValueError("block_v must divide head_dim; block_n, block_k >= 16")
         if self.head_dim < 16 or self.f_a_dim < 16:
             raise ValueError("head_dim and f_a_dim must be >= 16 (dot tiles)")
+        if self.block_n > min(self.head_dim, 128):
+            # a proj item's rows lie in one head's q, k, v or g (per-head hand-off) and
+            # are one L2 prefetch each (128 lanes)
+            raise ValueError(f"block_n = {self.block_n} must be <= min(head_dim, 128)")
+        if self.split_k < 1 or self.hidden % (self.split_k * self.block_k):
+            raise ValueError(
+                f"hidden = {self.hidden} must be a multiple of split_k x block_k = "
+                f"{self.split_k} x {self.block_k} (the proj loop has a fixed trip count)"
+            )
+        if self.stages < 1:
+            raise ValueError(f"stages = {self.stages} must be >= 1")
 
     @classmethod
     def for_step(
@@ -147,7 +184,7 @@ class K1Build:
             spec=spec,
             delta=delta,
             write_block=write_block,
-            **tiling,
+            **{**fit_tiling(cfg), **tiling},
         )
 
     # ---- derived ----------------------------------------------------------------------
@@ -164,10 +201,26 @@ class K1Build:
         return -(-self.hidden // self.block_h)
 
     @property
+    def shared_blocks(self) -> int:
+        """in_proj row blocks past q|k|v|g (f_a and beta): every head's items read them."""
+        return -(-(self.in_proj_rows - 4 * self.local_proj) // self.block_n)
+
+    @property
+    def head_blocks(self) -> int:
+        """in_proj row blocks of one head: its q, k, v and g rows."""
+        return 4 * (self.head_dim // self.block_n)
+
+    @property
+    def proj_item_bytes(self) -> int:
+        """Weight bytes one proj item streams."""
+        return self.block_n * (self.hidden // self.split_k) * 2
+
+    @property
     def stage_items(self) -> tuple[int, ...]:
-        c = self.slices
-        kda = self.requests * self.heads * (self.head_dim // self.block_v)
-        return (c, c, c, -(-self.in_proj_rows // self.block_n), kda, self.requests * self.heads)
+        rc = self.rows * self.slices
+        blocks = self.shared_blocks + self.heads * self.head_blocks
+        head = self.requests * self.heads * (self.head_dim // self.block_v + 1)
+        return (rc, rc, blocks * self.split_k, head)
 
     @property
     def total_items(self) -> int:
@@ -176,12 +229,13 @@ class K1Build:
     def scratch_layout(self) -> dict[str, tuple[int, int]]:
         """region -> (byte offset, bytes) inside this launch's scratch region."""
         S, H = self.rows, self.hidden
+        blocks = self.shared_blocks + self.heads * self.head_blocks
         sizes = {
-            "ctrl": CTRL_WORDS * 4,
-            "part": S * self.max_sources * _pow2(self.slices) * 2 * 4,
+            "cnt": blocks * 4,
+            "part": S * 2 * _pow2(self.max_sources) * _pow2(self.slices) * 4,
             "msq": S * _pow2(self.slices) * 4,
             "mixed": S * H * 4,
-            "x": S * H * 2,
+            "kparts": blocks * self.split_k * self.block_n * S * 4,
             "proj": S * self.in_proj_rows * 2,
             "o": S * self.local_proj * 2,
         }

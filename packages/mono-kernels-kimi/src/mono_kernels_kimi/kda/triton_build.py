@@ -1,13 +1,14 @@
 """K1's Triton build: one launch from a KDA layer's AttnRes inputs to o_proj's input.
 
-The work plan (six stages in one ticket loop) is described in `spec.py`. Each step
+The work plan (four stages in one ticket loop) is described in `spec.py`. Each step
 names the vLLM 0.33 function whose numerics it follows; bf16 hand-offs between stock
 kernels are bf16 roundings here too, and split reductions differ only in their order.
 The protocol is mono_runtime's (`protocol_triton`, imported as `pt`), as in every other
 kernel: tickets come from the runner's counter of the launch's tag slot (`ticket_take`;
 the last taker resets it), an item done is a (tag, 1) pair in the done region past the
-spec's scratch layout (`ticket_finish`, after a CTA barrier), and a stage waits for every
-item of the stage before with one bounded `poll` over their pairs (the runner's deadline,
+spec's scratch layout (`ticket_finish`, after a CTA barrier), and an item waits for the
+items it reads (its row's AttnRes items, a head's proj items, ...: one contiguous ticket
+range each) with one bounded `poll` over their pairs (`wait_done`: the runner's deadline,
 watching the alarm words), then reads what they wrote with L1-bypassing loads. A wait that
 gives up sets this rank's alarm word at every peer and records what it waited for in the
 runner's health words: `after_step()` raises MonoFault, `guard()` poisons the step's
@@ -21,12 +22,14 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 from mono_runtime import protocol as P
 from mono_runtime import protocol_triton as pt
 from mono_runtime.kernel import RUNTIME_ARGS
 from mono_runtime.protocol import region_id
+from mono_runtime.stream import device as st
 
 from . import spec
 from .spec import ALIGN, K1Build
@@ -34,7 +37,6 @@ from .spec import ALIGN, K1Build
 F32 = tl.float32
 BF16 = tl.bfloat16
 # spec's numbers as constexprs the kernel may read
-CTRL_WORDS = tl.constexpr(spec.CTRL_WORDS)
 ROW_TILE = tl.constexpr(spec.ROW_TILE)
 HS_LANES = tl.constexpr(P.MAX_RANKS)  # the handshake's poll covers any world
 
@@ -45,14 +47,12 @@ def _items_of(stage: str):
 
 # Region ids the timeline names: a wait for a stage's items names that stage (the pair is
 # the item's index in it); the handshake's pair p is rank p's.
-REGIONS = {name: region_id(f"kda.{name}", _items_of(name)) for name in spec.STAGES}
+REGIONS = {name: region_id(f"kda.{name}", _items_of(name)) for name in spec.STAGE_NAMES}
 REGIONS["handshake"] = region_id("kda.handshake", lambda pair: (f"from rank {pair}", pair))
 R_ARES = tl.constexpr(REGIONS["ares"])
 R_MIX = tl.constexpr(REGIONS["mix"])
-R_X = tl.constexpr(REGIONS["x"])
 R_PROJ = tl.constexpr(REGIONS["proj"])
-R_KDA = tl.constexpr(REGIONS["kda"])
-R_NORM = tl.constexpr(REGIONS["norm"])
+R_HEAD = tl.constexpr(REGIONS["head"])
 R_HS = tl.constexpr(REGIONS["handshake"])
 
 # What a launch takes after spec.ARGS: its tag slot, whether it is the step's last, then
@@ -78,58 +78,107 @@ def _dot(a, b, INTERPRET: tl.constexpr):
     """bf16 x bf16 -> fp32 on tensor cores; the interpreter multiplies bf16 storage as
     integers, so it gets the (exact) fp32 upcasts."""
     if INTERPRET:
-        return tl.dot(a.to(F32), b.to(F32))
+        return tl.dot(a.to(F32), b.to(F32), input_precision="ieee")
     return tl.dot(a, b)
 
 
 @triton.jit
-def _source(ptrs, is_block, prefix_row, cm):
-    """One AttnRes source of a row's hidden slice in fp32: the block at `ptrs`, or the
-    prefix (already loaded) for the last source; stages 1 and 2 read sources alike."""
-    v = tl.load(ptrs, mask=cm & is_block, other=0.0).to(F32)
-    return tl.where(is_block, v, prefix_row)
+def _sources(
+    blocks_row, prefix_row, cols, cm, num_blocks, write_idx, block_stride, MSP: tl.constexpr
+):
+    """fp32 [MSP, BH]: the AttnRes sources of one row's hidden block in one load, so a
+    stage pays one memory latency for all of them: blocks 0 .. num_blocks - 1, then the
+    prefix (already loaded) at row num_blocks, zeros past it. The block this launch
+    writes reads as the new prefix, so no item reads it back through memory."""
+    j = tl.arange(0, MSP)
+    ptrs = blocks_row + j[:, None].to(tl.int64) * block_stride + cols[None, :]
+    v = tl.load(ptrs, mask=(j < num_blocks)[:, None] & cm[None, :], other=0.0).to(F32)
+    take_prefix = (j == num_blocks) | (j == write_idx)
+    return tl.where(take_prefix[:, None], prefix_row[None, :], v)
 
 
 @triton.jit
-def _prefetch_rows(in_proj, rows, nm, x_waiting, junk_word, HID: tl.constexpr, BK: tl.constexpr):
-    """While x is not ready yet, stream this item's in_proj rows into L2 (HBM is idle
-    during the AttnRes stages). The loads feed a sum that is stored only if it is NaN
-    (never, for finite weights), so the compiler keeps them."""
-    if x_waiting:
-        junk = tl.zeros((), F32)
-        for k0 in range(0, HID, BK):
-            kk = k0 + tl.arange(0, BK)
-            wt = tl.load(
-                in_proj + rows[:, None] * HID + kk[None, :],
-                mask=nm[:, None] & (kk < HID)[None, :],
-                other=0.0,
-                eviction_policy="evict_last",
-            )
-            junk += tl.sum(tl.sum(wt.to(F32), axis=1), axis=0)
-        if junk != junk:
-            tl.store(junk_word, 1)
+def _proj_block_row(b, NH: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, NSH: tl.constexpr):
+    """First in_proj row of proj row block b in item order: the NSH blocks of f_a and beta
+    (rows 4P..), then head by head its q, k, v and g blocks."""
+    P: tl.constexpr = NH * D
+    hb = b - NSH
+    h = hb // (4 * D // BN)
+    i = hb % (4 * D // BN)
+    head_row = (i // (D // BN)) * P + h * D + (i % (D // BN)) * BN
+    return tl.where(b < NSH, 4 * P + b * BN, head_row)
 
 
 @triton.jit
-def _wait_stage(
-    done,
-    first: tl.constexpr,
-    N: tl.constexpr,
-    N2: tl.constexpr,
-    tag,
-    ctl,
-    health,
-    peers,
-    rank,
-    world,
-    region: tl.constexpr,
+def _proj_part(
+    w,
+    in_norm,
+    mixbuf,
+    rstd,
+    rows,
+    nm,
+    k_begin,
+    NSTEP: tl.constexpr,
+    HID: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    S: tl.constexpr,
+    STAGES: tl.constexpr,
     CPU: tl.constexpr,
 ):
-    """Wait (bounded: `pt.poll`) until the N items first..first+N-1 of a stage before this
-    one (smaller tickets) are done; then their stores are visible to this program. False:
-    the wait gave up (recorded in health, the alarm set), and so does every later wait
-    of the step. N2: N rounded up to a power of two."""
-    return pt.wait_done(done, first, N, N2, tag, ctl, health, peers, rank, world, region, 0, CPU)
+    """fp32 [BN, 16]: in_proj rows `rows` (the dot's wide M operand) times x^T over K
+    k_begin .. k_begin + NSTEP x BK, in a fixed-count loop Triton software-pipelines
+    (the engine's `stream_rows` shape). x exists only here: the loader makes each tile
+    from AttnRes's fp32 mix, the rows' rstd and in_norm, rounded to bf16 as
+    `_attn_res_kernel` stores x (the engine's loader reads a bf16 x from memory, which
+    would cost K1 a stage and a full barrier). Rows past in_proj (the last f_a/beta
+    block) load as zeros."""
+    n = tl.arange(0, ROW_TILE)
+    acc = tl.zeros((BN, ROW_TILE), F32)
+    for i in tl.range(0, NSTEP, num_stages=STAGES):
+        k = k_begin + i * BK + tl.arange(0, BK)
+        wt = tl.load(w + rows[:, None] * HID + k[None, :], mask=nm[:, None], other=0.0)
+        mx = tl.load(
+            mixbuf + n[None, :] * HID + k[:, None],
+            mask=(n < S)[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        xf = mx * rstd[None, :] * tl.load(in_norm + k).to(F32)[:, None]
+        if CPU:
+            acc = tl.dot(wt.to(F32), _rne(xf), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(wt, xf.to(BF16), acc)  # cvt.rn: the same rounding as _rne
+    return acc
+
+
+@triton.jit
+def _sum_parts(acc, buf, cnt, kp, KS: tl.constexpr, BN: tl.constexpr, S: tl.constexpr):
+    """Split K: store K part kp of a row block's fp32 [BN, 16] in buf; (last, total):
+    `last` in the item that finished the block's last part, which gets the parts summed
+    in part order (results do not depend on timing) and resets the counter."""
+    n = tl.arange(0, BN)
+    tok = tl.arange(0, ROW_TILE)
+    live = tok[None, :] < S
+    base = buf + n[:, None] * S + tok[None, :]
+    total = acc
+    last = kp == kp
+    if KS > 1:
+        tl.store(base + kp * (BN * S), acc, mask=live)
+        tl.debug_barrier()
+        last = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == KS - 1
+        total = tl.zeros((BN, ROW_TILE), F32)
+        if last:
+            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+            for q in tl.static_range(KS):  # unrolled: the loads fly together, in order
+                total += tl.load(base + q * (BN * S), mask=live, other=0.0, volatile=True)
+    return last, total
+
+
+@triton.jit
+def _proj_ld(proj, s, ch, mask, NP: tl.constexpr):
+    """in_proj's bf16 output (token row s, channels ch) in fp32, bypassing L1."""
+    return tl.load(proj + s * NP + ch, mask=mask, other=0.0, cache_modifier=".cg").to(F32)
 
 
 @triton.jit
@@ -175,25 +224,25 @@ def _conv_in(
     cmask,
     first,
     r,
-    t: tl.constexpr,
+    t,
     j: tl.constexpr,
     conv_dim_stride,
     conv_pos_stride,
     L: tl.constexpr,
     NP: tl.constexpr,
 ):
-    """Tap j of token t's window [state[first], state[first+1], state[first+2], x_0 ..]."""
-    if t + j < 3:
-        v = tl.load(
-            cbase + ch.to(tl.int64) * conv_dim_stride + (first + t + j) * conv_pos_stride,
-            mask=cmask,
-            other=0.0,
-        )
-    else:
-        v = tl.load(
-            proj + (r * L + t + j - 3) * NP + ch, mask=cmask, other=0.0, cache_modifier=".cg"
-        )
-    return v.to(F32)
+    """Tap j of token t's window [state[first], state[first+1], state[first+2], x_0 ..]
+    (t is a runtime token index: the token loop is not unrolled, which keeps one
+    token's values live at a time)."""
+    pos = t + j
+    in_state = pos < 3
+    v = tl.load(
+        cbase + ch.to(tl.int64) * conv_dim_stride + (first + pos) * conv_pos_stride,
+        mask=cmask & in_state,
+        other=0.0,
+    ).to(F32)
+    x = _proj_ld(proj, r * L + pos - 3, ch, cmask & (pos >= 3), NP)
+    return tl.where(in_state, v, x)
 
 
 @triton.jit
@@ -205,7 +254,7 @@ def _conv_token(
     w4,
     first,
     r,
-    t: tl.constexpr,
+    t,
     conv_dim_stride,
     conv_pos_stride,
     L: tl.constexpr,
@@ -214,18 +263,12 @@ def _conv_token(
     """One token of `_causal_conv1d_update_kernel` (width 4, no bias, SiLU), stored as
     bf16 like its output tensor."""
     jj = tl.arange(0, 4)[None, :]
-    acc = _conv_in(
-        cbase, proj, ch, cmask, first, r, t, 0, conv_dim_stride, conv_pos_stride, L, NP
-    ) * tl.sum(tl.where(jj == 0, w4, 0.0), axis=1)
-    acc += _conv_in(
-        cbase, proj, ch, cmask, first, r, t, 1, conv_dim_stride, conv_pos_stride, L, NP
-    ) * tl.sum(tl.where(jj == 1, w4, 0.0), axis=1)
-    acc += _conv_in(
-        cbase, proj, ch, cmask, first, r, t, 2, conv_dim_stride, conv_pos_stride, L, NP
-    ) * tl.sum(tl.where(jj == 2, w4, 0.0), axis=1)
-    acc += _conv_in(
-        cbase, proj, ch, cmask, first, r, t, 3, conv_dim_stride, conv_pos_stride, L, NP
-    ) * tl.sum(tl.where(jj == 3, w4, 0.0), axis=1)
+    acc = tl.zeros_like(ch).to(F32)
+    for j in tl.static_range(4):
+        x = _conv_in(
+            cbase, proj, ch, cmask, first, r, t, j, conv_dim_stride, conv_pos_stride, L, NP
+        )
+        acc += x * tl.sum(tl.where(jj == j, w4, 0.0), axis=1)
     acc = acc / (1 + tl.exp(-acc))
     return _rne(acc)
 
@@ -252,8 +295,8 @@ def _conv_state_write(
     tl.store(cp, old1, mask=cmask)
     tl.store(cp + conv_pos_stride, old2, mask=cmask)
     for t in tl.static_range(L):
-        x = tl.load(proj + (r * L + t) * NP + ch, mask=cmask, cache_modifier=".cg")
-        tl.store(cp + (2 + t) * conv_pos_stride, x, mask=cmask)
+        x = _proj_ld(proj, r * L + t, ch, cmask, NP)
+        tl.store(cp + (2 + t) * conv_pos_stride, x.to(BF16), mask=cmask)
 
 
 # Integers that vary per launch or per rank are never specialized (a value of 1 or a
@@ -317,311 +360,392 @@ def k1_kernel(
     BH: tl.constexpr,
     C1: tl.constexpr,
     C1P: tl.constexpr,
+    MSP: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    KS: tl.constexpr,
+    STAGES: tl.constexpr,
     BV: tl.constexpr,
-    MAX_SRC: tl.constexpr,
+    NSH: tl.constexpr,
+    N2P: tl.constexpr,
+    NSHP: tl.constexpr,
+    HBP: tl.constexpr,
+    N4P: tl.constexpr,
     E1: tl.constexpr,
     E2: tl.constexpr,
     E3: tl.constexpr,
     E4: tl.constexpr,
-    E5: tl.constexpr,
-    E6: tl.constexpr,
+    OFF_CNT: tl.constexpr,
     OFF_PART: tl.constexpr,
     OFF_MSQ: tl.constexpr,
     OFF_MIXED: tl.constexpr,
-    OFF_X: tl.constexpr,
+    OFF_KPARTS: tl.constexpr,
     OFF_PROJ: tl.constexpr,
     OFF_O: tl.constexpr,
     OFF_DONE: tl.constexpr,
-    N4P: tl.constexpr,
-    N5P: tl.constexpr,
-    N6P: tl.constexpr,
     PREFETCH: tl.constexpr,
+    NV: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     P: tl.constexpr = NH * D
     NVC: tl.constexpr = D // BV
+    HEAD_ITEMS: tl.constexpr = NVC + 1  # a (head, request)'s kda items, then its norm
+    HB: tl.constexpr = 4 * D // BN  # proj row blocks of one head
+    KP: tl.constexpr = HID // KS  # K of one proj item
     RT: tl.constexpr = ROW_TILE
-    junk_word = scratch.to(tl.pointer_type(tl.int32)) + CTRL_WORDS - 1
     done = (scratch + OFF_DONE).to(tl.pointer_type(tl.int64))  # one (tag, 1) pair per item
     part = (scratch + OFF_PART).to(tl.pointer_type(F32))
     msq = (scratch + OFF_MSQ).to(tl.pointer_type(F32))
     mixbuf = (scratch + OFF_MIXED).to(tl.pointer_type(F32))
-    xbuf = (scratch + OFF_X).to(tl.pointer_type(BF16))
+    kparts = (scratch + OFF_KPARTS).to(tl.pointer_type(F32))
+    cnt = (scratch + OFF_CNT).to(tl.pointer_type(tl.int32))
     proj = (scratch + OFF_PROJ).to(tl.pointer_type(BF16))
     obuf = (scratch + OFF_O).to(tl.pointer_type(BF16))
 
+    if NV:
+        # weights do not depend on activations: at launch every program asks L2 for its
+        # share of the first PREFETCH proj items' rows, which stream in while the AttnRes
+        # items run (full blocks only: no read past in_proj; the engine's bulk prefetch
+        # is NVIDIA's)
+        for item in range(tl.program_id(0), PREFETCH, tl.num_programs(0)):
+            first_row = _proj_block_row(item // KS, NH, D, BN, NSH)
+            if first_row + BN <= NP:
+                w0 = in_proj + first_row * HID + (item % KS) * KP
+                st.prefetch_l2(w0, 2 * HID, 2 * KP, BN, INTERPRET)
+
     tag = pt.step_tag(ctl, slot)
     counter = tickets + slot
-    total = E6 + final.to(tl.int32)  # a final launch's last item: the TP fault handshake
+    total = E4 + final.to(tl.int32)  # a final launch's last item: the TP fault handshake
     t = pt.ticket_take(counter, total)
     while t < total:
-        if t < E1:
-            # -- 1 ares: `_attn_res_kernel` (nvidia/ops/attn_res.py), per hidden slice --
-            cols = t * BH + tl.arange(0, BH)
+        if t < E2:
+            # -- 1 ares / 2 mix: `_attn_res_kernel` (nvidia/ops/attn_res.py) per (row,
+            # hidden block); the sources of the block in one load --
+            s = tl.where(t < E1, t, t - E1) // C1
+            c = t % C1
+            cols = c * BH + tl.arange(0, BH)
             cm = cols < HID
-            wnq = tl.load(ares_norm + cols, mask=cm, other=0.0).to(F32) * tl.load(
-                ares_qk + cols, mask=cm, other=0.0
-            ).to(F32)
-            for s in tl.static_range(S):
+            j = tl.arange(0, MSP)
+            row = blocks + s * blocks_row_stride
+            if WRITE_BLOCK:
+                wi = write_idx
+            else:
+                wi = -1
+            pp = part + (s * 2 * MSP + j) * C1P + c
+            if t < E1:
                 p = tl.load(prefix + s * HID + cols, mask=cm, other=0.0).to(F32)
                 if HAS_DELTA:
                     d = tl.load(delta + s * HID + cols, mask=cm, other=0.0).to(F32)
                     p = _rne(p + d)  # the bf16 prefix-add
                     tl.store(prefix + s * HID + cols, p.to(BF16), mask=cm)
                 if WRITE_BLOCK:
-                    tl.store(
-                        blocks + s * blocks_row_stride + write_idx * blocks_block_stride + cols,
-                        p.to(BF16),
-                        mask=cm,
-                    )
-                row = blocks + s * blocks_row_stride + cols
-                for j in range(0, num_blocks + 1):
-                    v = _source(row + j * blocks_block_stride, j < num_blocks, p, cm)
-                    pp = part + ((s * MAX_SRC + j) * C1P + t) * 2
-                    tl.store(pp, tl.sum(v * v, axis=0))
-                    tl.store(pp + 1, tl.sum(v * wnq, axis=0))
-            pt.ticket_finish(done, t, tag)
-        elif t < E2:
-            # -- 2 mix: the AttnRes softmax over sources (prefix last), per slice --
-            c = t - E1
-            _wait_stage(done, 0, C1, C1P, tag, ctl, health, peers, rank, world, R_ARES, INTERPRET)
-            cols = c * BH + tl.arange(0, BH)
-            cm = cols < HID
-            ci = tl.arange(0, C1P)
-            cim = ci < C1
-            for s in tl.static_range(S):
+                    wb = row + write_idx * blocks_block_stride + cols
+                    tl.store(wb, p.to(BF16), mask=cm)
+                src = _sources(row, p, cols, cm, num_blocks, wi, blocks_block_stride, MSP)
+                wnq = tl.load(ares_norm + cols, mask=cm, other=0.0).to(F32) * tl.load(
+                    ares_qk + cols, mask=cm, other=0.0
+                ).to(F32)
+                tl.store(pp, tl.sum(src * src, axis=1))
+                tl.store(pp + MSP * C1P, tl.sum(src * wnq[None, :], axis=1))
+            else:
+                # the softmax over the sources (prefix last) once this row's partials are in
+                pt.wait_done(
+                    done,
+                    s * C1,
+                    C1,
+                    C1P,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    R_ARES,
+                    s * C1,
+                    INTERPRET,
+                )
+                ci = tl.arange(0, C1P)
+                pq = part + (s * 2 * MSP + j[:, None]) * C1P + ci[None, :]
+                pm = (j <= num_blocks)[:, None] & (ci < C1)[None, :]
+                ss = tl.sum(tl.load(pq, mask=pm, other=0.0, cache_modifier=".cg"), axis=1)
+                qd = tl.sum(
+                    tl.load(pq + MSP * C1P, mask=pm, other=0.0, cache_modifier=".cg"), axis=1
+                )
+                logit = tl.where(
+                    j <= num_blocks, qd * tl.rsqrt(ss * (1.0 / HID) + eps), -float("inf")
+                )
+                e = tl.exp(logit - tl.max(logit, axis=0))
+                wts = e / tl.sum(e, axis=0)
                 p = tl.load(prefix + s * HID + cols, mask=cm, other=0.0, cache_modifier=".cg").to(
                     F32
                 )
-                mx = tl.full((), float("-inf"), F32)
-                den = tl.zeros((), F32)
-                mixed = tl.zeros((BH,), F32)
-                row = blocks + s * blocks_row_stride + cols
-                for j in range(0, num_blocks + 1):
-                    pq = part + (s * MAX_SRC + j) * C1P * 2 + ci * 2
-                    ss = tl.sum(tl.load(pq, mask=cim, other=0.0, cache_modifier=".cg"), axis=0)
-                    qd = tl.sum(tl.load(pq + 1, mask=cim, other=0.0, cache_modifier=".cg"), axis=0)
-                    logit = qd * tl.rsqrt(ss * (1.0 / HID) + eps)
-                    v = _source(row + j * blocks_block_stride, j < num_blocks, p, cm)
-                    new_mx = tl.maximum(mx, logit)
-                    old_scale = tl.exp(mx - new_mx)
-                    e = tl.exp(logit - new_mx)
-                    den = den * old_scale + e
-                    mixed = mixed * old_scale + e * v
-                    mx = new_mx
-                mixed = mixed / den
+                src = _sources(row, p, cols, cm, num_blocks, wi, blocks_block_stride, MSP)
+                mixed = tl.sum(wts[:, None] * src, axis=0)
                 tl.store(mixbuf + s * HID + cols, mixed, mask=cm)
                 tl.store(msq + s * C1P + c, tl.sum(tl.where(cm, mixed * mixed, 0.0), axis=0))
             pt.ticket_finish(done, t, tag)
         elif t < E3:
-            # -- 3 x: the input RMSNorm (AttnRes APPLY_OUTPUT_NORM) -> bf16 x --
-            c = t - E2
-            _wait_stage(done, E1, C1, C1P, tag, ctl, health, peers, rank, world, R_MIX, INTERPRET)
-            cols = c * BH + tl.arange(0, BH)
-            cm = cols < HID
-            ci = tl.arange(0, C1P)
-            wn = tl.load(in_norm + cols, mask=cm, other=0.0).to(F32)
-            for s in tl.static_range(S):
-                ssum = tl.sum(
-                    tl.load(msq + s * C1P + ci, mask=ci < C1, other=0.0, cache_modifier=".cg"),
-                    axis=0,
-                )
-                rstd = tl.rsqrt(ssum * (1.0 / HID) + out_eps)
-                mixed = tl.load(mixbuf + s * HID + cols, mask=cm, other=0.0, cache_modifier=".cg")
-                tl.store(xbuf + s * HID + cols, _bf16(mixed * rstd * wn), mask=cm)
-            pt.ticket_finish(done, t, tag)
-        elif t < E4:
-            # -- 4 proj: in_proj_qkvgfab (a bf16 GEMM, fp32 accumulate) --
-            n = t - E3
-            rows = n * BN + tl.arange(0, BN)
+            # -- 3 proj: in_proj_qkvgfab (a bf16 GEMM, fp32 accumulate), K part kp of
+            # row block b; the input RMSNorm (AttnRes APPLY_OUTPUT_NORM) in the loader --
+            u = t - E2
+            kp = u % KS
+            row0 = _proj_block_row(u // KS, NH, D, BN, NSH)
+            rows = row0 + tl.arange(0, BN)
             nm = rows < NP
-            if n < PREFETCH:
-                x_waiting = pt.pair_tag(tl.load(done + E3 - 1, volatile=True)) != tag
-                _prefetch_rows(in_proj, rows, nm, x_waiting, junk_word, HID, BK)
-            _wait_stage(done, E2, C1, C1P, tag, ctl, health, peers, rank, world, R_X, INTERPRET)
-            si = tl.arange(0, RT)
-            sm = si < S
-            acc = tl.zeros((RT, BN), F32)
-            kb = tl.arange(0, BK)
-            wp = in_proj + rows[:, None] * HID + kb[None, :]
-            xp = xbuf + si[:, None] * HID + kb[None, :]
-            # two weight tiles in flight: the next tile's loads issue before this dot
-            w_next = tl.load(wp, mask=nm[:, None] & (kb < HID)[None, :], other=0.0)
-            for k0 in range(0, HID, BK):
-                w_cur = w_next
-                w_next = tl.load(
-                    wp + k0 + BK, mask=nm[:, None] & (k0 + BK + kb < HID)[None, :], other=0.0
-                )
-                xt = tl.load(
-                    xp + k0,
-                    mask=sm[:, None] & (k0 + kb < HID)[None, :],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-                acc += _dot(xt, tl.trans(w_cur), INTERPRET)
-            tl.store(
-                proj + si[:, None] * NP + rows[None, :], _bf16(acc), mask=sm[:, None] & nm[None, :]
+            pt.wait_done(
+                done, E1, E2 - E1, N2P, tag, ctl, health, peers, rank, world, R_MIX, 0, INTERPRET
             )
-            pt.ticket_finish(done, t, tag)
-        elif t < E5:
-            # -- 5 kda: f_b + gate, conv update, l2norm, delta rule on BV state rows --
-            u = t - E4
-            r = u // (NH * NVC)
-            h = (u // NVC) % NH
-            vc = u % NVC
-            ok = _wait_stage(
-                done, E3, E4 - E3, N4P, tag, ctl, health, peers, rank, world, R_PROJ, INTERPRET
-            )
-            ibase, cslot, first, islot, conv_ok, live = _slots(
-                state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC, L
-            )
-            cbase = conv_state + cslot * conv_slot_stride
-            dk = tl.arange(0, D)
-            dv = vc * BV + tl.arange(0, BV)
-            qch = h * D + dk
-            kch = P + h * D + dk
-            vch = 2 * P + h * D + dv
-            allk = dk < D
-            allv = dv < D
-            # f_b_proj (bf16 GEMM) for the request's L tokens, then the gate of
-            # fused_recurrent_kda_fwd_kernel: lower_bound * sigmoid(exp(A_log) * (g + dt_bias))
-            li = tl.arange(0, RT)
-            fcol = tl.arange(0, DFA)
-            fa = tl.load(
-                proj + (r * L + li)[:, None] * NP + FA_OFF + fcol[None, :],
-                mask=(li < L)[:, None],
+            n = tl.arange(0, RT)
+            sm = n < S
+            ci = tl.arange(0, C1P)
+            ms = tl.load(
+                msq + n[:, None] * C1P + ci[None, :],
+                mask=sm[:, None] & (ci < C1)[None, :],
                 other=0.0,
                 cache_modifier=".cg",
             )
-            fbw = tl.load(f_b + (h * D + dk)[:, None] * DFA + fcol[None, :])
-            g1 = _rne(_dot(fa, tl.trans(fbw), INTERPRET))
-            a = tl.exp(tl.load(a_log + h).to(F32))
-            dtb = tl.load(dt_bias + h * D + dk).to(F32)
-            decay = tl.exp(lower_bound * tl.sigmoid(a * (g1 + dtb[None, :])))
-            jj = tl.arange(0, 4)
-            wq = tl.load(conv_w + qch[:, None] * 4 + jj[None, :]).to(F32)
-            wk = tl.load(conv_w + kch[:, None] * 4 + jj[None, :]).to(F32)
-            wv = tl.load(conv_w + vch[:, None] * 4 + jj[None, :]).to(F32)
-            hoff = h * D * D
-            sp = state + islot * state_slot_stride + hoff + dv[:, None] * D + dk[None, :]
-            st = tl.load(sp, mask=live, other=0.0).to(F32)
-            for tt in tl.static_range(L):
-                s = r * L + tt
-                q = _conv_token(
-                    cbase,
-                    proj,
-                    qch,
-                    allk,
-                    wq,
-                    first,
-                    r,
-                    tt,
-                    conv_dim_stride,
-                    conv_pos_stride,
-                    L,
-                    NP,
-                )
-                k = _conv_token(
-                    cbase,
-                    proj,
-                    kch,
-                    allk,
-                    wk,
-                    first,
-                    r,
-                    tt,
-                    conv_dim_stride,
-                    conv_pos_stride,
-                    L,
-                    NP,
-                )
-                val = _conv_token(
-                    cbase,
-                    proj,
-                    vch,
-                    allv,
-                    wv,
-                    first,
-                    r,
-                    tt,
-                    conv_dim_stride,
-                    conv_pos_stride,
-                    L,
-                    NP,
-                )
-                q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (D**-0.5)
-                k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-                dec = tl.sum(tl.where(li[:, None] == tt, decay, 0.0), axis=0)
-                beta = tl.sigmoid(
-                    tl.load(proj + s * NP + BETA_OFF + h, cache_modifier=".cg").to(F32)
-                )
-                st = st * dec[None, :]
-                val = (val - tl.sum(st * k[None, :], axis=1)) * beta
-                st = st + val[:, None] * k[None, :]
-                o = tl.sum(st * q[None, :], axis=1)
-                o = tl.where(ok, o, float("nan"))
-                tl.store(obuf + s * P + h * D + dv, _bf16(o), mask=allv & live)
-                slot_t = tl.load(ibase + tt).to(tl.int64)
-                ok_t = live & ok & (slot_t > 0) & (slot_t < num_slots)
-                dst = (
-                    state
-                    + tl.where(ok_t, slot_t, 0) * state_slot_stride
-                    + hoff
-                    + dv[:, None] * D
-                    + dk[None, :]
-                )
-                tl.store(dst, st, mask=ok_t)
-            _conv_state_write(
-                cbase,
-                proj,
-                vch,
-                allv & conv_ok & ok,
-                first,
-                r,
-                conv_dim_stride,
-                conv_pos_stride,
-                L,
-                NP,
+            rstd = tl.rsqrt(tl.sum(ms, axis=1) * (1.0 / HID) + out_eps)
+            acc = _proj_part(
+                in_proj,
+                in_norm,
+                mixbuf,
+                rstd,
+                rows,
+                nm,
+                kp * KP,
+                KP // BK,
+                HID,
+                BN,
+                BK,
+                S,
+                STAGES,
+                INTERPRET,
             )
+            # the row block's last K part to finish sums the parts in part order
+            b = u // KS
+            last, acc = _sum_parts(acc, kparts + b * (KS * BN * S), cnt + b, kp, KS, BN, S)
+            if last:
+                tl.store(
+                    proj + n[None, :] * NP + rows[:, None],
+                    _bf16(acc),
+                    mask=nm[:, None] & sm[None, :],
+                )
             pt.ticket_finish(done, t, tag)
-        elif t < E6:
-            # -- 6 norm: FusedRMSNormGated(sigmoid) per head; q/k conv state --
-            u = t - E5
-            r = u // NH
-            h = u % NH
-            ok = _wait_stage(
-                done, E4, E5 - E4, N5P, tag, ctl, health, peers, rank, world, R_KDA, INTERPRET
-            )
+        elif t < E4:
+            u = t - E3
+            grp = u // HEAD_ITEMS  # head-major: the first heads' proj items finish first
+            h = grp // R
+            r = grp % R
+            vc = u % HEAD_ITEMS
             ibase, cslot, first, islot, conv_ok, live = _slots(
                 state_indices, num_accepted, r, indices_row_stride, num_slots, SPEC, L
             )
-            dk = tl.arange(0, D)
-            wo = tl.load(o_norm + dk).to(F32)
-            for tt in tl.static_range(L):
-                s = r * L + tt
-                o6 = tl.load(obuf + s * P + h * D + dk, cache_modifier=".cg").to(F32)
-                g2 = tl.load(proj + s * NP + G_OFF + h * D + dk, cache_modifier=".cg").to(F32)
-                y = o6 * tl.rsqrt(tl.sum(o6 * o6, axis=0) / D + o_norm_eps) * wo * tl.sigmoid(g2)
-                y = tl.where(ok, tl.where(live, y, 0.0), float("nan"))
-                tl.store(out + s * P + h * D + dk, _bf16(y))
             cbase = conv_state + cslot * conv_slot_stride
-            allk = (dk < D) & conv_ok & ok
-            _conv_state_write(
-                cbase, proj, h * D + dk, allk, first, r, conv_dim_stride, conv_pos_stride, L, NP
-            )
-            _conv_state_write(
-                cbase, proj, P + h * D + dk, allk, first, r, conv_dim_stride, conv_pos_stride, L, NP
-            )
+            dk = tl.arange(0, D)
+            if vc < NVC:
+                # -- 4 kda: f_b + gate, conv update, l2norm, delta rule on BV state rows,
+                # once the f_a/beta rows and this head's q, k, v rows are projected --
+                ok = pt.wait_done(
+                    done,
+                    E2,
+                    NSH * KS,
+                    NSHP,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    R_PROJ,
+                    0,
+                    INTERPRET,
+                )
+                h0 = (NSH + h * HB) * KS
+                ok = ok & pt.wait_done(
+                    done,
+                    E2 + h0,
+                    HB * KS,
+                    HBP,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    R_PROJ,
+                    h0,
+                    INTERPRET,
+                )
+                dv = vc * BV + tl.arange(0, BV)
+                qch = h * D + dk
+                kch = P + h * D + dk
+                vch = 2 * P + h * D + dv
+                allk = dk < D
+                allv = dv < D
+                # f_b_proj (bf16 GEMM) for the request's L tokens, then the gate of
+                # fused_recurrent_kda_fwd_kernel: lower_bound * sigmoid(exp(A_log) * (g + dt_bias))
+                li = tl.arange(0, RT)
+                fcol = tl.arange(0, DFA)
+                fa = tl.load(
+                    proj + (r * L + li)[:, None] * NP + FA_OFF + fcol[None, :],
+                    mask=(li < L)[:, None],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                fbw = tl.load(f_b + (h * D + dk)[:, None] * DFA + fcol[None, :])
+                g1 = _rne(_dot(fa, tl.trans(fbw), INTERPRET))
+                a = tl.exp(tl.load(a_log + h).to(F32))
+                dtb = tl.load(dt_bias + h * D + dk).to(F32)
+                decay = tl.exp(lower_bound * tl.sigmoid(a * (g1 + dtb[None, :])))
+                jj = tl.arange(0, 4)
+                wq = tl.load(conv_w + qch[:, None] * 4 + jj[None, :]).to(F32)
+                wk = tl.load(conv_w + kch[:, None] * 4 + jj[None, :]).to(F32)
+                wv = tl.load(conv_w + vch[:, None] * 4 + jj[None, :]).to(F32)
+                hoff = h * D * D
+                sp = state + islot * state_slot_stride + hoff + dv[:, None] * D + dk[None, :]
+                stt = tl.load(sp, mask=live, other=0.0).to(F32)
+                for tt in range(L):
+                    s = r * L + tt
+                    q = _conv_token(
+                        cbase,
+                        proj,
+                        qch,
+                        allk,
+                        wq,
+                        first,
+                        r,
+                        tt,
+                        conv_dim_stride,
+                        conv_pos_stride,
+                        L,
+                        NP,
+                    )
+                    k = _conv_token(
+                        cbase,
+                        proj,
+                        kch,
+                        allk,
+                        wk,
+                        first,
+                        r,
+                        tt,
+                        conv_dim_stride,
+                        conv_pos_stride,
+                        L,
+                        NP,
+                    )
+                    val = _conv_token(
+                        cbase,
+                        proj,
+                        vch,
+                        allv,
+                        wv,
+                        first,
+                        r,
+                        tt,
+                        conv_dim_stride,
+                        conv_pos_stride,
+                        L,
+                        NP,
+                    )
+                    q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (D**-0.5)
+                    k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+                    dec = tl.sum(tl.where(li[:, None] == tt, decay, 0.0), axis=0)
+                    beta = tl.sigmoid(_proj_ld(proj, s, BETA_OFF + h, h < NH, NP))
+                    stt = stt * dec[None, :]
+                    val = (val - tl.sum(stt * k[None, :], axis=1)) * beta
+                    stt = stt + val[:, None] * k[None, :]
+                    o = tl.sum(stt * q[None, :], axis=1)
+                    o = tl.where(ok, o, float("nan"))
+                    tl.store(obuf + s * P + h * D + dv, _bf16(o), mask=allv & live)
+                    slot_t = tl.load(ibase + tt).to(tl.int64)
+                    ok_t = live & ok & (slot_t > 0) & (slot_t < num_slots)
+                    dst = (
+                        state
+                        + tl.where(ok_t, slot_t, 0) * state_slot_stride
+                        + hoff
+                        + dv[:, None] * D
+                        + dk[None, :]
+                    )
+                    tl.store(dst, stt, mask=ok_t)
+                _conv_state_write(
+                    cbase,
+                    proj,
+                    vch,
+                    allv & conv_ok & ok,
+                    first,
+                    r,
+                    conv_dim_stride,
+                    conv_pos_stride,
+                    L,
+                    NP,
+                )
+            else:
+                # -- 4 norm: FusedRMSNormGated(sigmoid) of the head, after its NVC kda
+                # items; then the q/k channels' conv state (every reader of the old
+                # window was one of them) --
+                g0 = grp * HEAD_ITEMS
+                ok = pt.wait_done(
+                    done,
+                    E3 + g0,
+                    NVC,
+                    NVC,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    R_HEAD,
+                    g0,
+                    INTERPRET,
+                )
+                wo = tl.load(o_norm + dk).to(F32)
+                for tt in range(L):
+                    s = r * L + tt
+                    o6 = tl.load(obuf + s * P + h * D + dk, cache_modifier=".cg").to(F32)
+                    g2 = _proj_ld(proj, s, G_OFF + h * D + dk, dk < D, NP)
+                    y = (
+                        o6
+                        * tl.rsqrt(tl.sum(o6 * o6, axis=0) / D + o_norm_eps)
+                        * wo
+                        * tl.sigmoid(g2)
+                    )
+                    y = tl.where(ok, tl.where(live, y, 0.0), float("nan"))
+                    tl.store(out + s * P + h * D + dk, _bf16(y))
+                allk = (dk < D) & conv_ok & ok
+                _conv_state_write(
+                    cbase,
+                    proj,
+                    h * D + dk,
+                    allk,
+                    first,
+                    r,
+                    conv_dim_stride,
+                    conv_pos_stride,
+                    L,
+                    NP,
+                )
+                _conv_state_write(
+                    cbase,
+                    proj,
+                    P + h * D + dk,
+                    allk,
+                    first,
+                    r,
+                    conv_dim_stride,
+                    conv_pos_stride,
+                    L,
+                    NP,
+                )
             pt.ticket_finish(done, t, tag)
         else:
-            # -- the TP fault handshake (final launches): every norm item here is done;
+            # -- the TP fault handshake (final launches): every head item here is done;
             # tell every rank, hear from every rank. A rank that gave up has set its alarm
             # here first, so every rank records a give-up in this step. Fault injection
             # stalls the named rank before its first (here: only) peer store.
-            _wait_stage(
-                done, E5, E6 - E5, N6P, tag, ctl, health, peers, rank, world, R_NORM, INTERPRET
+            pt.wait_done(
+                done, E3, E4 - E3, N4P, tag, ctl, health, peers, rank, world, R_HEAD, 0, INTERPRET
             )
             pt.fault_stall(ctl, peers, rank, world, INTERPRET)
             i = tl.arange(0, HS_LANES)
@@ -648,6 +772,10 @@ def peer_bytes(world: int) -> int:
     return 8 * world
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
     """The kernel's constexpr arguments for a build (`cfg_offsets`: g, f_a, beta column
     offsets in an in_proj row)."""
@@ -658,6 +786,7 @@ def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
         ends.append(acc)
     lay = build.scratch_layout()
     c1 = build.slices
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
     return dict(
         S=build.rows,
         R=build.requests,
@@ -675,29 +804,33 @@ def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
         BETA_OFF=cfg_offsets[2],
         BH=build.block_h,
         C1=c1,
-        C1P=1 << max(0, (c1 - 1).bit_length()),
+        C1P=_pow2(c1),
+        MSP=_pow2(build.max_sources),
         BN=build.block_n,
         BK=build.block_k,
+        KS=build.split_k,
+        STAGES=build.stages,
         BV=build.block_v,
-        MAX_SRC=build.max_sources,
+        NSH=build.shared_blocks,
+        N2P=_pow2(items[1]),
+        NSHP=_pow2(build.shared_blocks * build.split_k),
+        HBP=_pow2(build.head_blocks * build.split_k),
+        N4P=_pow2(items[3]),
         E1=ends[0],
         E2=ends[1],
         E3=ends[2],
         E4=ends[3],
-        E5=ends[4],
-        E6=ends[5],
+        OFF_CNT=lay["cnt"][0],
         OFF_PART=lay["part"][0],
         OFF_MSQ=lay["msq"][0],
         OFF_MIXED=lay["mixed"][0],
-        OFF_X=lay["x"][0],
+        OFF_KPARTS=lay["kparts"][0],
         OFF_PROJ=lay["proj"][0],
         OFF_O=lay["o"][0],
         OFF_DONE=build.scratch_bytes,
-        N4P=1 << max(0, (items[3] - 1).bit_length()),
-        N5P=1 << max(0, (items[4] - 1).bit_length()),
-        N6P=1 << max(0, (items[5] - 1).bit_length()),
-        PREFETCH=build.prefetch_items,
-        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
+        PREFETCH=min(build.prefetch_items, items[2]),
+        NV=torch.version.hip is None and not interpret,
+        INTERPRET=interpret,
     )
 
 
@@ -762,6 +895,7 @@ def compile_for(build: K1Build, target: str):
 
     consts = constexprs(build, offsets(build))
     consts["INTERPRET"] = False
+    consts["NV"] = target.startswith("sm")
     return compile_kernel(
         k1_kernel,
         {**kernel_types(), **RUNTIME_TYPES},
