@@ -188,3 +188,31 @@ def test_bench_k2_writes_its_rows(monkeypatch, tmp_path, on_a_gpu):
     assert [p["rows"] for p in data["points"]] == [1, 16]
     assert data["settings"]["model"] == "Kimi-K3" and data["settings"]["layers a timed graph"] == 8
     assert (tmp_path / "bench-k2.png").exists()
+
+
+def test_bench_drafter_writes_its_rows(monkeypatch, tmp_path, on_a_gpu):
+    seen = {}
+
+    def bench(requests, contexts):
+        seen["requests"], seen["contexts"] = requests, contexts
+        return [dict(rows=r, requests=r, context=c, kernel_us=200.0, bytes=800_000_000,
+                     copy_tbps=4.0, layers=5, l2_x=13.3, opbyop_us=900.0, note=None)
+                for c in contexts for r in requests]  # fmt: skip
+
+    _fake_module(monkeypatch, "mono_kernels_kimi.drafter.bench", bench=bench)
+    assert main(["bench", "drafter", "--rows", "1,8", "--out", str(tmp_path)]) == 0
+    assert seen == {"requests": (1, 8), "contexts": (1024, 8192, 32768)}
+    data = json.loads((tmp_path / "bench-drafter.json").read_text())
+    assert [(p["rows"], p["case"]) for p in data["points"][:3]] == [
+        (1, ["1024"]),
+        (8, ["1024"]),
+        (1, ["8192"]),
+    ]
+    assert data["case_names"] == ["context"] and data["settings"]["layers a timed graph"] == 5
+    assert data["points"][0]["kernel_pct_of_limit"] == 100.0  # 800 MB at 4 TB/s = 200 us
+    assert (tmp_path / "bench-drafter.png").exists()
+
+
+def test_bench_drafter_refuses_more_than_one_launch(capsys, tmp_path, on_a_gpu):
+    assert main(["bench", "drafter", "--rows", "1,16", "--out", str(tmp_path)]) == 2
+    assert "the drafter serves at most 8 rows" in capsys.readouterr().err

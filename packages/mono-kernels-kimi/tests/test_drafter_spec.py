@@ -34,16 +34,6 @@ from mono_runtime.kernel import RUNTIME_ARGS, registry
 REAL = DrafterTriton.example().key.cfg
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _drop_registration():
-    """Importing drafter.build registers "drafter triton", but `mono bench` has no drafter
-    entry yet and tools/tests asserts that every registered family has one: the
-    registration this module's imports made is dropped when the module ends (remove this
-    once tools benches the drafter)."""
-    yield
-    registry._BUILDS.pop(DrafterTriton.name(), None)
-
-
 BUILDS = [DrafterBuild(DrafterConfig.tiny(tp), w) for tp in (1, 2, 4) for w in (False, True)] + [
     DrafterBuild(REAL.with_tp(tp), w) for tp, w in ((1, False), (8, True))
 ]
@@ -92,7 +82,6 @@ def test_build_keys_narrow_wide_and_registration():
     assert (narrow.requests, wide.requests) == (NARROW, MAX_REQUESTS)
     assert narrow.key() != wide.key() and "narrow" in narrow.key() and "wide" in wide.key()
     assert DrafterBuild(cfg.with_tp(4), False).key() != narrow.key()
-    registry.register(DrafterTriton)  # idempotent: another module may have dropped it
     assert registry.get("drafter triton") is DrafterTriton
     spec = launch_spec(narrow)
     assert spec.names[-len(RUNTIME_ARGS) :] == tuple(a.name for a in RUNTIME_ARGS)

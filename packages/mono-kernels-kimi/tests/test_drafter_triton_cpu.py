@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from mono_kernels_kimi.drafter.build import DrafterTriton
 from mono_peer.testing import spawn
-from mono_runtime.kernel import registry
 
 ENV = {"TRITON_INTERPRET": "1"}
 EXHAUSTIVE = os.environ.get("MONO_DRAFTER_EXHAUSTIVE", "0") not in ("", "0")
@@ -29,16 +27,6 @@ def _load(name):
 
 
 ranks = _load("drafter_ranks")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _drop_registration():
-    """Importing drafter.build registers "drafter triton", but `mono bench` has no drafter
-    entry yet and tools/tests asserts that every registered family has one: the
-    registration this module's imports made is dropped when the module ends (remove this
-    once tools benches the drafter)."""
-    yield
-    registry._BUILDS.pop(DrafterTriton.name(), None)
 
 
 # (requests, padding requests, context lengths or None: 2 to 4 KV blocks of 16)

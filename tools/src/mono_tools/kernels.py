@@ -8,6 +8,7 @@ BUILD_MODULES = (
     "mono_kernels_minimax.ffn.build",
     "mono_kernels_kimi.kda.build",
     "mono_kernels_kimi.k2.build",
+    "mono_kernels_kimi.drafter.build",
 )
 
 

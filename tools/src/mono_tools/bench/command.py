@@ -1,8 +1,8 @@
-"""Run `mono bench ffn|kda|k2|allreduce|gemv`: measure on the GPU, then a table on screen, JSON
-and a PNG plot in the output folder. Every flag is checked against the kernel's entry in
-KERNELS before anything runs. A kernel package's entry names its family in mono_runtime's
-kernel registry, which says whether this install has it (the runtime's own kernels,
-allreduce and gemv, are always there)."""
+"""Run `mono bench ffn|kda|k2|drafter|allreduce|gemv`: measure on the GPU, then a table on
+screen, JSON and a PNG plot in the output folder. Every flag is checked against the
+kernel's entry in KERNELS before anything runs. A kernel package's entry names its family
+in mono_runtime's kernel registry, which says whether this install has it (the runtime's
+own kernels, allreduce and gemv, are always there)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,8 @@ KERNELS = {
     ),
     "kda": Kernel("mono_tools.bench.kda", (1, 2, 4, 8), 8, "K1", family="kda"),  # one dot tile
     "k2": Kernel("mono_tools.bench.k2", (1, 2, 4, 8, 16), 16, "K2", family="k2"),
+    # rows are requests; 8 is one launch of the wide build (the runner splits beyond)
+    "drafter": Kernel("mono_tools.bench.drafter", (1, 2, 4, 8), 8, "the drafter", family="drafter"),
     "allreduce": Kernel(
         "mono_tools.bench.allreduce", (1, 2, 4, 8, 16), MAX_ROWS, "the all-reduce", ranks=True
     ),

@@ -325,10 +325,83 @@ def _k2_matches_reference(ctx: RankContext) -> tuple[str, str]:
     return f"K2 (tiny, TP{ctx.world}) matches its reference ({', '.join(checked)})", took
 
 
+def _drafter_matches_reference(ctx: RankContext) -> tuple[str, str]:
+    """Kimi-K3's DSpark drafter at tiny shapes with TP = every rank (its in-kernel
+    all-reduces across the GPUs): one narrow launch of two requests, one of them padding,
+    against the reference (the hidden states and every layer's cache), the same bits on
+    every rank. The tiny config gets a head and 16 MLP columns a rank at least, so that
+    every TP the kernel serves is checked."""
+    import torch
+    from mono_kernels_kimi.drafter.build import DrafterTriton
+    from mono_kernels_kimi.drafter.config import DrafterConfig
+    from mono_kernels_kimi.drafter.inputs import step_inputs
+    from mono_kernels_kimi.drafter.reference import cos_sin_cache, drafter_reference
+    from mono_kernels_kimi.drafter.runner import DrafterRunner
+    from mono_kernels_kimi.drafter.spec import TPS
+    from mono_kernels_kimi.drafter.weights import random_weights
+
+    if ctx.world not in TPS:
+        raise NotRun(f"it shards over {TPS} ranks, not {ctx.world}")
+    tiny = DrafterConfig.tiny()
+    cfg = replace(
+        tiny,
+        tp=ctx.world,
+        num_attention_heads=max(tiny.num_attention_heads, ctx.world),
+        intermediate_size=max(tiny.intermediate_size, 16 * ctx.world),
+    )
+    on_cpu = random_weights(cfg, seed=5)  # the context precompute of the inputs runs on a CPU
+    step = step_inputs(cfg, on_cpu, 2, seed=70, padding=(1,), device=ctx.device)
+    weights = [random_weights(cfg, seed=5, rank=r, device=ctx.device) for r in range(ctx.world)]
+    # before the launch: the runner writes step.caches in place
+    ref = drafter_reference(
+        cfg, step.embeds, step.positions, step.caches, step.block_table, step.seq_lens,
+        step.slot_mapping, weights, step.live,
+    )  # fmt: skip
+    runner = DrafterRunner(
+        cfg,
+        ctx.group,
+        ctx.rank,
+        ctx.device,
+        weights[ctx.rank],
+        step.caches,
+        cos_sin_cache(cfg).to(ctx.device),
+        deadline_ns=60_000_000_000,  # the first launch meets ranks a few seconds apart
+    )
+    try:
+        runner.warm()
+        runner.step_begin()
+        out = runner(
+            step.embeds, step.positions, step.slot_mapping, step.block_table, step.seq_lens
+        )
+        torch.cuda.synchronize(ctx.device)
+        runner.after_step()
+        rows = step.live.repeat_interleave(cfg.query_len)
+        err_out = _rel(out[rows], ref.hidden[rows])
+        written = step.slot_mapping[step.slot_mapping >= 0]  # the rest is garbage, left alone
+        err_cache = max(
+            _rel(mine.view(-1, cfg.kv_entry)[written], theirs.view(-1, cfg.kv_entry)[written])
+            for mine, theirs in zip(step.caches, ref.caches, strict=True)
+        )
+        if not (err_out < 1e-2 and err_cache < 1e-2 and bool((out[~rows] == 0).all())):
+            raise CheckFailed(
+                f"drafter TP{ctx.world} off its reference: out rel {err_out:.2e}, caches rel "
+                f"{err_cache:.2e} (limits 1e-2), padding rows zero: {bool((out[~rows] == 0).all())}"
+            )
+        if not ctx.same_on_every_rank(out):
+            raise CheckFailed("drafter: ranks got different bits")
+    finally:
+        torch.cuda.synchronize(ctx.device)
+        ctx.barrier()
+        runner.close()
+    took = DrafterTriton.name()
+    return f"drafter (tiny, TP{ctx.world}) matches its reference (rel {err_out:.0e})", took
+
+
 REFERENCE_CHECKS = {
     "ffn": _ffn_matches_reference,
     "kda": _k1_matches_reference,
     "k2": _k2_matches_reference,
+    "drafter": _drafter_matches_reference,
 }
 """A family's check on a GPU: (detail, the registry name of the build its runner took)."""
 
