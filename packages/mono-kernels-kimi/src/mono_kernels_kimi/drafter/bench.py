@@ -23,10 +23,11 @@ Cache values are random (timing does not depend on them). Figures, all from one 
 - limit_pct: bytes / copy bandwidth (measured in the same run) over kernel_us;
 - l2_x: bytes over the L2 size;
 - opbyop_us, speedup: the op-by-op path of the same step: the drafter reference's math
-  with `exact=False` (cuBLAS bf16 GEMMs and bmms), its attention batched over the
-  requests (fp32 logits and softmax, as the reference) on a fixed key-slot table so that
-  it can be captured, the whole step under torch.compile. It fails without stopping the
-  run: its row then has a note.
+  with `exact=False` (bf16 GEMMs and bmms), its attention batched over the requests (fp32
+  logits and softmax, as the reference) on a fixed key-slot table so that it can be
+  captured (the reference itself loops over requests with host syncs and clones every
+  cache), in torch.compile'd pieces (projections, attention, add + norm, MLP) around an
+  eager cache write. It fails without stopping the run: its row then has a note.
 
 `bench(...)` returns one row dict per (requests, context) (`mono bench drafter` wraps it);
 from a shell: `python3 -m mono_kernels_kimi.drafter.bench --requests 1,4 --context 1024`.
@@ -152,75 +153,98 @@ def bytes_read(cfg: DrafterConfig, w: DrafterWeights, requests: int, context: in
 
 
 class OpByOp:
-    """The draft step from library ops (see the module docstring), capturable: built for
-    one step's block table and seq_lens (its key-slot table [R, S] and mask are fixed, on
-    the device, so no host sync runs in the step); `self(step)` writes the block's cache
-    entries and returns the hidden states [R x query_len, H]. Every token must own a slot
-    (the bench has no padding requests)."""
+    """The draft step from library ops (see the module docstring), capturable. Built once a
+    run: torch.compile'd pieces take every weight as an argument, so one compiled graph
+    serves all 5 layers and every row (no per-layer or per-row guard, which would run out
+    of dynamo's recompile budget and fall back to eager unnoticed); the cache write
+    (index_copy_) stays eager, so no compiled graph mutates, or copies back, a cache.
+    `keys(step)` builds a step's fixed key-slot table [R, S] and mask on the device (no
+    host sync in the step); `self(step, keys)` writes the block's cache entries and
+    returns the hidden states [R x query_len, H]. Every token must own a slot (the bench
+    has no padding requests)."""
 
-    def __init__(self, cfg: DrafterConfig, w: DrafterWeights, step: DraftStep):
+    def __init__(self, cfg: DrafterConfig, w: DrafterWeights):
         self.cfg, self.w = cfg, w
-        device = step.embeds.device
-        self.table = cos_sin_cache(cfg).to(device)
-        lens = step.seq_lens.cpu().long()
-        longest = int(lens.max())
-        pos = torch.arange(longest)
-        bt = step.block_table.cpu().long()
-        page = bt[:, (pos // cfg.block_size).clamp(max=bt.shape[1] - 1)]
-        self.valid = (pos[None, :] < lens[:, None]).to(device)  # [R, S]
-        slots = page * cfg.block_size + pos % cfg.block_size
-        self.key_slots = torch.where(self.valid.cpu(), slots, 0).to(device)
+        self.table = cos_sin_cache(cfg).to(w.final_norm.device)
+        self.project = torch.compile(self._project)
+        self.attend = torch.compile(self._attend)
+        self.add_norm = torch.compile(self._add_norm)
+        self.mlp = torch.compile(self._mlp)
+
+    def keys(self, step: DraftStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key slots [R, S] int64, valid [R, S] bool) of `step`'s requests, S the longest
+        seq_len; a request's positions past its own seq_len read slot 0, masked out."""
         if bool((step.slot_mapping < 0).any()):
             raise ValueError("OpByOp: every token must own a cache slot")
-        self.run = torch.compile(self._step)
+        cfg, device = self.cfg, step.embeds.device
+        lens = step.seq_lens.cpu().long()
+        pos = torch.arange(int(lens.max()))
+        bt = step.block_table.cpu().long()
+        page = bt[:, (pos // cfg.block_size).clamp(max=bt.shape[1] - 1)]
+        valid = pos[None, :] < lens[:, None]
+        slots = torch.where(valid, page * cfg.block_size + pos % cfg.block_size, 0)
+        return slots.to(device), valid.to(device)
 
-    def _attention(self, x, positions, slots, cache, lw):
-        cfg, acc = self.cfg, F32
-        eps, n, lat = cfg.rms_norm_eps, cfg.local_heads, cfg.kv_lora_rank
-        qkv = linear(x, lw.fused_qkv_a_proj, acc, False)
-        q_c, kv_c, k_pe = qkv.split([cfg.q_lora_rank, lat, cfg.qk_rope_head_dim], -1)
-        q_c = rms_norm_once(q_c, lw.q_a_layernorm, eps, acc)
-        kv_c = rms_norm_once(kv_c, lw.kv_a_layernorm, eps, acc)
+    def _project(self, x, positions, qkv_a, q_a_ln, kv_a_ln, q_b, w_uk, k_scale, q_scale):
+        """Normed x -> (the block's cache entries as stored, the MQA query [T, n, L + R])."""
+        cfg, acc, eps = self.cfg, F32, self.cfg.rms_norm_eps
+        qkv = linear(x, qkv_a, acc, False)
+        q_c, kv_c, k_pe = qkv.split([cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim], -1)
+        q_c = rms_norm_once(q_c, q_a_ln, eps, acc)
+        kv_c = rms_norm_once(kv_c, kv_a_ln, eps, acc)
         entry = torch.cat((kv_c, rope(k_pe, positions, self.table, acc)), dim=-1)
-        flat = cache.view(-1, cfg.kv_entry)
-        flat.index_copy_(0, slots, to_cache(entry, cfg, lw.k_scale))
-        q = linear(q_c, lw.q_b_proj, acc, False).view(-1, n, cfg.qk_head_dim)
+        q = linear(q_c, q_b, acc, False).view(-1, cfg.local_heads, cfg.qk_head_dim)
         q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
         mqa_q = torch.cat(
-            (bmm(q_nope, lw.w_uk(cfg), acc, False), rope(q_pe, positions, self.table, acc)), -1
+            (bmm(q_nope, w_uk, acc, False), rope(q_pe, positions, self.table, acc)), -1
         )
-        if cfg.fp8_cache:
-            mqa_q = dequantize_fp8(quantize_fp8(mqa_q, lw.q_scale), lw.q_scale)
-        reqs = self.key_slots.shape[0]
-        keys = from_cache(flat[self.key_slots], cfg, lw.k_scale).to(acc)  # [R, S, E]
-        mq = mqa_q.view(reqs, -1, n, cfg.kv_entry).to(acc)
+        if cfg.fp8_cache:  # TRITON_MLA's bf16 query went through e4m3 (reference.py)
+            mqa_q = dequantize_fp8(quantize_fp8(mqa_q, q_scale), q_scale)
+        return to_cache(entry, cfg, k_scale), mqa_q
+
+    def _attend(self, mqa_q, flat, key_slots, valid, k_scale, w_uv, o_proj):
+        """Every request's queries over its keys (non-causal, fp32 logits and softmax, as
+        the reference), then W_UV and this rank's o_proj partial."""
+        cfg, acc = self.cfg, F32
+        n, lat = cfg.local_heads, cfg.kv_lora_rank
+        keys = from_cache(flat[key_slots], cfg, k_scale).to(acc)  # [R, S, L + R]
+        mq = mqa_q.view(key_slots.shape[0], -1, n, cfg.kv_entry).to(acc)
         logits = torch.einsum("rqhe,rse->rqhs", mq, keys) * cfg.softmax_scale
-        logits = logits.masked_fill(~self.valid[:, None, None, :], float("-inf"))
+        logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
         p = torch.softmax(logits, dim=-1)
         latent = torch.einsum("rqhs,rsl->rqhl", p, keys[..., :lat]).to(BF16).view(-1, n, lat)
-        v = bmm(latent, lw.w_uv(cfg), acc, False).flatten(1)
-        return linear(v, lw.o_proj, acc, False)
+        v = bmm(latent, w_uv, acc, False).flatten(1)
+        return linear(v, o_proj, acc, False)
 
-    def _step(self, embeds, positions, slots, caches):
-        cfg, w, acc, eps = self.cfg, self.w, F32, self.cfg.rms_norm_eps
-        residual = embeds
-        x = rms_norm(residual, w.layers[0].input_layernorm, eps, acc)
+    def _add_norm(self, part, residual, w):
+        return add_rms_norm([part], residual, w, self.cfg.rms_norm_eps, F32)
+
+    def _mlp(self, x, gate_up_proj, down_proj):
+        gate_up = linear(x, gate_up_proj, F32, False)
+        return linear(act_and_mul(self.cfg, gate_up, F32), down_proj, F32, False)
+
+    def __call__(self, step: DraftStep, keys: tuple[torch.Tensor, torch.Tensor]):
+        cfg, w = self.cfg, self.w
+        key_slots, valid = keys
+        residual = step.embeds
+        x = rms_norm(residual, w.layers[0].input_layernorm, cfg.rms_norm_eps, F32)
         mlp = None
         for i, lw in enumerate(w.layers):
             if i > 0:
-                x, residual = add_rms_norm([mlp], residual, lw.input_layernorm, eps, acc)
-            o = self._attention(x, positions, slots, caches[i], lw)
-            x, residual = add_rms_norm([o], residual, lw.post_attention_layernorm, eps, acc)
-            gate_up = linear(x, lw.gate_up_proj, acc, False)
-            mlp = linear(act_and_mul(cfg, gate_up, acc), lw.down_proj, acc, False)
-        out, _ = add_rms_norm([mlp], residual, w.final_norm, eps, acc)
-        return out
+                x, residual = self.add_norm(mlp, residual, lw.input_layernorm)
+            stored, mqa_q = self.project(
+                x, step.positions, lw.fused_qkv_a_proj, lw.q_a_layernorm, lw.kv_a_layernorm,
+                lw.q_b_proj, lw.w_uk(cfg), lw.k_scale, lw.q_scale,
+            )  # fmt: skip
+            flat = step.caches[i].view(-1, cfg.kv_entry)
+            flat.index_copy_(0, step.slot_mapping, stored)
+            o = self.attend(mqa_q, flat, key_slots, valid, lw.k_scale, lw.w_uv(cfg), lw.o_proj)
+            x, residual = self.add_norm(o, residual, lw.post_attention_layernorm)
+            mlp = self.mlp(x, lw.gate_up_proj, lw.down_proj)
+        return self.add_norm(mlp, residual, w.final_norm)[0]
 
-    def __call__(self, step: DraftStep) -> torch.Tensor:
-        return self.run(step.embeds, step.positions, step.slot_mapping, step.caches)
 
-
-def _row(cfg, runner, w, caches, r, ctx, copy, l2, seed, baseline) -> dict:
+def _row(cfg, runner, base, w, caches, r, ctx, copy, l2, seed) -> dict:
     device = runner.device
     step = step_on_device(cfg, r, ctx, caches, seed, device)
     out = torch.empty_like(step.embeds)
@@ -235,15 +259,14 @@ def _row(cfg, runner, w, caches, r, ctx, copy, l2, seed, baseline) -> dict:
     runner.after_step()  # raises MonoFault if any wait of the replays gave up
     nbytes = bytes_read(cfg, w, r, ctx)
     t_base, note = None, None
-    if baseline:
+    if base is not None:
         try:
-            base = OpByOp(cfg, w, step)
-            t_base = graph_time(lambda: base(step))
+            keys = base.keys(step)
+            t_base = graph_time(lambda: base(step, keys))
         except Exception as err:  # noqa: BLE001 (reported in the row, not fatal)
             note = f"op-by-op path failed: {type(err).__name__}: {err}"[:300]
         finally:
-            base = None
-            torch.cuda.empty_cache()  # its gathered keys: GBs at long contexts
+            torch.cuda.empty_cache()  # the graph's pool: GBs of gathered keys at long contexts
     return dict(
         rows=r,
         requests=r,
@@ -294,10 +317,11 @@ def bench(
     caches = random_caches(cfg, 1 + max(requests) * blocks_of(cfg, max(contexts)), seed, device)
     rope_table = cos_sin_cache(cfg).to(device)
     runner = DrafterRunner(cfg, None, 0, device, w, caches, rope_table)
+    base = OpByOp(cfg, w) if baseline else None
     try:
         runner.warm()
         return [
-            _row(cfg, runner, w, caches, r, ctx, copy, l2, seed + r + ctx, baseline)
+            _row(cfg, runner, base, w, caches, r, ctx, copy, l2, seed + r + ctx)
             for ctx in contexts
             for r in requests
         ]
