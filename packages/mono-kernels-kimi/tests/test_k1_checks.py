@@ -141,8 +141,8 @@ def test_scratch_regions_disjoint_and_items_cover_the_work(R, L):
         assert o1 + n1 <= o2 and o2 % 256 == 0
     ares, mix, proj, head = b.stage_items
     assert ares == mix == R * L * 28  # (row, 256 columns of 7168)
-    assert proj == 396 and b.split_k == 4  # 99 blocks of 64 rows x 4 K parts: 3 waves
-    assert b.shared_blocks * 64 >= cfg.in_proj_rows - 4 * 1536 > (b.shared_blocks - 1) * 64
+    assert proj == 400 and b.split_k == 8  # 50 blocks of 128 rows x 8 K parts: 3 waves
+    assert b.shared_blocks * 128 >= cfg.in_proj_rows - 4 * 1536 > (b.shared_blocks - 1) * 128
     assert head == R * 12 * (128 // b.block_v + 1)  # a (head, request): kda items, norm
     assert b.scratch_bytes >= regions[-1][0] + regions[-1][1]
 

@@ -85,15 +85,16 @@ def _pow2_at_most(n: int, cap: int) -> int:
 
 def fit_tiling(cfg: KimiK3Config) -> dict:
     """Tile sizes that fit the model's sizes (the defaults of `K1Build.for_step`). A TP8
-    rank of Kimi-K3 gets 28 AttnRes items a row and 396 proj items of 64 rows x 1792 K
-    (3 a program on 132 SMs), 28 pipelined steps of 64 K each (128 K steps: the proj
-    loop's live set spills past 255 registers at S >= 8)."""
+    rank of Kimi-K3 gets 28 AttnRes items a row and 400 proj items of 128 rows x 896 K
+    (3 a program on 132 SMs), 14 pipelined steps of 64 K each: 0.11 warp-instructions a
+    weight value in the sm_90 loop (64-row items: 0.22; 128 K steps spill past 255
+    registers at S >= 8)."""
     block_k = _pow2_at_most(cfg.hidden_size, 64)
     return dict(
         block_h=_pow2_at_most(cfg.hidden_size, 256),
-        block_n=min(64, cfg.kda_head_dim),
+        block_n=min(128, cfg.kda_head_dim),
         block_k=block_k,
-        split_k=next(k for k in (4, 2, 1) if cfg.hidden_size % (k * block_k) == 0),
+        split_k=next(k for k in (8, 4, 2, 1) if cfg.hidden_size % (k * block_k) == 0),
         block_v=min(16, cfg.kda_head_dim // 2),
     )
 
@@ -123,9 +124,9 @@ class K1Build:
     # tiling / launch
     programs: int = 132
     block_h: int = 256  # hidden columns of an AttnRes item
-    block_n: int = 64  # in_proj rows of a proj item (divides head_dim: items are per head)
+    block_n: int = 128  # in_proj rows of a proj item (divides head_dim: items are per head)
     block_k: int = 64  # K of one pipelined step of the proj loop
-    split_k: int = 4  # K parts of a proj item (hidden = split_k x steps x block_k)
+    split_k: int = 8  # K parts of a row block (hidden = split_k x steps x block_k)
     stages: int = 4  # software-pipeline depth of the proj loop
     block_v: int = 16
     num_warps: int = 8
