@@ -196,7 +196,8 @@ def test_bench_drafter_writes_its_rows(monkeypatch, tmp_path, on_a_gpu):
     def bench(requests, contexts):
         seen["requests"], seen["contexts"] = requests, contexts
         return [dict(rows=r, requests=r, context=c, kernel_us=200.0, bytes=800_000_000,
-                     copy_tbps=4.0, layers=5, l2_x=13.3, opbyop_us=900.0, note=None)
+                     copy_tbps=4.0, layers=5, l2_x=13.3, opbyop_us=900.0,
+                     note="op-by-op path failed: OOM" if c == 32768 else None)
                 for c in contexts for r in requests]  # fmt: skip
 
     _fake_module(monkeypatch, "mono_kernels_kimi.drafter.bench", bench=bench)
@@ -210,6 +211,10 @@ def test_bench_drafter_writes_its_rows(monkeypatch, tmp_path, on_a_gpu):
     ]
     assert data["case_names"] == ["context"] and data["settings"]["layers a timed graph"] == 5
     assert data["points"][0]["kernel_pct_of_limit"] == 100.0  # 800 MB at 4 TB/s = 200 us
+    assert data["settings"]["baseline failures"] == {
+        "rows 1 context 32768": "op-by-op path failed: OOM",
+        "rows 8 context 32768": "op-by-op path failed: OOM",
+    }
     assert (tmp_path / "bench-drafter.png").exists()
 
 

@@ -33,4 +33,7 @@ def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
         replace(p, case=(str(r["context"]),)) for p, r in zip(result.points, rows, strict=True)
     ]
     result.case_names = ("context",)
+    notes = {f"rows {r['rows']} context {r['context']}": r["note"] for r in rows if r.get("note")}
+    if notes:  # of_layer_rows's keys (rows alone) would merge the contexts' notes
+        result.settings["baseline failures"] = notes
     return result
