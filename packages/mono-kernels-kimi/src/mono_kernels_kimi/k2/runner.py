@@ -60,11 +60,7 @@ class K2Runner(MonoLayerRunner):
         converts them to once, in place (False: the checkpoint's mxfp4-k32 as loaded).
         `timeline`: builds that stamp each item's program, start and end (`timeline(s)`)."""
         self.cfg, self.rank, self.tp = cfg, rank, cfg.tp
-        self._setup(device, widths, programs)
-        if isinstance(scratch_offset, bool) or not isinstance(scratch_offset, int):
-            raise ValueError(f"scratch_offset: expected an int, got {scratch_offset!r}")
-        if scratch_offset < 0 or scratch_offset % 256:
-            raise ValueError(f"scratch_offset: {scratch_offset} is not a multiple of 256 >= 0")
+        self._setup(device, widths, programs, scratch_offset)
         self.builds = {
             s: K2Build(cfg, s, packed=bool(pack), timeline=bool(timeline)) for s in self.widths
         }

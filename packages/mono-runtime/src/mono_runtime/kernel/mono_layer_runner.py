@@ -34,8 +34,11 @@ class MonoLayerRunner(LayerRunner):
     mono: MonoRunner
     _owns_mono = False
 
-    def _setup(self, device: Any, widths: Iterable[int], programs: int | None) -> None:
-        """Validate the device, widths and grid before anything is allocated."""
+    def _setup(
+        self, device: Any, widths: Iterable[int], programs: int | None, scratch_offset: int = 0
+    ) -> None:
+        """Validate the device, widths, grid and where the scratch regions start (in a
+        shared runner: past what its other kernels use) before anything is allocated."""
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             # tensors report an indexed device; "cuda" alone would never compare equal
@@ -48,6 +51,10 @@ class MonoLayerRunner(LayerRunner):
             isinstance(programs, bool) or not isinstance(programs, int) or programs < 1
         ):
             raise ValueError(f"programs: expected an int >= 1, got {programs!r}")
+        if isinstance(scratch_offset, bool) or not isinstance(scratch_offset, int):
+            raise ValueError(f"scratch_offset: expected an int, got {scratch_offset!r}")
+        if scratch_offset < 0 or scratch_offset % 256:
+            raise ValueError(f"scratch_offset: {scratch_offset} is not a multiple of 256 >= 0")
         if self.device.type == "cpu" and not cpu_interpreter():  # before any allocation
             raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
         self.cpu = self.device.type == "cpu"
