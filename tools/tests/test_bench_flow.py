@@ -158,7 +158,7 @@ def test_bench_flags_are_refused_before_the_machine_is_looked_at(monkeypatch, ca
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["bench", "kda", "--rows", "16"], "K1 serves at most 8 rows"),
+        (["bench", "kda", "--rows", "17"], "K1 serves at most 16 rows"),
         (["bench", "kda", "--format", "fp8"], "--format applies to `mono bench ffn|gemv` only"),
         (["bench", "ffn", "--format", "bf16"], "the FFN kernel reads mxfp4 or fp8"),
         (["bench", "ffn", "--format", "fp8,mxfp4"], "the FFN kernel takes one format a run"),

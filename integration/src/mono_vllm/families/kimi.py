@@ -349,7 +349,7 @@ class KimiKdaKernels:
     `LayerKernels`)."""
 
     name = "Kimi-K3 KDA (K1) + MoE (K2)"
-    support = KernelSupport(tp=(1, 2, 4, 8, 16), max_rows=8)
+    support = KernelSupport(tp=(1, 2, 4, 8, 16), max_rows=16)  # K1's and K2's widest step
     dtypes: dict[str, str] = {}
 
     def __init__(self, backbone: Any, deployment: Deployment, rank: int, world: int) -> None:

@@ -60,7 +60,7 @@ KERNELS = {
         ("mxfp4", "fp8"),
         family="ffn",
     ),
-    "kda": Kernel("mono_tools.bench.kda", (1, 2, 4, 8), 8, "K1", family="kda"),  # one dot tile
+    "kda": Kernel("mono_tools.bench.kda", (1, 2, 4, 8), 16, "K1", family="kda"),  # one row tile
     "k2": Kernel("mono_tools.bench.k2", (1, 2, 4, 8, 16), 16, "K2", family="k2"),
     # rows are requests; 8 is one launch of the wide build (the runner splits beyond)
     "drafter": Kernel("mono_tools.bench.drafter", (1, 2, 4, 8), 8, "the drafter", family="drafter"),
