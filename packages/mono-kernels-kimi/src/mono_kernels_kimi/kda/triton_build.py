@@ -93,7 +93,7 @@ def _sources(
     j = tl.arange(0, MSP)
     ptrs = blocks_row + j[:, None].to(tl.int64) * block_stride + cols[None, :]
     v = tl.load(ptrs, mask=(j < num_blocks)[:, None] & cm[None, :], other=0.0).to(F32)
-    take_prefix = (j == num_blocks) | (j == write_idx)
+    take_prefix = (j == num_blocks) | ((j == write_idx) & (j < num_blocks))
     return tl.where(take_prefix[:, None], prefix_row[None, :], v)
 
 
