@@ -19,6 +19,8 @@ SHAPES = [
     (2, 4, True, 0),
     (3, 2, True, 14),
     (4, 1, False, 13),
+    (16, 1, False, 14),  # the widest step: 16 rows
+    (2, 8, True, 12),
 ]
 
 
