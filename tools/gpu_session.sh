@@ -37,11 +37,11 @@ if [[ $PART == check+bench || $PART == all ]]; then
     step qualify 270 $MONO qualify --ranks 1 --json "$LOG/qualify.json" &
     step warm-ffn 270 python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4 --layers 2 &
     step warm-k2 270 python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 2 --no-baseline &
-    step warm-kda 270 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 2 --skip-no-prefetch &
+    step warm-kda 270 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1,2x8 --layers 2 --skip-no-prefetch &
     wait
     # Phase 2, one at a time.
     step bench-ffn 130 $MONO bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
-    step bench-kda 90 $MONO bench kda --rows 1,8 --out "$LOG/bench"
+    step bench-kda 120 $MONO bench kda --rows 1,8,16 --out "$LOG/bench"
     step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
     step bench-allreduce 50 $MONO bench allreduce --rows 1,4,16 --out "$LOG/bench"
 fi
