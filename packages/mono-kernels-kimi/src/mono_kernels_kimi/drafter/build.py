@@ -11,10 +11,9 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from mono_runtime.builds import DeviceLimits, Resources, residency_problem
-from mono_runtime.errors import MonoUnsupported
-from mono_runtime.kernel import INTERPRETER, RUNTIME_ARGS, Arg, Build, Compiled, KernelSpec
+from mono_runtime.kernel import INTERPRETER, RUNTIME_ARGS, Arg, Build, KernelSpec
 from mono_runtime.kernel.registry import register
+from mono_runtime.kernel.triton_build import TritonBuild, warm_triton
 
 from . import triton_build
 from .config import k3_dspark
@@ -44,12 +43,13 @@ def launch_spec(b: DrafterBuild) -> KernelSpec:
 
 
 @register
-class DrafterTriton(Build):
+class DrafterTriton(TritonBuild):
     """The Triton build (triton_build)."""
 
     family = "drafter"
     backend = "triton"
     targets = ("sm90",)
+    module = triton_build
     key: DrafterBuild
 
     @classmethod
@@ -79,30 +79,16 @@ class DrafterTriton(Build):
             return None
         return f"the drafter's Triton build serves GPUs and the interpreter, not {target}"
 
-    def _compile(self, target: str) -> Compiled:
-        kernel = triton_build.compile_for(self.key, target)
-        return Compiled(target, kernel.metadata.shared, binary=kernel)
-
     def warm(self, programs: int, **args: Any) -> None:
         """Compile and load (Triton's warmup), then refuse a grid that cannot be resident
         at once; nothing on a CPU (the interpreter compiles nothing)."""
         self.spec.check(args)
-        device = args["scratch"].device
-        if device.type == "cpu":
-            return
-        kernel = triton_build.drafter_kernel.warmup(
-            *triton_build.kernel_args(self.key, **args),
-            grid=(programs,),
-            **triton_build.constexprs(self.key, False),
+        warm_triton(
+            triton_build.drafter_kernel,
+            triton_build.kernel_args(self.key, **args),
+            triton_build.constexprs(self.key, False),
+            programs=programs,
             num_warps=self.key.plan.warps,
+            device=args["scratch"].device,
+            what=f"drafter {'wide' if self.key.wide else 'narrow'}",
         )
-        which = "wide" if self.key.wide else "narrow"
-        problem = residency_problem(
-            Resources.of_compiled(kernel), programs, DeviceLimits.of(device), f"drafter {which}"
-        )
-        if problem:
-            raise MonoUnsupported(problem)
-
-    def launch(self, programs: int, **args: Any) -> None:
-        self.spec.check(args)
-        triton_build.launch(self.key, programs, args["scratch"].device.type == "cpu", **args)
