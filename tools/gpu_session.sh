@@ -16,10 +16,19 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH=packages/mono-peer/src:packages/mono-runtime/src:packages/mono-kernels-minimax/src:packages/mono-kernels-kimi/src:integration/src:tools/src
 P=packages
 MONO="python3 -m mono_tools.cli"  # a word list, so `timeout` can run it
+# The whole part ends by BUDGET seconds (default 560, inside the device call's 600), so
+# the archive is always written: each step's limit is cut to what is left, and a step
+# with under 20 s left is skipped and says so.
+END=$((SECONDS + ${BUDGET:-560}))
 step() {  # name, timeout, command...: its output in $LOG/name.txt, its status in status.txt
-    local name=$1 limit=$2; shift 2
+    local name=$1 limit=$2 left=$((END - SECONDS - 10)); shift 2
+    if ((left < 20)); then
+        echo "$name: skipped (the part's budget is spent)" >>"$LOG/status.txt"
+        return
+    fi
+    ((limit > left)) && limit=$left
     timeout "$limit" "$@" >"$LOG/$name.txt" 2>&1
-    echo "$name: exit $?" >>"$LOG/status.txt"
+    echo "$name: exit $? (limit ${limit} s, ended at ${SECONDS} s)" >>"$LOG/status.txt"
 }
 tests() {  # name, timeout, pytest args...
     local name=$1 limit=$2; shift 2

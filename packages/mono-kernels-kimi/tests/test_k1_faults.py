@@ -48,7 +48,13 @@ def test_a_late_rank_faults_every_rank_in_the_same_step():
         _served(ok, f"rank {rank} step 1")
         fault = faulted["fault"]
         assert fault is not None, f"rank {rank}: no MonoFault in the step a rank was late"
-        assert "kda.handshake" in fault, f"rank {rank}: {fault}"
+        # the rank that gives up does so in the handshake; the others stop at whichever
+        # K1 wait of that step they are in when its alarm lands (a loaded machine runs
+        # the late rank's interpreter behind, so it may still be in its head items)
+        assert "kda.handshake" in fault or (
+            "step 2" in fault and "had raised an alarm" in fault
+        ), f"rank {rank}: {fault}"
         assert faulted["hidden_nan"], f"rank {rank}: the faulted step's hidden states passed"
         _served(after_reset, f"rank {rank} step 3, after reset()")
+    assert "kda.handshake" in results[0][1]["fault"], results[0][1]["fault"]
     assert "rank 1 never arrived" in results[0][1]["fault"], results[0][1]["fault"]
