@@ -6,7 +6,7 @@
 # (phase 2) runs `mono bench` one kernel at a time on a quiet GPU; part "tune" times the
 # tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
-# Usage (repo root): OUT=dir tools/gpu_session.sh [check+bench | tune | tiles | all]
+# Usage (repo root): OUT=dir tools/gpu_session.sh [check+bench | tune | tiles | diag | all]
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -64,12 +64,26 @@ if [[ $PART == tune || $PART == all ]]; then
     step timeline-ffn 120 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"
 fi
+if [[ $PART == diag ]]; then
+    # Correctness after a fix (in parallel, compile-bound), then where the time goes:
+    # the FFN's and K2's item timelines, the FFN's 8-warp and 2-an-SM tiles.
+    tests k2 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "not bench" &
+    tests rest 200 integration/tests/test_toy_decode.py -k "gpu and kimi" &
+    step qualify 200 $MONO qualify --ranks 1 --json "$LOG/qualify.json" &
+    wait
+    step timeline-ffn 120 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
+        --format mxfp4 --timeline "$LOG/bench"
+    step timeline-k2 120 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 8 \
+        --timeline "$LOG/bench"
+    step tiles-ffn 300 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
+        --variants "|warps=8|occ=2,stages=3"
+fi
 if [[ $PART == tiles || $PART == all ]]; then
     # FFN tiles on mxfp4-rot: 8 warps (two a scheduler), 2 programs an SM (fewer stages).
     step tiles-ffn 560 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
         --variants "|warps=8|warps=8,bn=128|occ=2,stages=3|occ=2,stages=2"
 fi
-cp "$LOG"/bench/bench-*.png "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null
+cp "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null  # 8 files come back at most: PNGs in the archive
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
 cat "$LOG/status.txt"
 for name in ffn k1 k2 rest; do
@@ -78,8 +92,8 @@ for name in ffn k1 k2 rest; do
     grep -E "^(FAILED|ERROR) " "$LOG/$name.txt" | head -20
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify bench-ffn bench-kda bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn tiles-ffn; do
+for name in qualify bench-ffn bench-kda bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 tiles-ffn; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
-    tail -22 "$LOG/$name.txt"
+    tail -40 "$LOG/$name.txt"
 done

@@ -51,9 +51,9 @@ def test_a_late_rank_faults_every_rank_in_the_same_step():
         # the rank that gives up does so in the handshake; the others stop at whichever
         # K1 wait of that step they are in when its alarm lands (a loaded machine runs
         # the late rank's interpreter behind, so it may still be in its head items)
-        assert "kda.handshake" in fault or (
-            "step 2" in fault and "had raised an alarm" in fault
-        ), f"rank {rank}: {fault}"
+        assert "kda.handshake" in fault or ("step 2" in fault and "had raised an alarm" in fault), (
+            f"rank {rank}: {fault}"
+        )
         assert faulted["hidden_nan"], f"rank {rank}: the faulted step's hidden states passed"
         _served(after_reset, f"rank {rank} step 3, after reset()")
     assert "kda.handshake" in results[0][1]["fault"], results[0][1]["fault"]

@@ -267,3 +267,14 @@ def test_check_tensor_names_what_is_wrong():
             check_tensor("x", *bad)
     with pytest.raises(ValueError, match="x: on cpu, expected meta"):
         check_tensor("x", t, (2, 3), torch.bfloat16, "meta")
+
+
+def test_same_device_fills_in_the_current_cuda_index(monkeypatch):
+    """A runner built for "cuda" takes tensors on cuda:N, N the current device (the H200
+    run's K2 failure: a plain `!=` refused its own weights)."""
+    from mono_runtime.kernel import same_device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert same_device("cuda", "cuda:1") and same_device("cuda:1", "cuda")
+    assert not same_device("cuda", "cuda:0") and not same_device("cuda:0", "cuda:1")
+    assert same_device("cpu", torch.device("cpu")) and not same_device("cpu", "cuda")

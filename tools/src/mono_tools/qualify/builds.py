@@ -241,6 +241,8 @@ def _ffn_matches_reference(ctx: RankContext) -> tuple[str, str]:
     )
     checked = []
     try:
+        # the layout the build streams, converted in place: the reference reads it too
+        mine = weights[ctx.rank] = runner.pack(weights[ctx.rank])
         runner.warm()
         for s in widths:
             g = torch.Generator().manual_seed(50 + s)
@@ -254,7 +256,7 @@ def _ffn_matches_reference(ctx: RankContext) -> tuple[str, str]:
                 slots[1] = -1  # a graph-padding row: seam only, zero MoE output
             slots = slots.to(ctx.device)
             runner.step_begin()
-            out, res = runner(parts[ctx.rank], residual, weights[ctx.rank], slots)
+            out, res = runner(parts[ctx.rank], residual, mine, slots)
             torch.cuda.synchronize(ctx.device)
             runner.after_step()
             ref = ffn_reference(cfg, parts, residual, weights, slots)
@@ -296,7 +298,8 @@ def _k2_matches_reference(ctx: RankContext) -> tuple[str, str]:
     )  # the first launch meets ranks a few seconds apart
     checked = []
     try:
-        mine = runner.pack(weights[ctx.rank])
+        # the layout the build streams, converted in place: the reference reads it too
+        mine = weights[ctx.rank] = runner.pack(weights[ctx.rank])
         runner.warm()
         for layer_idx in (2, 3):  # a block-write layer, then a plain one
             step = step_inputs(cfg, rows, seed=60 + layer_idx, device=ctx.device, padding=(1,))

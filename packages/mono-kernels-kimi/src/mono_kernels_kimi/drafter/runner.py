@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from mono_runtime import protocol as P
 from mono_runtime.errors import MonoUnsupported
-from mono_runtime.kernel import LayerRunner, target_name
+from mono_runtime.kernel import LayerRunner, same_device, target_name
 from mono_runtime.planner import agree
 from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
 
@@ -177,7 +177,7 @@ class DrafterRunner(LayerRunner):
             reasons += [
                 f"{name}: on {t.device}, expected {self.device}"
                 for name, t in tensors
-                if t.device != self.device
+                if not same_device(t.device, self.device)
             ]
         agree(reasons, group, "this draft deployment")
         self.programs = programs
@@ -353,7 +353,7 @@ class DrafterRunner(LayerRunner):
                 raise ValueError(f"{name}: dtype {x.dtype}, expected {dtype}")
             if not x.is_contiguous():
                 raise ValueError(f"{name}: must be contiguous (strides {x.stride()})")
-            if x.device != self.device:
+            if not same_device(x.device, self.device):
                 raise ValueError(f"{name}: on {x.device}, expected {self.device}")
         bt = block_table
         if not isinstance(bt, torch.Tensor) or bt.dim() != 2 or bt.shape[0] != reqs:
@@ -362,7 +362,7 @@ class DrafterRunner(LayerRunner):
             raise ValueError(f"block_table: dtype {bt.dtype}, expected {torch.int32}")
         if bt.stride(1) != 1 or bt.shape[1] < 1:
             raise ValueError(f"block_table: rows must be contiguous (strides {bt.stride()})")
-        if bt.device != self.device:
+        if not same_device(bt.device, self.device):
             raise ValueError(f"block_table: on {bt.device}, expected {self.device}")
         if out is not None:
             a, b = _span(out)

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
+from mono_runtime.kernel import same_device
 
 from .config import DrafterConfig
 
@@ -117,7 +118,7 @@ class DrafterWeights:
                 raise ValueError(f"weights.{name}: dtype {t.dtype}, expected {dtype}")
             if not t.is_contiguous():
                 raise ValueError(f"weights.{name}: must be contiguous (strides {t.stride()})")
-            if device is not None and t.device != device:
+            if device is not None and not same_device(t.device, device):
                 raise ValueError(f"weights.{name}: on {t.device}, expected {device}")
 
 

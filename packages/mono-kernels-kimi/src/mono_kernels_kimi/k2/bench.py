@@ -256,6 +256,35 @@ def bench(
             base.layers.clear()  # torch.compile's caches may keep `base` itself alive
 
 
+def timelines(rows=(1, 16), layers: int = 8, device: str = "cuda", seed: int = 0, out=None):
+    """Per S, the item timeline of the last launch of an eager step over `layers` layers
+    (timeline builds: the same plan, every ticket stamped): printed per stage, and a
+    picture in `out` (a folder) when given."""
+    from mono_runtime.timeline import plot, summary
+
+    rows = check(rows, layers)
+    cfg = rank_config()
+    ws = [random_layer(cfg, seed + n, device) for n in range(layers)]
+    runner = K2Runner(cfg, None, 0, device, widths=rows, timeline=True)
+    try:
+        ws = [runner.pack(w) for w in ws]
+        runner.warm()
+        for s in rows:
+            step = step_inputs(cfg, s, seed=seed + s, device=runner.device)
+            for _ in range(2):  # the second step runs on a warm clock and caches
+                runner.step_begin()
+                for w in ws:
+                    runner(step.cores[0], step.prefix, step.blocks, w, step.slots, LAYER_IDX)
+                runner.after_step()
+            got = runner.timeline(s)
+            print(f"-- K2 timeline S={s} (the step's last launch; us from its first item)")
+            print(summary(got))
+            if out is not None:
+                plot(got, f"{out}/timeline-k2-s{s}.png", f"K2, S = {s}")
+    finally:
+        runner.close()
+
+
 COLUMNS = (
     ("rows", "{}"),
     ("kernel_us", "{:.1f}"),
@@ -281,6 +310,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the op-by-op path")
     parser.add_argument("--json", action="store_true", help="one JSON row a line")
+    parser.add_argument(
+        "--timeline", metavar="DIR", help="instead: each S's item timeline, pictures in DIR"
+    )
     args = parser.parse_args(argv)
     try:
         rows = [int(v) for v in args.rows.split(",")]
@@ -290,6 +322,9 @@ def main(argv=None) -> int:
         check(rows, args.layers)
     except ValueError as err:
         parser.error(str(err))
+    if args.timeline:
+        timelines(rows, args.layers, out=args.timeline)
+        return 0
     got = bench(rows, args.layers, baseline=not args.no_baseline)
     print("\n".join(json.dumps(r) for r in got) if args.json else table(got))
     return 0

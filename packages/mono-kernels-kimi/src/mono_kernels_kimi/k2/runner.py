@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 from mono_runtime.errors import MonoUnsupported
-from mono_runtime.kernel import check_tensor, target_name
+from mono_runtime.kernel import check_tensor, same_device, target_name
 from mono_runtime.kernel.mono_layer_runner import MonoLayerRunner
 from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
+from mono_runtime.timeline import from_stamps
 
 from ..config import KimiK3Config
 from .build import K2Triton
@@ -102,17 +103,14 @@ class K2Runner(MonoLayerRunner):
 
     def timeline(self, s: int, final: bool = False) -> list[dict]:
         """Width s's last launch (`final`: it ended in the handshake), item by item in
-        ticket order: program, ticket, stage (spec.stages), start and end (device ns; poll
-        counts under the interpreter)."""
+        ticket order: mono_runtime.timeline's rows (stage: spec.stages; times in us of the
+        device clock, of poll counts under the interpreter)."""
         self._live()
         b = self.builds[s]
         if not b.timeline:
             raise ValueError("timeline: this runner's builds do not stamp items (timeline=True)")
         stamps = self.region(s, "timeline").view(torch.int64).view(-1, 4).cpu().tolist()
-        return [
-            dict(program=p, ticket=t, stage=stage_of(b, t), start=t0, end=t1)
-            for p, t, t0, t1 in stamps[: tickets(b, final)]
-        ]
+        return from_stamps(stamps[: tickets(b, final)], lambda t: stage_of(b, t))
 
     # -- launches -------------------------------------------------------------------------
     def warm(self) -> None:
@@ -222,7 +220,7 @@ class K2Runner(MonoLayerRunner):
             raise ValueError(f"blocks: dtype {blocks.dtype}, expected {BF16}")
         if blocks.stride(2) != 1:
             raise ValueError(f"blocks: columns must be contiguous (strides {blocks.stride()})")
-        if blocks.device != self.device:
+        if not same_device(blocks.device, self.device):
             raise ValueError(f"blocks: on {blocks.device}, expected {self.device}")
         written = [("prefix", prefix)] + ([("out", out)] if out is not None else [])
         for what, w in written:  # outputs must not overlap what the kernel reads

@@ -5,6 +5,7 @@ values (a device read) only when `values` is set, i.e. outside graph capture."""
 from __future__ import annotations
 
 import torch
+from mono_runtime.kernel import same_device
 
 from .spec import K1Build
 
@@ -23,7 +24,7 @@ def _tensor(name, t, dtype, shape=None, device=None, dtypes=None):
         _fail(name, f"dtype {t.dtype}, expected {' or '.join(map(str, ok))}")
     if shape is not None and tuple(t.shape) != tuple(shape):
         _fail(name, f"shape {tuple(t.shape)}, expected {tuple(shape)}")
-    if device is not None and t.device != device:
+    if device is not None and not same_device(t.device, device):
         _fail(name, f"on {t.device}, expected {device} (every K1 tensor on one device)")
 
 

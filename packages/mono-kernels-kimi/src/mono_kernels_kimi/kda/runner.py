@@ -24,7 +24,7 @@ import torch
 from mono_runtime import protocol as P
 from mono_runtime.errors import MonoFault
 from mono_runtime.health import timeline
-from mono_runtime.kernel import LayerRunner
+from mono_runtime.kernel import LayerRunner, same_device
 from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
 
 from ..config import KimiK3Config
@@ -348,7 +348,7 @@ def _check_runner(runner: Any, device: torch.device, need: int) -> None:
         raise ValueError(f"runner: expected a MonoRunner, got {type(runner).__name__}")
     if runner.closed:
         raise ValueError("runner: it is closed")
-    if runner.device != device:
+    if not same_device(runner.device, device):
         raise ValueError(f"runner: on {runner.device}, this KdaRunner is on {device}")
     peer = P.PEER_HEAD + triton_build.peer_bytes(runner.world)
     if runner.scratch.numel() < need or runner.peer.bytes.numel() < peer:

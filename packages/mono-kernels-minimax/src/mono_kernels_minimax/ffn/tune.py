@@ -86,7 +86,7 @@ def time_variant(
 
 
 def _show(rows, title: str, path: str) -> None:
-    from .timeline import plot, summary
+    from mono_runtime.timeline import plot, summary
 
     print(f"-- timeline {title} (us per item of the graph's last launch)")
     print(summary(rows))

@@ -7,7 +7,7 @@ packages implement them; the runtime knows no model."""
 from .build import INTERPRETER, Build, Compiled, target_name
 from .layer_runner import LayerRunner
 from .spec import RUNTIME_ARGS, Arg, KernelSpec
-from .tensors import check_tensor
+from .tensors import check_tensor, same_device
 
 __all__ = [
     "INTERPRETER",
@@ -18,5 +18,6 @@ __all__ = [
     "KernelSpec",
     "LayerRunner",
     "check_tensor",
+    "same_device",
     "target_name",
 ]

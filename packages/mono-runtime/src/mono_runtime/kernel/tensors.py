@@ -22,5 +22,17 @@ def check_tensor(
         raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous (strides {t.stride()})")
-    if device is not None and t.device != torch.device(device):
+    if device is not None and not same_device(t.device, device):
         raise ValueError(f"{name}: on {t.device}, expected {device}")
+
+
+def same_device(a: Any, b: Any) -> bool:
+    """Whether `a` and `b` name one device: "cuda" is the current CUDA device, so a tensor
+    on cuda:0 is on a runner built for "cuda" (a plain `!=` says they differ)."""
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or (a.index is not None and b.index is not None):
+        return a.index == b.index
+    current = torch.cuda.current_device()
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)

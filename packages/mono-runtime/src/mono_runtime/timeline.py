@@ -1,0 +1,73 @@
+"""A kernel's per-item timeline, read back from a timeline build (each ticket's program,
+start and end stamped by the device clock): a per-stage table and a picture of items over
+programs, the same for every kernel, so their timelines read alike.
+
+Rows are dicts with program, stage, start_us and end_us (us from the launch's first
+stamp), in ticket order; each kernel maps its tickets to stages (`from_stamps`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+
+def from_stamps(stamps: Sequence[Sequence[int]], stage_of: Callable[[int], str]) -> list[dict]:
+    """Rows from raw (program, ticket, start ns, end ns) stamps; times from the first start."""
+    t0 = min(r[2] for r in stamps)
+    return [
+        dict(
+            program=prog,
+            ticket=ticket,
+            stage=stage_of(ticket),
+            start_us=(start - t0) / 1e3,
+            end_us=(end - t0) / 1e3,
+        )
+        for prog, ticket, start, end in stamps
+    ]
+
+
+def summary(rows: list[dict]) -> str:
+    """Per stage: items, first start and last end (us from the launch's first stamp), and
+    the mean item time; then the launch's span."""
+    lines = [f"{'stage':10s} {'items':>5s} {'first us':>9s} {'last us':>8s} {'mean us':>8s}"]
+    for name in dict.fromkeys(r["stage"] for r in rows):  # ticket order
+        got = [r for r in rows if r["stage"] == name]
+        first = min(r["start_us"] for r in got)
+        last = max(r["end_us"] for r in got)
+        mean = sum(r["end_us"] - r["start_us"] for r in got) / len(got)
+        lines.append(f"{name:10s} {len(got):5d} {first:9.1f} {last:8.1f} {mean:8.2f}")
+    lines.append(
+        f"span {max(r['end_us'] for r in rows):.1f} us over "
+        f"{len({r['program'] for r in rows})} programs"
+    )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path, title: str = "") -> None:
+    """Items as bars over programs (x: us from the launch's first stamp), one colour a stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r["stage"] for r in rows))  # ticket order
+    colours = dict(zip(names, plt.get_cmap("tab10").colors, strict=False))
+    fig, ax = plt.subplots(figsize=(12, 6))
+    for name in names:
+        got = [r for r in rows if r["stage"] == name]
+        if got:
+            ax.barh(
+                [r["program"] for r in got],
+                [r["end_us"] - r["start_us"] for r in got],
+                left=[r["start_us"] for r in got],
+                height=0.9,
+                color=colours[name],
+                label=name,
+            )
+    ax.set_xlabel("us from the launch's first item")
+    ax.set_ylabel("program")
+    ax.set_title(title)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
