@@ -6,7 +6,7 @@
 # (phase 2) runs `mono bench` one kernel at a time on a quiet GPU; part "tune" times the
 # tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
-# Usage (repo root): OUT=dir tools/gpu_session.sh [check+bench | tune | tiles | diag | all]
+# Usage (repo root): OUT=dir tools/gpu_session.sh [check+bench | tune | tiles | diag | fixes | all]
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -78,6 +78,25 @@ if [[ $PART == diag ]]; then
     step tiles-ffn 300 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
         --variants "|warps=8|occ=2,stages=3"
 fi
+if [[ $PART == fixes ]]; then
+    # After fixes: K2 at full rank shapes and under graph replay, the drafter (under
+    # compute-sanitizer if it fails), the FFN's real-shape tiles; then the FFN benchmark
+    # and K2's timelines.
+    tests k2 240 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank or opbyop" --tb=short &
+    tests k2-graph 150 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k graph_replay --timeout 100 &
+    tests drafter 150 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
+    tests ffn 240 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k full_rank --tb=short &
+    step warm-ffn 240 python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4 --layers 2 &
+    wait
+    if ! grep -q "pytest exit status: 0" "$LOG/drafter.txt"; then
+        step drafter-memcheck 150 compute-sanitizer --tool memcheck --print-limit 3 \
+            python3 -m pytest -x -q -m gpu -p no:cacheprovider --timeout 140 \
+            $P/mono-kernels-kimi/tests/test_drafter_gpu.py -k auto
+    fi
+    step bench-ffn 130 $MONO bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
+    step timeline-k2 120 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 --layers 8 \
+        --timeline "$LOG/bench"
+fi
 if [[ $PART == tiles || $PART == all ]]; then
     # FFN tiles on mxfp4-rot: 8 warps (two a scheduler), 2 programs an SM (fewer stages).
     step tiles-ffn 560 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
@@ -86,13 +105,14 @@ fi
 cp "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null  # 8 files come back at most: PNGs in the archive
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
 cat "$LOG/status.txt"
-for name in ffn k1 k2 rest; do
+for name in ffn k1 k2 k2-graph drafter rest; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== tests $name"
     grep -E "^(FAILED|ERROR) " "$LOG/$name.txt" | head -20
+    grep -E "^E   " "$LOG/$name.txt" | head -12
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify bench-ffn bench-kda bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 tiles-ffn; do
+for name in qualify drafter-memcheck bench-ffn bench-kda bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 tiles-ffn; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"

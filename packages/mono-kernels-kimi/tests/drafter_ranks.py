@@ -23,25 +23,32 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-20))
 
 
-def _runner(cfg, group, rank, caches, seed, **kw):
-    weights = random_weights(cfg, seed=seed, rank=rank)
-    return DrafterRunner(cfg, group, rank, "cpu", weights, caches, cos_sin_cache(cfg), **kw)
+def _runner(cfg, group, rank, caches, seed, device="cpu", **kw):
+    weights = random_weights(cfg, seed=seed, rank=rank, device=device)
+    rope = cos_sin_cache(cfg).to(device)
+    return DrafterRunner(cfg, group, rank, device, weights, caches, rope, **kw)
 
 
-def check_steps(rank, world, group, cases, seed=0, cache_dtype="auto"):
+def check_steps(rank, world, group, cases, seed=0, cache_dtype="auto", device="cpu"):
     """One step per case (requests, padding, context lengths or None) on one runner, whose
     caches hold every step's blocks; per step the distances to the reference, whether the
     caches match it and what the launch left alone (the padding requests' rows 0, every
-    slot but the block's untouched)."""
+    slot but the block's untouched). `device`: "cuda" on a GPU (test_drafter_gpu.py)."""
     cfg = DrafterConfig.tiny(world, cache_dtype)
-    weights = [random_weights(cfg, seed=seed, rank=r) for r in range(world)]
+    weights = [random_weights(cfg, seed=seed, rank=r, device=device) for r in range(world)]
+    on_cpu = random_weights(cfg, seed=seed)  # the inputs' context precompute runs on a CPU
     steps = [
-        step_inputs(cfg, weights[0], reqs, seed=seed * 100 + i, padding=pad, context_lens=ctx)
+        step_inputs(
+            cfg, on_cpu, reqs, seed=seed * 100 + i, padding=pad, context_lens=ctx, device=device
+        )
         for i, (reqs, pad, ctx) in enumerate(cases)
     ]
     blocks = max(s.caches[0].shape[0] for s in steps)
-    caches = [torch.zeros((blocks,) + c.shape[1:], dtype=c.dtype) for c in steps[0].caches]
-    runner = _runner(cfg, group, rank, caches, seed)
+    caches = [
+        torch.zeros((blocks,) + c.shape[1:], dtype=c.dtype, device=device)
+        for c in steps[0].caches
+    ]
+    runner = _runner(cfg, group, rank, caches, seed, device)
     records = []
     try:
         for step in steps:
@@ -72,7 +79,7 @@ def check_steps(rank, world, group, cases, seed=0, cache_dtype="auto"):
                         for m, r, w in zip(mine, ref.caches, weights[0].layers, strict=True)
                     ),
                     caches_same=all(
-                        _same_except_block(cfg, m, r, step)
+                        _same_except_block(cfg, m.cpu(), r.cpu(), step)
                         for m, r in zip(mine, ref.caches, strict=True)
                     ),
                     seconds=elapsed,
@@ -96,7 +103,7 @@ def _same_except_block(cfg, mine, ref, step):
     flat_m = mine.reshape(-1, cfg.kv_entry).view(torch.uint8)
     flat_r = ref.reshape(-1, cfg.kv_entry).view(torch.uint8)
     keep = torch.ones(flat_m.shape[0], dtype=torch.bool)
-    written = step.slot_mapping[step.slot_mapping >= 0]
+    written = step.slot_mapping[step.slot_mapping >= 0].cpu()
     keep[written] = False
     return bool(torch.equal(flat_m[keep], flat_r[keep]))
 

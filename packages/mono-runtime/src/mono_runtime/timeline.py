@@ -51,7 +51,8 @@ def plot(rows: list[dict], path, title: str = "") -> None:
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys(r["stage"] for r in rows))  # ticket order
-    colours = dict(zip(names, plt.get_cmap("tab10").colors, strict=False))
+    palette = plt.get_cmap("tab20").colors  # K2 has 17 stages: cycle past 20
+    colours = {name: palette[i % len(palette)] for i, name in enumerate(names)}
     fig, ax = plt.subplots(figsize=(12, 6))
     for name in names:
         got = [r for r in rows if r["stage"] == name]

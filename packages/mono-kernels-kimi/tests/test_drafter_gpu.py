@@ -1,0 +1,30 @@
+"""The drafter kernel's Triton build on an NVIDIA GPU (`-m gpu`): the CPU interpreter
+tests' cases at TP 1, compiled for the device (a narrow launch, a wide one with a padding
+request and a context over many KV blocks; the fp8 cache), against drafter_reference."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ranks = _load("drafter_ranks")
+cpu_tests = _load("test_drafter_triton_cpu")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8"])
+def test_tp1_narrow_and_wide(cache_dtype):
+    cases = [cpu_tests.NARROW_ONE, cpu_tests.WIDE_LONG]
+    cpu_tests._check(ranks.check_steps(0, 1, None, cases, 0, cache_dtype, device="cuda"))
