@@ -45,8 +45,7 @@ def check_steps(rank, world, group, cases, seed=0, cache_dtype="auto", device="c
     ]
     blocks = max(s.caches[0].shape[0] for s in steps)
     caches = [
-        torch.zeros((blocks,) + c.shape[1:], dtype=c.dtype, device=device)
-        for c in steps[0].caches
+        torch.zeros((blocks,) + c.shape[1:], dtype=c.dtype, device=device) for c in steps[0].caches
     ]
     runner = _runner(cfg, group, rank, caches, seed, device)
     records = []
