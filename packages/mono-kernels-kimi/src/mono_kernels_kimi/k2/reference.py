@@ -102,12 +102,11 @@ def routed_partial(
 ) -> torch.Tensor:
     """One rank's unreduced routed output in the latent space (bf16 [S, LAT])."""
     total = torch.zeros(latent.shape, dtype=acc, device=latent.device)
-    w13, w2 = w.dense("w13"), w.dense("w2")
-    for e in ids[live].unique().tolist():
+    for e in ids[live].unique().tolist():  # each chosen expert dequantized alone
         rows = (ids == e).any(-1) & live
         we = (topw * (ids == e)).sum(-1)[rows].to(acc)
-        h = k3_situ(cfg, latent[rows].to(acc) @ w13[e].to(acc).t()).to(BF16)
-        total[rows] += we[:, None] * (h.to(acc) @ w2[e].to(acc).t())
+        h = k3_situ(cfg, latent[rows].to(acc) @ w.dense("w13", e).to(acc).t()).to(BF16)
+        total[rows] += we[:, None] * (h.to(acc) @ w.dense("w2", e).to(acc).t())
     return total.to(BF16)
 
 

@@ -95,12 +95,15 @@ class K2Weights:
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rot"}
 
-    def dense(self, name: str) -> torch.Tensor:
-        """fp32 [E, N, K] of the routed experts `name` ("w13" or "w2")."""
-        values = getattr(self, name)
+    def dense(self, name: str, expert: int | None = None) -> torch.Tensor:
+        """fp32 [E, N, K] of the routed experts `name` ("w13" or "w2"); with `expert`, that
+        one's [N, K] alone (all of Kimi-K3's experts in fp32 are ~30 GB a rank)."""
+        pick = slice(None) if expert is None else slice(expert, expert + 1)
+        values = getattr(self, name)[pick]
         if self.rot:
             values = unpack_mxfp4_rot(values)
-        return unpack_mxfp4_k32(values, getattr(self, f"{name}_scale"))
+        got = unpack_mxfp4_k32(values, getattr(self, f"{name}_scale")[pick])
+        return got if expert is None else got[0]
 
     def packed(self, rot: bool) -> K2Weights:
         """This bundle with w13 and w2 in ``mxfp4-rot`` (`rot`; False: as loaded),
