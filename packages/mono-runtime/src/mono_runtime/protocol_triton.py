@@ -347,11 +347,7 @@ def fault_stall(ctl, peers, rank, world, CPU: tl.constexpr):
 @triton.jit
 def ticket_take(counter, n_items):
     """Draw the next ticket from `counter` (int64, 0 at launch start). Draw until a ticket
-    >= n_items comes back; the last taker of a 1-D grid resets the counter to 0.
-    The barrier first: one thread draws and the ticket reaches the other warps through
-    shared memory, which a warp still in the previous item may be using (on the H200 the
-    drafter's warps read a torn ticket after an item that ends without ticket_finish)."""
-    tl.debug_barrier()
+    >= n_items comes back; the last taker of a 1-D grid resets the counter to 0."""
     t = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
     if t == n_items + tl.num_programs(0) - 1:
         tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
