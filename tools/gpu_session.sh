@@ -98,9 +98,10 @@ if [[ $PART == fixes ]]; then
         --timeline "$LOG/bench"
 fi
 if [[ $PART == tiles || $PART == all ]]; then
-    # FFN tiles on mxfp4-rot: 8 warps (two a scheduler), 2 programs an SM (fewer stages).
+    # FFN tiles on mxfp4-rot around the default (2 programs an SM, 3 stages): gate and up
+    # in one loop (pair=1), fewer stages, one program an SM with 4 stages.
     step tiles-ffn 560 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
-        --variants "|warps=8|warps=8,bn=128|occ=2,stages=3|occ=2,stages=2"
+        --variants "|pair=1|stages=2,pair=1|occ=1,stages=4,pair=1|stages=2"
 fi
 cp "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null  # 8 files come back at most: PNGs in the archive
 tar -C "$LOG" -czf "$OUT/logs.tgz" .

@@ -11,7 +11,10 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from mono_runtime.stream import layout as L
+from mono_runtime.stream.device import stream_row_pair
 
 
 def _weight(fmt, n, k, bk, g):
@@ -43,6 +46,23 @@ def check_gemv(fmt, bk, s):
     y = gemv(w, ws, x, fmt, GemvTiles(bn=64, bk=bk, split=2))
     assert y.shape == (s, n)
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
+    # stream_row_pair: rows 0.. and 64.. in one loop, each bit for bit its own stream_rows
+    one = gemv(w, ws, x, fmt, GemvTiles(bn=64, bk=bk, split=1))
+    pair = torch.empty(2, 16, 64)
+    _pair_kernel[(1,)](
+        w, w if ws is None else ws, x, pair, KROW=k, S=s, BN=64, BK=bk, FMT=int(fmt), CPU=True
+    )
+    assert torch.equal(pair[0, :s], one[:, :64]) and torch.equal(pair[1, :s], one[:, 64:])
+
+
+@triton.jit
+def _pair_kernel(w, ws, x, y, KROW: tl.constexpr, S: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, FMT: tl.constexpr, CPU: tl.constexpr):  # fmt: skip
+    a, b = stream_row_pair(w, ws, x, 0, BN, 0, KROW // BK, KROW, BN, BK, S, FMT, 2, CPU, False)
+    n = tl.arange(0, BN)
+    t = tl.arange(0, 16)
+    tl.store(y + t[None, :] * BN + n[:, None], a)
+    tl.store(y + 16 * BN + t[None, :] * BN + n[:, None], b)
 
 
 @pytest.mark.parametrize(

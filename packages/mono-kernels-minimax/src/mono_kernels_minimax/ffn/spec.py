@@ -181,6 +181,7 @@ class TaskPlan:
     stages: int  # software-pipeline depth of every weight stream
     warps: int  # warps of a program: 4 (one warpgroup) or 8 (two warps per scheduler)
     occ: int  # programs per SM the runner launches (2 fits with stages <= 3 at 4 warps)
+    pair: int  # 1: an up item streams gate and up rows in one loop (stream_row_pair)
 
     @classmethod
     def of(cls, b: FfnBuild) -> TaskPlan:
@@ -207,6 +208,7 @@ class TaskPlan:
                 stages=3,
                 warps=4,
                 occ=2,
+                pair=0,  # an H200 tiles run decides (`tools/gpu_session.sh tiles`)
             )
             tiles = _tile_overrides(b, tiles)
         else:
@@ -223,6 +225,7 @@ class TaskPlan:
                 stages=2,
                 warps=4,
                 occ=1,
+                pair=1,  # the interpreter tests run the paired loop; real shapes: above
             )
         _check_tiles(b, tiles)
         fc = min(h, 256)
@@ -285,10 +288,11 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         return n > 0 and not n & (n - 1)
 
     for name in t:
-        need(pow2(t[name]) or name in ("ng", "stages"), f"{name} must be a power of two")
+        need(pow2(t[name]) or name in ("ng", "stages", "pair"), f"{name} must be a power of two")
     need(t["stages"] >= 1 and 1 <= t["ng"] <= b.max_slots, "stages >= 1, 1 <= ng <= max_slots")
     need(t["warps"] in (4, 8), "warps is 4 or 8")
     need(t["occ"] in (1, 2), "occ is 1 or 2")
+    need(t["pair"] in (0, 1), "pair is 0 or 1")
     need(i % t["bn"] == 0 and t["bn"] >= 16, f"bn must divide I = {i}, >= 16")
     need(h % t["dc"] == 0 and t["dc"] >= 16, f"dc must divide H = {h}, >= 16")
     for bk, ks, k, f8 in (

@@ -39,12 +39,19 @@ def _up_item(
     BN: tl.constexpr,
     FMT: tl.constexpr,
     STAGES: tl.constexpr,
+    PAIR: tl.constexpr,
     CPU: tl.constexpr,
 ):
-    """fp32 [BN, 16] gate and up of rows c*BN.. over K part kp (NSTEP steps of BK)."""
+    """fp32 [BN, 16] gate and up of rows c*BN.. over K part kp (NSTEP steps of BK); with
+    PAIR both in one pipelined loop (`stream_row_pair`), else one loop after the other."""
     k0 = kp * (NSTEP * BK)
-    g = st.stream_rows(w, ws, xn, c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
-    u = st.stream_rows(w, ws, xn, I + c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
+    if PAIR:
+        g, u = st.stream_row_pair(
+            w, ws, xn, c * BN, I + c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True
+        )
+    else:
+        g = st.stream_rows(w, ws, xn, c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
+        u = st.stream_rows(w, ws, xn, I + c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
     return g, u
 
 
@@ -190,6 +197,7 @@ def ffn_kernel(
     DBK0: tl.constexpr,
     NG: tl.constexpr,
     STAGES: tl.constexpr,
+    PAIR: tl.constexpr,
     NF: tl.constexpr,
     NF2: tl.constexpr,
     FC: tl.constexpr,
@@ -373,8 +381,9 @@ def ffn_kernel(
                 done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
             g, v = _up_item(
-                xn, sw13, sw13_scale, c, kp, H // UBK0 // UKS0, UBK0, S, H, I, BN, SFMT, STAGES, CPU
-            )
+                xn, sw13, sw13_scale, c, kp, H // UBK0 // UKS0, UBK0, S, H, I, BN, SFMT, STAGES,
+                PAIR, CPU,
+            )  # fmt: skip
             _finish_up(
                 g,
                 v,
@@ -408,7 +417,7 @@ def ffn_kernel(
                 e = tl.load(slot_e + j, volatile=True)
                 w, ws = dt.stacked_expert(e, w13, w13_scale, 2 * I, H, FMT)
                 g, v = _up_item(
-                    xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT, STAGES, CPU
+                    xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT, STAGES, PAIR, CPU
                 )
                 rp = (
                     upart
@@ -765,6 +774,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         DBK0=p.dbk0,
         NG=p.ng,
         STAGES=p.stages,
+        PAIR=p.pair,
         NF=p.final,
         NF2=_p2(b.rows * p.final),
         FC=p.fc,
