@@ -75,6 +75,7 @@ if [[ $PART == diag ]]; then
         --format mxfp4 --timeline "$LOG/bench"
     step timeline-k2 120 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 8 \
         --timeline "$LOG/bench"
+    step timeline-kda 150 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 --timeline "$LOG/bench"
     step tiles-ffn 300 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
         --variants "|warps=8|occ=2,stages=3"
 fi

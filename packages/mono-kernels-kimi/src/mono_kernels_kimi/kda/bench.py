@@ -12,6 +12,9 @@ the same run (the memory floor); the op-by-op path's time over the same layers a
 ratio. The op-by-op path is the fastest stock-like path buildable without vLLM: cuBLAS
 GEMMs (in_proj, f_b) and torch.compile'd elementwise stages (AttnRes, conv update,
 recurrence, gated norm) from `reference` -- not eager torch.
+
+`--timeline DIR` instead shows where a launch's time goes: per shape, each item's program,
+start and end (a timeline build of the same plan), as a per-stage table and a picture.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from mono_runtime.report import fixed_width
@@ -193,6 +197,49 @@ def rows(
     return out
 
 
+def timelines(
+    shapes=SHAPES,
+    layers: int = 8,
+    layer_idx: int = 13,
+    out=None,
+    cfg: KimiK3Config | None = None,
+    device: str = "cuda",
+    **tiling,
+) -> dict[tuple[int, int], list[dict]]:
+    """Per (R, L), the item timeline of the launch on the last of `layers` layers, in the
+    second round over them (a warm clock and caches), eager: printed per stage, and a
+    picture in `out` (a folder) when given. Returns the rows by shape. `cfg`, `device`
+    and `tiling` exist for a CPU check at tiny shapes."""
+    from mono_runtime.timeline import plot, summary
+
+    shapes = check_shapes(shapes, layers)
+    cfg = cfg or KimiK3Config()
+    weights = layer_weights(cfg, layers, device)
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    got = {}
+    for R, L in shapes:
+        inp = make_inputs(
+            cfg, R, L, layer_idx=layer_idx, device=device, weights=weights[0], spare_slots=64
+        )
+        each = per_layer(inp, weights)
+        del inp
+        runner = KdaRunner(cfg, device, L, timeline=True, **tiling)
+        try:
+            for _ in range(2):
+                for x in each:
+                    runner(R, **x.k1_kwargs())
+            runner.check()
+            got[R, L] = runner.timeline()
+        finally:
+            runner.close()
+        print(f"-- K1 timeline {R}x{L} (S={R * L}; the last launch; us from its first item)")
+        print(summary(got[R, L]), flush=True)
+        if out is not None:
+            plot(got[R, L], f"{out}/timeline-k1-{R}x{L}.png", f"K1, {R}x{L} (S = {R * L})")
+    return got
+
+
 COLUMNS = (
     ("R", "{}"),
     ("L", "{}"),
@@ -246,6 +293,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="one JSON row a line")
     parser.add_argument(
+        "--timeline", metavar="DIR", help="instead: each shape's item timeline, pictures in DIR"
+    )
+    parser.add_argument(
         "--shapes",
         default=",".join(f"{r}x{n}" for r, n in SHAPES),
         help=f"comma-separated RxL step shapes (R requests of L rows, R*L <= {MAX_ROWS})",
@@ -257,6 +307,9 @@ def main(argv=None) -> int:
             raise ValueError(f"--iters {args.iters}: must be >= 1")
     except ValueError as err:
         parser.error(str(err))
+    if args.timeline:
+        timelines(shapes, args.layers, out=args.timeline)
+        return 0
     got = rows(
         shapes,
         iters=args.iters,

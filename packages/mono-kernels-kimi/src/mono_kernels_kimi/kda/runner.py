@@ -26,6 +26,7 @@ from mono_runtime.errors import MonoFault
 from mono_runtime.health import timeline
 from mono_runtime.kernel import LayerRunner, same_device
 from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
+from mono_runtime.timeline import from_stamps
 
 from ..config import KimiK3Config
 from . import triton_build
@@ -88,12 +89,19 @@ def _check_shape(cfg: KimiK3Config, L: int, spec: bool, max_rows: int, tiling: d
         raise ValueError("a plain-decode runner has L = 1")
 
 
-def _builds(cfg: KimiK3Config, L: int, spec: bool, widths, tiling: dict):
+def _builds(cfg: KimiK3Config, L: int, spec: bool, widths, tiling: dict, timeline: bool):
     for r in widths:
         for delta in (False, True):
             for write in (False, True):
                 yield K1Build.for_step(
-                    cfg, r, L, spec=spec, delta=delta, write_block=write, **tiling
+                    cfg,
+                    r,
+                    L,
+                    spec=spec,
+                    delta=delta,
+                    write_block=write,
+                    timeline=timeline,
+                    **tiling,
                 )
 
 
@@ -105,6 +113,7 @@ def runner_bytes(
     *,
     spec: bool = True,
     max_rows: int = MAX_ROWS,
+    timeline: bool = False,
     **tiling,
 ) -> tuple[int, int]:
     """(scratch, peer) bytes the rank's MonoRunner needs for a KdaRunner of these
@@ -112,7 +121,8 @@ def runner_bytes(
     _check_shape(cfg, L, spec, max_rows, tiling)
     tiling = {**default_tiling(cfg, torch.device(device)), **tiling}
     widths = range(1, max_rows // L + 1)
-    scratch = max(triton_build.scratch_need(b) for b in _builds(cfg, L, spec, widths, tiling))
+    builds = _builds(cfg, L, spec, widths, tiling, bool(timeline))
+    scratch = max(triton_build.scratch_need(b) for b in builds)
     return scratch, triton_build.peer_bytes(world)
 
 
@@ -122,7 +132,8 @@ class KdaRunner(LayerRunner):
     `runner`: the rank's MonoRunner (the engine's; every rank of its group builds a
     KdaRunner on it), sized by `runner_bytes`; None: a one-rank runner of its own with
     `deadline_ns`. `check_values`: slot and accepted-count values are checked before
-    each launch (one device read: a sync); off for serving, on for tests."""
+    each launch (one device read: a sync); off for serving, on for tests. `timeline`:
+    builds that stamp each item's program, start and end (`timeline()`; GPU tuning)."""
 
     _closed_why = "its runner is closed"
 
@@ -137,6 +148,7 @@ class KdaRunner(LayerRunner):
         runner: MonoRunner | None = None,
         deadline_ns: int = DEFAULT_DEADLINE_NS,
         check_values: bool = True,
+        timeline: bool = False,
         **tiling,
     ) -> None:
         _check_shape(cfg, L, spec, max_rows, tiling)
@@ -147,7 +159,7 @@ class KdaRunner(LayerRunner):
         self.widths = tuple(range(1, max_rows // L + 1))
         self.tiling = {**default_tiling(cfg, self.device), **tiling}
         self._builds: dict[tuple, K1Build] = {}
-        for b in _builds(cfg, L, spec, self.widths, self.tiling):
+        for b in _builds(cfg, L, spec, self.widths, self.tiling, bool(timeline)):
             self._builds[(b.requests, b.delta, b.write_block)] = b
         need = max(triton_build.scratch_need(b) for b in self._builds.values())
         self._owns_mono = runner is None
@@ -161,6 +173,7 @@ class KdaRunner(LayerRunner):
         # each launch is a step of its own unless the engine's runner drives the steps
         self.auto_step = self._owns_mono
         self.check_values = check_values
+        self._last: tuple[K1Build, bool] | None = None  # the last launch's build and `final`
         self._opened()
 
     def build(self, requests: int, delta: bool, write_block: bool) -> K1Build:
@@ -270,6 +283,7 @@ class KdaRunner(LayerRunner):
             world=pa["world"],
         )
         triton_build.launch(build, args)
+        self._last = (build, final)
         return step["out"]
 
     def layer_flags(self) -> tuple[tuple[bool, bool], ...]:
@@ -326,6 +340,20 @@ class KdaRunner(LayerRunner):
                 warmed.append(self.build(r, delta, write))
         self.check()
         return warmed
+
+    def timeline(self) -> list[dict]:
+        """The runner's last launch, item by item in ticket order: mono_runtime.timeline's
+        rows (stage: `K1Build.stage_of`; times in us of the device clock, of poll counts
+        under the interpreter). Only the last: every width shares one scratch region."""
+        self._live()
+        if self._last is None or not self._last[0].timeline:
+            raise ValueError(
+                "timeline: no launch of a build that stamps items (KdaRunner(timeline=True))"
+            )
+        b, final = self._last
+        off, n = b.scratch_layout()["timeline"]
+        stamps = self.scratch[off : off + n].view(torch.int64).view(-1, 4).cpu().tolist()
+        return from_stamps(stamps[: b.tickets(final)], b.stage_of)
 
     def check(self) -> None:
         """Wait for the device, then raise MonoFault if any launch on the runner since its

@@ -25,6 +25,11 @@ correctly when programs execute one after another:
 The split-K counters sit at the head of the scratch region, at the same offset in every
 build of a runner (its widths share one tiling), and are zero between launches: the last
 part of a row block resets its counter.
+
+A timeline build (`timeline=True`, for GPU tuning) also stamps each ticket's program,
+start and end into its scratch; its stages there are these four, with stage 4 split into
+its state items ("head") and its gated-norm items ("norm"), whose costs differ by far, and
+a final launch's TP fault handshake ("handshake") (`K1Build.stage_of`).
 """
 
 from __future__ import annotations
@@ -134,6 +139,7 @@ class K1Build:
     # stream while the AttnRes items run (0: off); keep prefetch_items x proj_item_bytes
     # well under the L2 size
     prefetch_items: int = 0
+    timeline: bool = False  # stamp each item's program, ticket, start and end (GPU tuning)
 
     def __post_init__(self) -> None:
         if not 1 <= self.rows <= MAX_ROWS:
@@ -227,6 +233,21 @@ class K1Build:
     def total_items(self) -> int:
         return sum(self.stage_items)
 
+    def tickets(self, final: bool) -> int:
+        """Tickets of a launch: its items, then a final launch's TP fault handshake."""
+        return self.total_items + int(final)
+
+    def stage_of(self, ticket: int) -> str:
+        """The timeline's stage of a ticket: the plan's, with stage 4's norm items apart."""
+        if not 0 <= ticket <= self.total_items:
+            raise ValueError(f"ticket {ticket}: a launch has tickets 0..{self.total_items}")
+        nvc = self.head_dim // self.block_v  # a (head, request)'s state items, then its norm
+        for name, n in zip(STAGE_NAMES, self.stage_items, strict=True):
+            if ticket < n:
+                return "norm" if name == "head" and ticket % (nvc + 1) == nvc else name
+            ticket -= n
+        return "handshake"
+
     def scratch_layout(self) -> dict[str, tuple[int, int]]:
         """region -> (byte offset, bytes) inside this launch's scratch region."""
         S, H = self.rows, self.hidden
@@ -240,6 +261,8 @@ class K1Build:
             "proj": S * self.in_proj_rows * 2,
             "o": S * self.local_proj * 2,
         }
+        if self.timeline:  # int64 [tickets, 4]: program, ticket, start, end
+            sizes["timeline"] = 32 * self.tickets(True)
         out, off = {}, 0
         for name, n in sizes.items():
             out[name] = (off, n)

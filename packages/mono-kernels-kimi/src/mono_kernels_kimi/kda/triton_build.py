@@ -16,6 +16,8 @@ hidden states, and nothing hangs. An item whose wait gave up writes NaN to its o
 nothing to the caches; every later wait of the step gives up at once (the alarm is set).
 A final launch (the step's last) ends in the TP fault handshake, so that every rank
 records the give-up in the same step; fault injection stalls a rank just before it.
+A timeline build stamps each ticket's program, start and end (mono_runtime's
+`stamp_item`, as K2 and the FFN do); other builds compile without a trace of it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from mono_runtime import decode_triton as dt
 from mono_runtime import protocol as P
 from mono_runtime import protocol_triton as pt
 from mono_runtime.kernel import RUNTIME_ARGS
@@ -383,6 +386,8 @@ def k1_kernel(
     OFF_PROJ: tl.constexpr,
     OFF_O: tl.constexpr,
     OFF_DONE: tl.constexpr,
+    TL: tl.constexpr,
+    OFF_TL: tl.constexpr,
     PREFETCH: tl.constexpr,
     NV: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -418,6 +423,8 @@ def k1_kernel(
     total = E4 + final.to(tl.int32)  # a final launch's last item: the TP fault handshake
     t = pt.ticket_take(counter, total)
     while t < total:
+        if TL:
+            t_begin = pt.clock(0, INTERPRET)
         if t < E2:
             # -- 1 ares / 2 mix: `_attn_res_kernel` (nvidia/ops/attn_res.py) per (row,
             # hidden block); the sources of the block in one load --
@@ -753,6 +760,8 @@ def k1_kernel(
                 pt.publish(pt.peer_data(peers, dst) + rank + i, i, tag, i == 0, "sys")
             me = pt.peer_data(peers, rank)
             pt.poll(me + i, i < world, tag, ctl, health, peers, rank, world, R_HS, 0, INTERPRET)
+        if TL:  # the item's (program, ticket, start, end)
+            dt.stamp_item((scratch + OFF_TL).to(tl.pointer_type(tl.int64)), t, t_begin, INTERPRET)
         t = pt.ticket_take(counter, total)
 
 
@@ -828,6 +837,8 @@ def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
         OFF_PROJ=lay["proj"][0],
         OFF_O=lay["o"][0],
         OFF_DONE=build.scratch_bytes,
+        TL=build.timeline,
+        OFF_TL=lay["timeline"][0] if build.timeline else 0,
         PREFETCH=min(build.prefetch_items, items[2]),
         NV=torch.version.hip is None and not interpret,
         INTERPRET=interpret,
