@@ -66,7 +66,7 @@ if [[ $PART == tune || $PART == all ]]; then
 fi
 if [[ $PART == diag ]]; then
     # Correctness after a fix (in parallel, compile-bound), then where the time goes:
-    # the FFN's and K2's item timelines, the FFN's 8-warp and 2-an-SM tiles.
+    # the FFN's, K2's and K1's item timelines (FFN tiles: part "tiles").
     tests k2 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "not bench" &
     tests rest 200 integration/tests/test_toy_decode.py -k "gpu and kimi" &
     step qualify 200 $MONO qualify --ranks 1 --json "$LOG/qualify.json" &
@@ -75,9 +75,8 @@ if [[ $PART == diag ]]; then
         --format mxfp4 --timeline "$LOG/bench"
     step timeline-k2 120 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 8 \
         --timeline "$LOG/bench"
-    step timeline-kda 150 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 --timeline "$LOG/bench"
-    step tiles-ffn 300 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
-        --variants "|warps=8|occ=2,stages=3"
+    step timeline-kda 150 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 \
+        --timeline "$LOG/bench"
 fi
 if [[ $PART == fixes ]]; then
     # After fixes: K2 at full rank shapes and under graph replay, the drafter (under
@@ -114,7 +113,7 @@ for name in ffn k1 k2 k2-graph drafter rest; do
     grep -E "^E   " "$LOG/$name.txt" | head -12
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify drafter-memcheck bench-ffn bench-kda bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 tiles-ffn; do
+for name in qualify drafter-memcheck bench-ffn bench-kda bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda tiles-ffn; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
