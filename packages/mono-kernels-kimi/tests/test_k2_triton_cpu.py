@@ -144,3 +144,20 @@ def test_device_topk_follows_the_routing_rule():
     for r, (same, err, nan_alike) in enumerate(rows):
         assert same, f"row {r}: ids differ from mono_runtime.routing.sigmoid_topk"
         assert err < 1e-6 and nan_alike, f"row {r}: weights off by {err}"
+
+
+@pytest.mark.timeout(100)
+def test_every_item_waits_for_what_the_spec_says():
+    """The kernel's waits, item by item, are spec.waits: a missing one passes every
+    interpreter comparison (tickets run in order) and fails only on a GPU. It caught the
+    shared down waiting for SI / SB of the shup items, not every K part (the H200's
+    full-rank out rel 0.18: first columns wrong, the last, later items, right)."""
+    from mono_kernels_kimi.config import KimiK3Config
+    from mono_kernels_kimi.k2.spec import K2Build, stage_of
+
+    (got, want) = spawn(ranks.kernel_waits, 1, 80, 2, 3, env=ENV)[0]
+    b = K2Build(KimiK3Config.tiny(1), 2)
+    for t in sorted(set(got) | set(want)):
+        assert got.get(t, []) == want.get(t, []), (
+            f"ticket {t} ({stage_of(b, t)}) waits for {got.get(t, [])}, spec: {want.get(t, [])}"
+        )

@@ -144,7 +144,7 @@ def k2_kernel(
     NS2: tl.constexpr,
     NCH2: tl.constexpr,
     SNCH2: tl.constexpr,
-    NSU2: tl.constexpr,
+    SHUP2: tl.constexpr,
     NC2: tl.constexpr,
     SNF2: tl.constexpr,
     LP2: tl.constexpr,
@@ -430,7 +430,8 @@ def k2_kernel(
                 SB,
                 SD,
                 SDK,
-                NSU2,
+                DKS,
+                SHUP2,
                 STAGES,
                 T_SHUP,
                 O_SMID,
@@ -1010,7 +1011,8 @@ def _shdown(
     SB: tl.constexpr,
     SD: tl.constexpr,
     SDK: tl.constexpr,
-    NSU2: tl.constexpr,
+    DKS: tl.constexpr,
+    SHUP2: tl.constexpr,
     STAGES: tl.constexpr,
     T_SHUP: tl.constexpr,
     O_SMID: tl.constexpr,
@@ -1020,9 +1022,16 @@ def _shdown(
     ASM: tl.constexpr,
 ):
     """SD output columns of this rank's shared-expert partial (K = SI; its rows asked of
-    L2 before the wait for every shup item) -> bf16 -> every rank's sh[this rank]."""
+    L2 before the wait for every shup item) -> bf16 -> every rank's sh[this rank].
+
+    Every shup item means all DKS K parts of each of the SI / SB row blocks: smid's block
+    is written by whichever part finishes last, so waiting for SI / SB items only covered
+    the first blocks (the H200 read a half-written smid; the interpreter's ticket order
+    hid it)."""
     dt.prefetch_rows(shared_w2, d * SD, SD, SI, 0, SI, 0, CPU, ASM)
-    dt.wait_items(done, T_SHUP, SI // SB, NSU2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+    dt.wait_items(
+        done, T_SHUP, (SI // SB) * DKS, SHUP2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+    )
     smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
     acc = st.stream_rows(
         shared_w2, shared_w2, smid, d * SD, 0, SI // SDK, SI, SD, SDK, S, 0, STAGES, CPU, ASM
@@ -1521,7 +1530,7 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         NS2=p2(c.num_attn_res_blocks + 1),
         NCH2=p2(p.nch),
         SNCH2=p2(b.rows * p.nch),
-        NSU2=p2(p.nsu),
+        SHUP2=p2(p.nsu * p.dks),
         NC2=p2(p.nc),
         SNF2=p2(b.rows * p.nf),
         LP2=p2(c.latent_size // 2),
