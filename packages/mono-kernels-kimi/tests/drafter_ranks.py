@@ -277,3 +277,32 @@ def compile_checks(rank, world, group, tp, wide):
     facts["hip_atomics"] = "global_atomic" in amdgcn or "flat_atomic" in amdgcn
     facts["hip_clock"] = "s_memrealtime" in amdgcn
     return facts
+
+
+def bounded(rank, world, group, body, *args):
+    """Rank body `body` (a name of this module) with every load, store and atomic of the
+    interpreted kernel checked against the memory it may touch (mono_runtime.interp_bounds:
+    the launch's tensors, the runner's health words and every rank's peer buffer, the
+    tensors its pointer table names): (body's result, the accesses outside them)."""
+    from mono_runtime.interp_bounds import checking
+
+    global _runner
+    plain = _runner
+
+    def runner(*a, **kw):
+        r = plain(*a, **kw)
+        bounds.allow(r.mono.health)
+        for address in r.mono.peer.addresses.tolist():
+            bounds.allow(address, r.mono.peer.nbytes)
+        for layer, cache in zip(r.weights.layers, r.caches, strict=True):
+            for t in (layer.tensors() | {"cache": cache}).values():
+                bounds.allow(t)
+        return r
+
+    with checking(record_only=True) as bounds:
+        _runner = runner
+        try:
+            out = globals()[body](rank, world, group, *args)
+        finally:
+            _runner = plain
+    return out, [str(v) for v in bounds.violations[:5]]

@@ -1,7 +1,8 @@
 """The drafter kernel's Triton build under the CPU interpreter: ranks as processes over the
 host backend, against drafter_reference (tiny shapes: the interpreter takes seconds a
 launch). One case per axis here; MONO_DRAFTER_EXHAUSTIVE=1 adds every request count 1..8
-(narrow and wide), several context lengths, TP 4 wide and the fp8 cache."""
+(narrow and wide), several context lengths, TP 4 wide and the fp8 cache. The bounds tests
+run launches with every load, store and atomic checked (mono_runtime.interp_bounds)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,36 @@ def test_tp2_late_rank_faults_every_rank_then_reset_bit_identical():
         assert r["pad_zero"], f"rank {rank}: a padding request's rows are not 0"
     outs = [r["out"].view(torch.int16) for r in results]
     assert outs[0].equal(outs[1]), "ranks' outputs differ"
+
+
+@pytest.mark.timeout(150)
+def test_tp1_every_access_in_bounds():
+    """A narrow then a wide launch touch only the memory they are given (interp_bounds):
+    under the interpreter an access outside it reads or writes a neighbour silently, on a
+    GPU it is an illegal address."""
+    ((records, outside),) = spawn(
+        ranks.bounded, 1, 140, "check_steps", [NARROW_ONE, WIDE_LONG], 0, env=ENV
+    )
+    assert outside == [], "\n".join(outside)
+    _check(records)
+
+
+@exhaustive
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "tp,body,args",
+    [
+        (4, "check_steps", ([NARROW_ONE, WIDE_LONG], 1)),
+        (1, "check_steps", ([NARROW_ONE, WIDE_LONG], 3, "fp8")),
+        (2, "check_steps", ([(11, (4,), None), (2, (), (300, 1))], 7)),
+        (2, "fault_then_reset", (1, WIDE_LONG)),
+    ],
+)
+def test_every_access_in_bounds(tp, body, args):
+    """TP 4, the fp8 cache, two launches in a step and a give-up with its reset: every
+    rank's accesses stay in bounds."""
+    for _, outside in spawn(ranks.bounded, tp, 800, body, *args, env=ENV):
+        assert outside == [], "\n".join(outside)
 
 
 @exhaustive
