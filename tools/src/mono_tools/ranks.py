@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 GROUP_TIMEOUT_S = 60  # a gloo collective that a dead peer never joins fails after this
+DRAIN_QUIET_S = 3.0  # silence that ends the reading of an ended rank's last words
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ class RankProcesses:
             if any(r not in got for r in self.exited()):
                 # the pipe may still hold a dead rank's last words, and a living rank's answer
                 # may still be on its way (a loaded machine): read until the living have
-                # answered or the deadline passed, then until the pipe is quiet for 1 s
+                # answered or the deadline passed, then until the pipe is quiet for DRAIN_QUIET_S
                 while (event := self.next_event(self._drain_wait(got, deadline))) is not None:
                     if problem := take(event):
                         return got, problem
@@ -184,10 +185,12 @@ class RankProcesses:
         return got, ""
 
     def _drain_wait(self, got: dict[int, dict], deadline: float) -> float:
-        """How long to wait for the next event once a rank has ended without answering."""
+        """How long to wait for the next event once a rank has ended without answering:
+        the living get the rest of the deadline; an ended rank's words already sent get
+        DRAIN_QUIET_S of silence (on a loaded 2-core machine 1 s lost a sent answer)."""
         ended = self.exited()
         living = [r for r in range(self.world) if r not in got and r not in ended]
-        return max(1.0, deadline - time.monotonic()) if living else 1.0
+        return max(DRAIN_QUIET_S, deadline - time.monotonic()) if living else DRAIN_QUIET_S
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Let workers finish for `grace_s`, then terminate, then kill: never leave one behind."""
