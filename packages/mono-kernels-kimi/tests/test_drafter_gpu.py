@@ -4,23 +4,16 @@ request and a context over many KV blocks; the fp8 cache), against drafter_refer
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import drafter_ranks as ranks  # noqa: E402
+import test_drafter_triton_cpu as cpu_tests  # noqa: E402
+
 pytestmark = pytest.mark.gpu
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ranks = _load("drafter_ranks")
-cpu_tests = _load("test_drafter_triton_cpu")
 
 
 @pytest.mark.timeout(600)
