@@ -89,6 +89,40 @@ def check_steps(rank, world, group, cases, seed=0, cache_dtype="auto", device="c
     return records
 
 
+def kernel_waits(rank, world, group, cases, seed=0):
+    """One launch per case (requests, padding, context lengths or None) with every item's
+    waits recorded (mono_runtime.interp_waits; the kernel waits through its own `_wait`
+    over `pt.poll`, hooked): per launch (requests, ticket -> the done pairs it waited
+    for). The interpreter runs the tickets in order, so a missed wait shows only here."""
+    from mono_kernels_kimi.drafter import triton_build
+    from mono_runtime.interp_waits import recording
+
+    cfg = DrafterConfig.tiny(world)
+    on_cpu = random_weights(cfg, seed=seed)
+    steps = [
+        step_inputs(cfg, on_cpu, reqs, seed=seed * 100 + i, padding=pad, context_lens=ctx)
+        for i, (reqs, pad, ctx) in enumerate(cases)
+    ]
+    blocks = max(s.caches[0].shape[0] for s in steps)
+    caches = [torch.zeros((blocks,) + c.shape[1:], dtype=c.dtype) for c in steps[0].caches]
+    runner = _runner(cfg, group, rank, caches, seed)
+    out = []
+    try:
+        for step in steps:
+            for mine, theirs in zip(caches, step.caches, strict=True):
+                mine[: theirs.shape[0]].copy_(theirs)
+            with recording((triton_build, "_wait")) as seen:
+                runner.step_begin()
+                runner(
+                    step.embeds, step.positions, step.slot_mapping, step.block_table, step.seq_lens
+                )
+                runner.after_step()
+            out.append((step.block_table.shape[0], {t: sorted(v) for t, v in seen.items()}))
+    finally:
+        runner.close()
+    return out
+
+
 def _values(cfg, cache, layer):
     """The cache's entries as values (fp8 bytes decoded)."""
     from mono_kernels_kimi.drafter.reference import from_cache

@@ -249,39 +249,22 @@ def kernel_waits(rank, world, group, s, layer):
     runs the tickets in order, so a wait that misses an item still finds it done and the
     output still matches: only the recorded waits show it (on a GPU the item may be late)."""
     from mono_kernels_kimi.k2.spec import waits
-    from mono_runtime import decode_triton as dt
-    from mono_runtime import protocol_triton as pt
-
-    def value(x):  # an interpreter tensor's scalar, or a constexpr / int
-        return int(x.handle.data.reshape(-1)[0]) if hasattr(x, "handle") else int(x)
-
-    seen, ticket = {}, [None]
-    take, wait = pt.ticket_take, dt.wait_items
-
-    def take_recorded(counter, n_items):
-        t = take(counter, n_items)
-        ticket[0] = value(t)
-        return t
-
-    def wait_recorded(done, first, n, *args):
-        f = value(first)
-        seen.setdefault(ticket[0], set()).update(range(f, f + value(n)))
-        return wait(done, first, n, *args)
+    from mono_runtime.interp_waits import recording
 
     cfg = KimiK3Config.tiny(world)
     runner = K2Runner(cfg, group, rank, "cpu", widths=[s])
     mine = runner.pack(random_weights(cfg, seed=4, rank=rank))
     step = _step(cfg, s, 12)
-    pt.ticket_take, dt.wait_items = take_recorded, wait_recorded
     try:
-        runner.step_begin()
-        runner(
-            step.cores[rank], step.prefix.clone(), step.blocks, mine, step.slots, layer, final=True
-        )
-        runner.after_step()
+        with recording() as seen:
+            runner.step_begin()
+            runner(
+                step.cores[rank], step.prefix.clone(), step.blocks, mine, step.slots, layer,
+                final=True,
+            )  # fmt: skip
+            runner.after_step()
         nslots = int(runner.region(s, "table")[:4].view(torch.int32))
     finally:
-        pt.ticket_take, dt.wait_items = take, wait
         runner.close()
     want = waits(runner.builds[s], nslots)
     return {t: sorted(v) for t, v in seen.items()}, {t: sorted(v) for t, v in want.items()}

@@ -93,6 +93,50 @@ def test_tp1_every_access_in_bounds():
     _check(records)
 
 
+def _no_work(b, nreq, t):
+    """Whether ticket t has no work in a launch of nreq requests: a row item (norm, qkvn,
+    post, final) of a row group past the launch's rows, or an attn / comb item of a request
+    past nreq (drafter/triton_build.py `_deps`: count 0)."""
+    from mono_kernels_kimi.drafter.spec import stage_of
+
+    _, stage, i = stage_of(b, t)
+    p = b.plan
+    if stage in ("norm", "qkvn", "post", "final"):
+        return i >= -(-nreq * b.cfg.query_len // p.rb)
+    if stage == "attn":
+        return i // (p.nhg * p.nsplit) >= nreq
+    if stage == "comb":
+        return i // p.nhg >= nreq
+    return False
+
+
+@pytest.mark.timeout(90)
+def test_tp1_every_item_waits_for_what_the_spec_says():
+    """A narrow and a wide launch with every item's waits recorded (mono_runtime.interp_waits,
+    the kernel's own `_wait` hooked): each item with work waits for exactly spec.waits. The
+    interpreter runs tickets in order, so a missing wait passes every output comparison
+    and fails only on a GPU (K2's shdown waited for 48 of 192 shup items). An item without
+    work (a row group or request past the launch's) skips its wait by design: nothing it
+    computes reads the items spec.waits names, so it is checked to wait for nothing."""
+    from mono_kernels_kimi.drafter.config import DrafterConfig
+    from mono_kernels_kimi.drafter.spec import NARROW, DrafterBuild, stage_of, tickets, waits
+
+    (launches,) = spawn(ranks.kernel_waits, 1, 80, [NARROW_ONE, WIDE_LONG], 0, env=ENV)
+    assert [n for n, _ in launches] == [NARROW_ONE[0], WIDE_LONG[0]]
+    for nreq, got in launches:
+        b = DrafterBuild(DrafterConfig.tiny(1), nreq > NARROW)
+        want = waits(b)
+        idle = [t for t in range(tickets(b)) if _no_work(b, nreq, t)]
+        assert idle, f"{nreq} requests: no item without work (the exclusion is untested)"
+        for t in range(tickets(b)):
+            expect = [] if t in idle else want.get(t, [])
+            assert got.get(t, []) == expect, (
+                f"{nreq} requests: ticket {t} ({stage_of(b, t)}) waits for {got.get(t, [])}, "
+                f"expected {expect} (spec: {want.get(t, [])})"
+            )
+        assert set(got) <= set(range(tickets(b))), sorted(set(got) - set(range(tickets(b))))
+
+
 @exhaustive
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
