@@ -79,21 +79,22 @@ if [[ $PART == diag ]]; then
         --timeline "$LOG/bench"
 fi
 if [[ $PART == fixes ]]; then
-    # After fixes: K2 at full rank shapes and under graph replay, the drafter (under
-    # compute-sanitizer if it fails), the FFN's real-shape tiles; then the FFN benchmark
-    # and K2's timelines.
+    # After fixes found on a CPU: K2 at full rank shapes (the shdown race), the toy decode
+    # with K1 + K2, the drafter (if it still faults: compute-sanitizer's memcheck, then
+    # synccheck and racecheck); then K2 re-timed and its timeline.
     tests k2 240 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank or opbyop" --tb=short &
-    tests k2-graph 150 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k graph_replay --timeout 100 &
+    tests rest 240 integration/tests/test_toy_decode.py -k "gpu and kimi" --tb=short &
     tests drafter 150 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
-    tests ffn 240 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k full_rank --tb=short &
-    step warm-ffn 240 python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4 --layers 2 &
+    step warm-k2 240 python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 2 --no-baseline &
     wait
     if ! grep -q "pytest exit status: 0" "$LOG/drafter.txt"; then
-        step drafter-memcheck 150 compute-sanitizer --tool memcheck --print-limit 3 \
-            python3 -m pytest -x -q -m gpu -p no:cacheprovider --timeout 140 \
-            $P/mono-kernels-kimi/tests/test_drafter_gpu.py -k auto
+        for tool in memcheck synccheck racecheck; do
+            step drafter-$tool 100 compute-sanitizer --tool $tool --print-limit 5 \
+                python3 -m pytest -x -q -m gpu -p no:cacheprovider --timeout 90 \
+                $P/mono-kernels-kimi/tests/test_drafter_gpu.py -k auto
+        done
     fi
-    step bench-ffn 130 $MONO bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
+    step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
     step timeline-k2 120 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 --layers 8 \
         --timeline "$LOG/bench"
 fi
@@ -106,14 +107,14 @@ fi
 cp "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null  # 8 files come back at most: PNGs in the archive
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
 cat "$LOG/status.txt"
-for name in ffn k1 k2 k2-graph drafter rest; do
+for name in ffn k1 k2 drafter rest; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== tests $name"
     grep -E "^(FAILED|ERROR) " "$LOG/$name.txt" | head -20
     grep -E "^E   " "$LOG/$name.txt" | head -12
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify drafter-memcheck bench-ffn bench-kda bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda tiles-ffn; do
+for name in qualify drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda tiles-ffn; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
