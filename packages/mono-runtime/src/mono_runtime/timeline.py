@@ -44,8 +44,14 @@ def summary(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path, title: str = "") -> None:
-    """Items as bars over programs (x: us from the launch's first stamp), one colour a stage."""
-    import matplotlib
+    """Items as bars over programs (x: us from the launch's first stamp), one colour a stage.
+    Needs matplotlib (mono-tools depends on it; the kernel packages do not)."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise RuntimeError(
+            f"timeline picture {path}: needs matplotlib (pip install matplotlib)"
+        ) from err
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
