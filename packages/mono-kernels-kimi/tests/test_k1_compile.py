@@ -5,11 +5,8 @@ down."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
+from mono_peer.testing import child_json
 
 CHILD = r"""
 import json, re, sys
@@ -41,16 +38,9 @@ print(json.dumps(out))
 
 
 def compiled(target: str, R: int, L: int) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, target, str(R), str(L)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, stderr = child_json(["-c", CHILD, target, str(R), str(L)], 240)
     # LLVM reports inline asm it cannot emit on stderr and carries on
-    out["backend_errors"] = sorted({ln for ln in proc.stderr.splitlines() if "error:" in ln})
+    out["backend_errors"] = sorted({ln for ln in stderr.splitlines() if "error:" in ln})
     return out
 
 

@@ -9,13 +9,11 @@ one, where GPU tests may be collected); each test asserts on its case's measurem
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from mono_peer.testing import child_json
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -26,16 +24,8 @@ NAMES = [c[0] for c in cases()]
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "interp_cases.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = [str(HERE / "interp_cases.py")]
+    return child_json(argv, 280, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")[0]
 
 
 @pytest.mark.timeout(300)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 from mono_kernels_kimi.config import KimiK3Config
 from mono_kernels_kimi.kda import triton_build
 from mono_kernels_kimi.kda.spec import K1Build
+from mono_peer.testing import child_json
 
 TILING = dict(
     programs=3, block_h=32, block_n=16, block_k=32, split_k=2, block_v=8, prefetch_items=4
@@ -59,16 +59,8 @@ def test_timeline_builds_stamp_every_ticket():
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("timeline")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run(
-        [sys.executable, __file__, str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=170,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), out
+    got, _ = child_json([__file__, str(out)], 170, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
+    return got, out
 
 
 @pytest.mark.timeout(180)

@@ -5,11 +5,9 @@ inside the persistent kernel, where register pressure could push it there."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from mono_peer.testing import child_json
 
 
 def costs() -> list:
@@ -31,12 +29,7 @@ def costs() -> list:
 
 @pytest.mark.timeout(400)
 def test_mxfp4_expert_streams_are_cheap():
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    run = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=380
-    )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    found = json.loads(run.stdout.strip().splitlines()[-1])
+    found, _ = child_json([__file__], 380, TRITON_INTERPRET="0")
     mxfp4 = [(v, ops) for v, ops in found if ops.get("HMUL2")]  # the decoding loops
     assert len(mxfp4) >= 2, found  # up (gate + up rows) and down
     for per_value, ops in mxfp4:

@@ -4,12 +4,10 @@ with its source line; in-bounds kernels, masked-off lanes and allowed ranges are
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import triton
 import triton.language as tl
+from mono_peer.testing import child_json
 
 
 @triton.jit
@@ -53,12 +51,7 @@ def _cases() -> dict:
 
 
 def test_one_past_reported_in_bounds_not():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=240
-    )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got, _ = child_json([__file__], 240, TRITON_INTERPRET="1")
     assert got["copy+0"] == [], got
     ((op, offset, line),) = got["copy+1"]
     assert op == "load" and offset == 8 * 4 and line.endswith("# the load"), got

@@ -13,6 +13,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from mono_peer.testing import child_json
 from mono_runtime.stream import layout as L
 from mono_runtime.stream.device import stream_row_pair
 
@@ -159,12 +160,7 @@ def test_mxfp4_decode_is_cheap_in_the_compiled_loop():
     values (0.096 warp-instructions per value with Triton 3.6, against 0.16-0.17 for the
     checkpoint layout through tl.dot_scaled), and its decoded tile never goes through
     shared memory (no STS in the loop: the words are loaded into the dot operand)."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    run = subprocess.run(
-        [sys.executable, __file__, "costs"], env=env, capture_output=True, text=True, timeout=280
-    )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    costs = json.loads(run.stdout.strip().splitlines()[-1])
+    costs, _ = child_json([__file__, "costs"], 280, TRITON_INTERPRET="0")
     rot, rot_ops = costs["MXFP4"]
     assert rot <= 0.11, costs
     assert "STS" not in rot_ops and rot_ops.get("HMUL2", 0) == 128 * 256 // 2 // 128, rot_ops

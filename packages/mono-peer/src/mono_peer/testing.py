@@ -1,4 +1,5 @@
-"""spawn: run a function on N ranks, as real processes joined by a gloo group.
+"""spawn: run a function on N ranks, as real processes joined by a gloo group;
+child_json: a script run in a fresh interpreter, its last line read as JSON.
 
 For tests of anything collective (this package's and the packages built on it). The
 parent owns the rendezvous store (no free-port race), and every wait is bounded: a rank
@@ -16,11 +17,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import json
 import multiprocessing as mp
 import os
 import pickle
 import queue
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -214,3 +217,19 @@ def _report(procs, outcome, timeout_s, timed_out) -> str:
             )
             lines.append(f"--- rank {rank}: {status}")
     return "\n".join(lines)
+
+
+def child_json(argv: list[str], timeout_s: float, **env: str) -> tuple[Any, str]:
+    """Run `python *argv` in a fresh interpreter with `env` added to this environment
+    (TRITON_INTERPRET is read when a kernel is defined, so a test that wants the
+    interpreter, or compiled kernels, beside others runs in a child): (its last stdout line
+    as JSON, its stderr). A failing child fails the caller with the ends of its output."""
+    proc = subprocess.run(
+        [sys.executable, *argv],
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
