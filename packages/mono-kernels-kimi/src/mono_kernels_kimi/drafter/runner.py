@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from mono_runtime import protocol as P
 from mono_runtime.errors import MonoUnsupported
-from mono_runtime.kernel import LayerRunner, same_device, target_name
+from mono_runtime.kernel import same_device, target_name
+from mono_runtime.kernel.mono_layer_runner import MonoHooks
 from mono_runtime.planner import agree
 from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
 
@@ -127,7 +128,7 @@ def _signature(caches: Sequence[torch.Tensor]) -> list[tuple]:
     return out
 
 
-class DrafterRunner(LayerRunner):
+class DrafterRunner(MonoHooks):
     def __init__(
         self,
         cfg: DrafterConfig,
@@ -209,23 +210,6 @@ class DrafterRunner(LayerRunner):
         self._live()
         return len(caches) != len(self._bound) or _signature(caches) != self._bound
 
-    # -- protocol (LayerRunner's hooks) ----------------------------------------------------
-    def _step_begin(self) -> None:
-        self.mono.step_begin()
-
-    def _after_step(self) -> None:
-        self.mono.after_step()
-
-    def _reset(self) -> None:
-        """Collective: clears the scratch, peer buffer, health and the tag era."""
-        self.mono.reset()
-
-    def _inject(self, rank: int | None, delay_ns: int) -> None:
-        self.mono.inject(rank, delay_ns)
-
-    def _release(self) -> None:
-        self.mono.close()
-
     # -- views ----------------------------------------------------------------------------
     def region(self, wide: bool, name: str) -> torch.Tensor:
         """uint8 view of region `name` of the narrow or wide build's scratch."""
@@ -257,7 +241,6 @@ class DrafterRunner(LayerRunner):
             kernel.warm(self.programs, **args)
 
     def _args(self, wide, embeds, positions, slots, block_table, seq_lens, out, n, slot):
-        la, pa = self.mono.launch_args(), self.mono.peer_args()
         b = self.builds[wide]
         off = self.offsets[wide]
         return dict(
@@ -273,12 +256,7 @@ class DrafterRunner(LayerRunner):
             scratch=self.mono.scratch[off : off + scratch_bytes(b)],
             nreq=n,
             slot=slot,
-            ctl=la["ctl"],
-            health=la["health"],
-            tickets=la["tickets"],
-            peers=pa["peers"],
-            rank=pa["rank"],
-            world=pa["world"],
+            **self._runtime_args(),
         )
 
     def __call__(

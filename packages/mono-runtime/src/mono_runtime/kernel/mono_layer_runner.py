@@ -27,11 +27,52 @@ def cpu_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-class MonoLayerRunner(LayerRunner):
+class MonoHooks(LayerRunner):
+    """A LayerRunner whose kernels launch on `self.mono`: its hooks forward to that
+    MonoRunner and a launch's runtime arguments come from it, one copy for every such
+    runner (those with one build per width below, and the drafter's narrow/wide pair).
+    It closes `mono` when it owns it (`_owns_mono`)."""
+
+    mono: MonoRunner
+    _owns_mono = True
+
+    # -- protocol (LayerRunner's hooks) ----------------------------------------------------
+    def _step_begin(self) -> None:
+        """Bumps the (shared) runner's epoch; launches take tag slots from 0 again."""
+        self.mono.step_begin()
+
+    def _after_step(self) -> None:
+        self.mono.after_step()
+
+    def _reset(self) -> None:
+        """Collective: clears the scratch, peer buffer, health and the tag era."""
+        self.mono.reset()
+
+    def _inject(self, rank: int | None, delay_ns: int) -> None:
+        self.mono.inject(rank, delay_ns)
+
+    def _release(self) -> None:
+        if self._owns_mono:
+            self.mono.close()
+
+    def _runtime_args(self) -> dict[str, Any]:
+        """A launch's RUNTIME_ARGS on this runner, in their order: MonoRunner.launch_args()'s
+        ctl, health, tickets, then peer_args()'s peers, rank, world."""
+        la, pa = self.mono.launch_args(), self.mono.peer_args()
+        return dict(
+            ctl=la["ctl"],
+            health=la["health"],
+            tickets=la["tickets"],
+            peers=pa["peers"],
+            rank=pa["rank"],
+            world=pa["world"],
+        )
+
+
+class MonoLayerRunner(MonoHooks):
     """Sets `device` (indexed), `widths` (sorted), `cpu`, `offsets` (width -> scratch
     offset) and `mono` (the MonoRunner)."""
 
-    mono: MonoRunner
     _owns_mono = False
 
     def _setup(
@@ -87,38 +128,6 @@ class MonoLayerRunner(LayerRunner):
     def _layout(self, s: int) -> Mapping[str, tuple[int, int]]:
         """Width s's scratch regions: name -> (offset, bytes) (the kernel's spec)."""
         raise NotImplementedError
-
-    # -- protocol (LayerRunner's hooks) ----------------------------------------------------
-    def _step_begin(self) -> None:
-        """Bumps the (shared) runner's epoch; launches take tag slots from 0 again."""
-        self.mono.step_begin()
-
-    def _after_step(self) -> None:
-        self.mono.after_step()
-
-    def _reset(self) -> None:
-        """Collective: clears the scratch, peer buffer, health and the tag era."""
-        self.mono.reset()
-
-    def _inject(self, rank: int | None, delay_ns: int) -> None:
-        self.mono.inject(rank, delay_ns)
-
-    def _release(self) -> None:
-        if self._owns_mono:
-            self.mono.close()
-
-    def _runtime_args(self) -> dict[str, Any]:
-        """A launch's RUNTIME_ARGS on this runner, in their order: MonoRunner.launch_args()'s
-        ctl, health, tickets, then peer_args()'s peers, rank, world."""
-        la, pa = self.mono.launch_args(), self.mono.peer_args()
-        return dict(
-            ctl=la["ctl"],
-            health=la["health"],
-            tickets=la["tickets"],
-            peers=pa["peers"],
-            rank=pa["rank"],
-            world=pa["world"],
-        )
 
     # -- views ----------------------------------------------------------------------------
     def scratch(self, s: int) -> torch.Tensor:
