@@ -30,7 +30,7 @@ def _weight(fmt, n, k, bk, g):
     scales = torch.randint(100, 140, (n, k // 32), generator=g, dtype=torch.uint8)
     scales[0, 0], scales[1, 0] = 58, 150
     if fmt == L.MXFP4_ROT:
-        return L.pack_mxfp4_rot(codes), scales
+        return L.pack_mxfp4_rot(codes, scales)
     return codes, scales
 
 
@@ -112,7 +112,7 @@ def test_rot_layout_is_what_the_device_decode_reads():
     g = torch.Generator().manual_seed(1)
     codes = torch.randint(0, 16, (2, 64), generator=g, dtype=torch.uint8)  # k order
     k32 = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    rot = L.pack_mxfp4_rot(k32)
+    rot = L.rotate_codes(k32)
     for row in range(2):
         for grp in range(2):
             raw = rot[row, grp * 16 : grp * 16 + 16].tolist()
@@ -130,11 +130,42 @@ def test_rot_layout_round_trip_in_place():
     g = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 256, (3, 5, 128), generator=g, dtype=torch.uint8)
     keep = codes.clone()
-    packed = L.pack_mxfp4_rot(codes.clone())
-    assert not torch.equal(packed, keep) and torch.equal(L.unpack_mxfp4_rot(packed), keep)
-    same = L.pack_mxfp4_rot(codes, out=codes, rows_per_pass=2)
-    assert same is codes and torch.equal(codes, packed)
-    assert torch.equal(L.unpack_mxfp4_rot(codes), keep)
+    placed = L.rotate_codes(codes.clone())
+    assert not torch.equal(placed, keep) and torch.equal(L.unrotate_codes(placed), keep)
+    same = L.rotate_codes(codes, out=codes, rows_per_pass=2)
+    assert same is codes and torch.equal(codes, placed)
+    assert torch.equal(L.unrotate_codes(codes), keep)
+
+
+def test_rot_layout_is_tile_major_and_packs_in_place():
+    """Block b's group j holds rows 16 b .. 16 b + 15 of group j in one run (codes: 16
+    bytes a row; scales: 1), matrix by matrix; packing in place rewrites the tensors given
+    and unpacking restores both bit for bit."""
+    g = torch.Generator().manual_seed(2)
+    codes = torch.randint(0, 256, (2, 32, 64), generator=g, dtype=torch.uint8)  # 2 experts
+    scales = torch.randint(100, 140, (2, 32, 4), generator=g, dtype=torch.uint8)
+    keep, keep_s = codes.clone(), scales.clone()
+    v, s = L.pack_mxfp4_rot(codes, scales, inplace=True)
+    assert v is codes and s is scales
+    placed = L.rotate_codes(keep)
+    for e, b, j, r in ((0, 0, 0, 0), (0, 1, 3, 5), (1, 0, 2, 15), (1, 1, 1, 7)):
+        run = (b * 4 + j) * 16 + r  # 16-byte runs (codes) / bytes (scales) from the start
+        assert torch.equal(v[e].reshape(-1, 16)[run], placed[e, 16 * b + r, 16 * j : 16 * j + 16])
+        assert s[e].reshape(-1)[run] == keep_s[e, 16 * b + r, j]
+    back, back_s = L.unpack_mxfp4_rot(v, s)
+    assert torch.equal(back, keep) and torch.equal(back_s, keep_s)
+    with pytest.raises(ValueError, match="not a multiple of 16"):
+        L.pack_mxfp4_rot(keep[:, :8], keep_s[:, :8])
+    with pytest.raises(ValueError, match="scales"):
+        L.pack_mxfp4_rot(keep, keep_s[..., :2])
+    big = keep_s.clone()
+    big[1, 3, 0] = 200
+    with pytest.raises(ValueError, match="w2_scale: e8m0 code 200"):
+        L.pack_experts_rot({"w13": (keep.clone(), keep_s.clone()), "w2": (keep.clone(), big)})
+    few = {"w13": (keep.clone(), keep_s.clone()), "w2": (keep[:, :8].clone(), keep_s[:, :8])}
+    with pytest.raises(ValueError, match="weights.w2: 8 rows"):
+        L.pack_experts_rot(few)
+    assert torch.equal(few["w13"][0], keep)  # all or none: w13 was left as it was
 
 
 def gemv_loop_costs() -> dict:
@@ -169,11 +200,11 @@ def test_mxfp4_decode_is_cheap_in_the_compiled_loop():
 
 def test_bad_tiles_and_layouts_are_refused():
     with pytest.raises(ValueError, match="not a multiple"):
-        L.pack_mxfp4_rot(torch.zeros(2, 24, dtype=torch.uint8))
+        L.rotate_codes(torch.zeros(2, 24, dtype=torch.uint8))
     with pytest.raises(ValueError, match="uint8"):
-        L.pack_mxfp4_rot(torch.zeros(2, 64))
+        L.rotate_codes(torch.zeros(2, 64))
     with pytest.raises(ValueError, match="out:"):
-        L.pack_mxfp4_rot(torch.zeros(2, 64, dtype=torch.uint8), out=torch.zeros(2, 32))
+        L.rotate_codes(torch.zeros(2, 64, dtype=torch.uint8), out=torch.zeros(2, 32))
     from mono_runtime.stream.gemv import GemvTiles, gemv
 
     w = torch.zeros(128, 256, dtype=torch.bfloat16)
@@ -183,6 +214,8 @@ def test_bad_tiles_and_layouts_are_refused():
         gemv(w, None, torch.zeros(17, 256, dtype=torch.bfloat16), L.BF16, GemvTiles(bn=64))
     with pytest.raises(ValueError, match="fp8-b128"):
         GemvTiles(bn=256, bk=128).check(L.FP8_B128, 256, 256)
+    with pytest.raises(ValueError, match="mxfp4-rot needs bn a multiple of 16"):
+        GemvTiles(bn=8, bk=64).check(L.MXFP4_ROT, 64, 64)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,9 @@ def prefetch_rows(
     an item's weights before it waits for the item's inputs. Nothing under the interpreter
     or without ASM (the bulk prefetch is NVIDIA PTX)."""
     if ASM:
-        if FMT == 1 or FMT == 3:
+        if FMT == 1:  # mxfp4-rot is tile-major: a 16-row block's K range is one run
+            st.prefetch_l2(w + (row0 * K) // 2 + k0 * 8, 8 * K, 8 * KLEN, NROWS // 16, CPU)
+        elif FMT == 3:
             st.prefetch_l2(w + (row0 * K + k0) // 2, K // 2, KLEN // 2, NROWS, CPU)
         elif FMT == 2:
             st.prefetch_l2(w + row0 * K + k0, K, KLEN, NROWS, CPU)

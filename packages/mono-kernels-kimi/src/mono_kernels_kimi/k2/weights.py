@@ -99,10 +99,10 @@ class K2Weights:
         """fp32 [E, N, K] of the routed experts `name` ("w13" or "w2"); with `expert`, that
         one's [N, K] alone (all of Kimi-K3's experts in fp32 are ~30 GB a rank)."""
         pick = slice(None) if expert is None else slice(expert, expert + 1)
-        values = getattr(self, name)[pick]
+        values, scales = getattr(self, name)[pick], getattr(self, f"{name}_scale")[pick]
         if self.rot:
-            values = unpack_mxfp4_rot(values)
-        got = unpack_mxfp4_k32(values, getattr(self, f"{name}_scale")[pick])
+            values, scales = unpack_mxfp4_rot(values, scales)
+        got = unpack_mxfp4_k32(values, scales)
         return got if expert is None else got[0]
 
     def packed(self, rot: bool) -> K2Weights:

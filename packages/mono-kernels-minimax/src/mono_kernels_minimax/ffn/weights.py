@@ -82,10 +82,10 @@ class FfnWeights:
     def dense(self, name: str) -> torch.Tensor:
         """fp32 dequantized view of a weight (w13, w2, shared_w13, shared_w2)."""
         fmt = self.fmt.shared_format if name.startswith("shared") else self.fmt
-        values = getattr(self, name)
+        values, scales = getattr(self, name), getattr(self, f"{name}_scale")
         if fmt is WeightFormat.MXFP4 and self.rot and name in ("w13", "w2"):
-            values = unpack_mxfp4_rot(values)
-        return dequantize(values, getattr(self, f"{name}_scale"), fmt)
+            values, scales = unpack_mxfp4_rot(values, scales)
+        return dequantize(values, scales, fmt)
 
     def packed(self, rot: bool) -> FfnWeights:
         """This bundle with w13 and w2 in ``mxfp4-rot`` (`rot`; False: the checkpoint

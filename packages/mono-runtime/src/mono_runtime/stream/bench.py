@@ -66,17 +66,18 @@ VARIANTS = {  # (bn, bk, split, stages, warps, asm); the H200 runs in docs/PERFO
         (
             (128, 256, 4, 4, 4, True),
             (128, 256, 4, 4, 4, False),
-            (128, 256, 8, 4, 4, True),
             (128, 128, 4, 6, 4, True),
             (64, 256, 4, 4, 4, True),
             (64, 512, 4, 3, 4, True),
-            (128, 512, 2, 3, 4, True),
-            (256, 256, 2, 3, 8, True),
+            (128, 512, 4, 3, 4, True),
             (128, 256, 4, 4, 8, True),
         )
     ),
     MXFP4_K32: _grid(((64, 256, 4, 4, 4, True), (128, 256, 4, 4, 4, True))),
 }
+
+
+FORMATS = (BF16, FP8_B128, MXFP4_ROT, MXFP4_K32)
 
 
 def weight_bytes(fmt: StreamFormat, n: int, k: int) -> int:
@@ -97,7 +98,9 @@ def random_weight(fmt: StreamFormat, n: int, k: int, g: torch.Generator):
         return v, torch.full((-(-n // 128), -(-k // 128)), k**-0.5, device=dev)
     codes = torch.randint(0, 256, (n, k // 2), generator=g, device=dev, dtype=torch.uint8)
     scales = torch.randint(118, 123, (n, k // 32), generator=g, device=dev, dtype=torch.uint8)
-    return (codes if fmt == MXFP4_K32 else pack_mxfp4_rot(codes, out=codes)), scales
+    if fmt == MXFP4_K32:
+        return codes, scales
+    return pack_mxfp4_rot(codes, scales, inplace=True)
 
 
 def check(fmt, w, ws, x, tiles) -> float:
@@ -113,20 +116,22 @@ def measure(
     total_bytes=400 << 20,
     variants=False,
     device="cuda",
+    formats=None,
 ) -> dict:
-    """Rows of figures: every format (and cuBLAS bf16) at each (N, K) of `shapes`; with
-    `variants`, every tile variant at the first shape only."""
+    """Rows of figures: every format of `formats` (default all; cuBLAS bf16 beside them) at
+    each (N, K) of `shapes`; with `variants`, every tile variant at the first shape only."""
+    formats = formats or FORMATS
     device = torch.device(device)
     g = torch.Generator(device=device).manual_seed(0)
     copy = copy_bandwidth(device)
     out = {"copy_bytes_per_s": copy, "rows": []}
     for si, (n, k) in enumerate(shapes):
-        _shape(out, rows, n, k, total_bytes, variants and si == 0, copy, g, device)
+        _shape(out, rows, n, k, total_bytes, variants and si == 0, copy, g, device, formats)
     return out
 
 
-def _shape(out, rows, n, k, total_bytes, variants, copy, g, device) -> None:
-    for fmt in (BF16, FP8_B128, MXFP4_ROT, MXFP4_K32):
+def _shape(out, rows, n, k, total_bytes, variants, copy, g, device, formats) -> None:
+    for fmt in formats:
         per = weight_bytes(fmt, n, k)
         layers = max(2, total_bytes // per)
         tiles_list = VARIANTS[fmt] if variants else [CHOSEN[fmt]]
@@ -187,7 +192,7 @@ def _line(row: dict) -> str:
     t = row.get("tiles")
     tiles = (
         "bn{bn} bk{bk} sp{split} st{stages} w{warps}{a}".format(
-            **t, a=" asm" if t["asm"] and row["format"] == "mxfp4" else ""
+            **t, a=" asm" if t["asm"] and row["format"].startswith("mxfp4") else ""
         )
         if t
         else ""
@@ -207,8 +212,11 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default="1,4,16")
     p.add_argument("--variants", action="store_true")
     p.add_argument("--json")
+    p.add_argument("--formats", help="comma-separated names, e.g. mxfp4,mxfp4_k32")
     a = p.parse_args(argv)
-    out = measure(tuple(int(r) for r in a.rows.split(",")), variants=a.variants)
+    formats = a.formats and tuple(StreamFormat[n.upper()] for n in a.formats.split(","))
+    rows = tuple(int(r) for r in a.rows.split(","))
+    out = measure(rows, variants=a.variants, formats=formats)
     print(f"copy bandwidth {out['copy_bytes_per_s'] / 1e12:.2f} TB/s")
     if a.json:
         with open(a.json, "w") as f:

@@ -69,7 +69,7 @@ def _lanes(t, s, BN: tl.constexpr, G: tl.constexpr):
 def mx_rot_tile(
     w,
     ws,
-    r,
+    row0,
     k0,
     KROW: tl.constexpr,
     BN: tl.constexpr,
@@ -77,18 +77,42 @@ def mx_rot_tile(
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """bf16 [BN, BK]: rows r, columns k0.. of an ``mxfp4-rot`` weight, decoded and scaled
-    (without 2^MX_LIFT). Each of the four outputs of a word is [BN, G, 8]; joined and
-    permuted, output i's eight values are columns 8 i .. 8 i + 7 of their group."""
+    """bf16 [BN, BK]: rows row0.. (a multiple of 16), columns k0.. of an ``mxfp4-rot``
+    weight, decoded and scaled (without 2^MX_LIFT). The layout is tile-major (each block of
+    16 rows group by group, a group's 16 rows one contiguous 256-byte run of codes and a
+    16-byte run of scales): loaded as [blocks, groups, run], a warp copies whole runs, and
+    the staged tile is read from shared memory at 16-byte row strides (distinct banks;
+    row-major rows K/2 bytes apart all fell in one bank: an 8-way conflict)."""
     G: tl.constexpr = BK // 32
-    g = tl.arange(0, G)
-    raw = tl.load(ws + r[:, None] * (KROW // 32) + (k0 // 32 + g)[None, :])
+    RB: tl.constexpr = BN // 16
+    blk = (row0 // 16 + tl.arange(0, RB)).to(tl.int64) * (KROW // 32)
+    run = (blk[:, None] + (k0 // 32 + tl.arange(0, G))[None, :]) * 16  # [RB, G]: run starts
+    rr = tl.arange(0, 16)
+    raw = tl.load(ws + run[:, :, None] + rr[None, None, :])  # [RB, G, 16]
+    raw = tl.reshape(tl.permute(raw, (0, 2, 1)), (BN, G))
+    # a run's 16 rows of words as one contiguous last dimension (so each thread copies 16
+    # contiguous bytes and a warp whole runs), then split into rows
     if ASM and not CPU:
-        q = tl.load(
-            w.to(tl.pointer_type(tl.int16))
-            + r[:, None, None] * (KROW // 4)
-            + (k0 // 4 + g[None, :, None] * 8 + tl.arange(0, 8)[None, None, :])
-        )
+        e = tl.arange(0, 128)
+        q = tl.load(w.to(tl.pointer_type(tl.int16)) + run[:, :, None] * 8 + e[None, None, :])
+        q = tl.reshape(tl.permute(tl.reshape(q, (RB, G, 16, 8)), (0, 2, 1, 3)), (BN, G, 8))
+    else:
+        e = tl.arange(0, 64)
+        q = tl.load(w.to(tl.pointer_type(tl.uint32)) + run[:, :, None] * 4 + e[None, None, :])
+        q = tl.reshape(tl.permute(tl.reshape(q, (RB, G, 16, 4)), (0, 2, 1, 3)), (BN, G, 4))
+    return _mx_rot_decode(q, raw, BN, BK, CPU, ASM)
+
+
+@triton.jit
+def _mx_rot_decode(
+    q, raw, BN: tl.constexpr, BK: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr
+):
+    """bf16 [BN, BK] of a tile's mxfp4-rot words q ([BN, G, 8] int16 halves under ASM, else
+    [BN, G, 4] uint32) and e8m0 codes raw [BN, G]. Each of the four outputs of a word is
+    [BN, G, 8]; joined and permuted, output i's eight values are columns 8 i .. 8 i + 7
+    of their group."""
+    G: tl.constexpr = BK // 32
+    if ASM and not CPU:
         s2 = tl.broadcast_to(mx_scale(raw, CPU)[:, :, None], (BN, G, 8))
         p0, p1, p2, p3 = tl.inline_asm_elementwise(
             _MX_ROT_PTX,
@@ -99,11 +123,6 @@ def mx_rot_tile(
             pack=2,
         )
     else:
-        q = tl.load(
-            w.to(tl.pointer_type(tl.uint32))
-            + r[:, None, None] * (KROW // 8)
-            + (k0 // 8 + g[None, :, None] * 4 + tl.arange(0, 4)[None, None, :])
-        )
         m = 0x81C081C0
         t3 = (_rotr(q, 14) & 0x00400040) | (_rotr(q, 6) & 0x81808180)
         s2 = mx_scale(raw, CPU)[:, :, None].to(tl.float32)
@@ -155,7 +174,8 @@ def stream_step(
     """acc [BN, 16] + W[row0 : row0 + BN, k0 : k0 + BK] @ X[:, k0 : k0 + BK]^T."""
     r = row0 + tl.arange(0, BN)
     if FMT == 1:
-        acc = _mma(acc, mx_rot_tile(w, ws, r, k0, KROW, BN, BK, CPU, ASM), x, k0, KROW, BK, S, CPU)
+        t = mx_rot_tile(w, ws, row0, k0, KROW, BN, BK, CPU, ASM)
+        acc = _mma(acc, t, x, k0, KROW, BK, S, CPU)
     elif FMT == 3:  # the checkpoint's mxfp4-k32, decoded and scaled by Triton's scaled dot
         byte = tl.load(w + r[:, None] * (KROW // 2) + (k0 // 2 + tl.arange(0, BK // 2))[None, :])
         g = k0 // 32 + tl.arange(0, BK // 32)

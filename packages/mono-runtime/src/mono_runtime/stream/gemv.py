@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .device import stream_rows
-from .layout import BF16, FP8_B128, MXFP4_K32, MXFP4_ROT, StreamFormat
+from .layout import BF16, FP8_B128, MXFP4_K32, MXFP4_ROT, TILE_ROWS, StreamFormat
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class GemvTiles:
             raise ValueError(f"tiles {self}: fp8-b128 needs bk <= 128 inside one 128 block")
         if fmt in (MXFP4_ROT, MXFP4_K32) and self.bk < 32:
             raise ValueError(f"tiles {self}: mxfp4 needs bk >= 32 (one scale group)")
+        if fmt == MXFP4_ROT and self.bn % TILE_ROWS:
+            raise ValueError(f"tiles {self}: mxfp4-rot needs bn a multiple of {TILE_ROWS}")
 
 
 @triton.jit
