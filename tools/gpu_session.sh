@@ -6,12 +6,14 @@
 # (phase 2) runs `mono bench` one kernel at a time on a quiet GPU; part "tune" times the
 # tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
-# Usage (repo root): OUT=dir tools/gpu_session.sh [check+bench | tune | tiles | diag | fixes | all]
+# Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
+# tiles, diag, stream, fixes, sanitize, k2perf, gemv, profile, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
 LOG=$(mktemp -d)
 PART=${1:-check+bench}
+has() { [[ " $PART " == *" $1 "* ]]; }  # PART: one or more part names
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=packages/mono-peer/src:packages/mono-runtime/src:packages/mono-kernels-minimax/src:packages/mono-kernels-kimi/src:integration/src:tools/src
 P=packages
@@ -36,7 +38,7 @@ tests() {  # name, timeout, pytest args...
 }
 : >"$LOG/status.txt"
 mkdir -p "$LOG/bench"
-if [[ $PART == check+bench || $PART == all ]]; then
+if has check+bench || has all; then
     # Phase 1, in parallel.
     tests ffn 270 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench" &
     tests k1 270 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "tiny or bad_slot or 1-1-True-13-full" &
@@ -54,7 +56,7 @@ if [[ $PART == check+bench || $PART == all ]]; then
     step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
     step bench-allreduce 50 $MONO bench allreduce --rows 1,4,16 --out "$LOG/bench"
 fi
-if [[ $PART == tune || $PART == all ]]; then
+if has tune || has all; then
     # Tuning tables: every engine GEMV variant (formats x tiles, mxfp4-rot beside the
     # checkpoint layout), the FFN on both MXFP4 layouts and 8-warp tiles, one timeline.
     step gemv-variants 200 python3 -m mono_runtime.stream.bench --variants --rows 1,16 \
@@ -64,7 +66,7 @@ if [[ $PART == tune || $PART == all ]]; then
     step timeline-ffn 120 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"
 fi
-if [[ $PART == diag ]]; then
+if has diag; then
     # Correctness after a fix (in parallel, compile-bound), then where the time goes:
     # the FFN's, K2's and K1's item timelines (FFN tiles: part "tiles").
     tests k2 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "not bench" &
@@ -78,27 +80,59 @@ if [[ $PART == diag ]]; then
     step timeline-kda 150 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 \
         --timeline "$LOG/bench"
 fi
-if [[ $PART == fixes ]]; then
-    # After fixes found on a CPU: K2 at full rank shapes (the shdown race), the toy decode
-    # with K1 + K2, the drafter (if it still faults: compute-sanitizer's memcheck, then
-    # synccheck and racecheck); then K2 re-timed and its timeline.
+if has stream; then
+    # After a change to the streaming engine: the FFN's and K2's GPU tests beside their
+    # benchmarks' compiles, then the two benchmarks on a quiet GPU.
+    tests ffn 270 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench" --tb=short &
+    tests k2 270 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "not bench" --tb=short &
+    step warm-ffn 270 python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4 --layers 2 &
+    step warm-k2 270 python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 2 --no-baseline &
+    wait
+    step bench-ffn 130 $MONO bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
+    step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
+fi
+if has fixes; then
+    # After fixes found on a CPU: K2 at full rank shapes, the toy decode with K1 + K2, the
+    # drafter (in parallel: compile-bound).
     tests k2 240 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank or opbyop" --tb=short &
     tests rest 240 integration/tests/test_toy_decode.py -k "gpu and kimi" --tb=short &
     tests drafter 150 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
-    step warm-k2 240 python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 2 --no-baseline &
     wait
-    if ! grep -q "pytest exit status: 0" "$LOG/drafter.txt"; then
-        for tool in memcheck synccheck racecheck; do
-            step drafter-$tool 100 compute-sanitizer --tool $tool --print-limit 5 \
-                python3 -m pytest -x -q -m gpu -p no:cacheprovider --timeout 90 \
-                $P/mono-kernels-kimi/tests/test_drafter_gpu.py -k auto
-        done
-    fi
+fi
+if has sanitize; then
+    # The drafter under compute-sanitizer's memcheck, synccheck and racecheck.
+    for tool in memcheck synccheck racecheck; do
+        step drafter-$tool 100 compute-sanitizer --tool $tool --print-limit 5 \
+            python3 -m pytest -x -q -m gpu -p no:cacheprovider --timeout 90 \
+            $P/mono-kernels-kimi/tests/test_drafter_gpu.py -k auto
+    done
+fi
+if has k2perf; then
     step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
     step timeline-k2 120 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 --layers 8 \
         --timeline "$LOG/bench"
 fi
-if [[ $PART == tiles || $PART == all ]]; then
+if has gemv; then
+    step gemv-variants 200 python3 -m mono_runtime.stream.bench --variants --rows 1,16 \
+        --json "$LOG/bench/gemv-variants.json"
+fi
+if has profile; then
+    # Where the FFN's warps wait (Nsight Compute, clocks left alone): one launch at S = 1
+    # and one at S = 16 out of the benchmark's graphs, summarised by tools/ncu_top.py.
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
+    export NCU
+    for s in 1 16; do
+        step ncu-ffn-s$s 150 "$NCU" --clock-control none -k regex:ffn_kernel --launch-skip 4 \
+            --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
+            --section WarpStateStats --section SchedulerStats --section SourceCounters \
+            --section MemoryWorkloadAnalysis --import-source no -o "$LOG/ffn-s$s" -f \
+            python3 -m mono_kernels_minimax.ffn.bench --rows $s --formats mxfp4 --layers 2 \
+            --no-baseline
+        step top-ffn-s$s 60 python3 tools/ncu_top.py "$LOG/ffn-s$s.ncu-rep" --lines 45
+        rm -f "$LOG/ffn-s$s.ncu-rep"
+    done
+fi
+if has tiles || has all; then
     # FFN tiles on mxfp4-rot around the default (2 programs an SM, 3 stages): gate and up
     # in one loop (pair=1), fewer stages, one program an SM with 4 stages.
     step tiles-ffn 560 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
@@ -114,7 +148,9 @@ for name in ffn k1 k2 drafter rest; do
     grep -E "^E   " "$LOG/$name.txt" | head -12
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda tiles-ffn; do
+for name in qualify drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda \
+    bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda \
+    tiles-ffn top-ffn-s1 top-ffn-s16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"

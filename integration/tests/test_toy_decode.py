@@ -11,8 +11,9 @@ No vLLM: the executor is engine-free, and vLLM does not install on the GPU machi
   layers are `mono_kernels_kimi.kda.reference.kda_layer` and `k2.reference.k2_reference`.
 
 GPU (`-m gpu`): 32 steps, eager and replayed from a CUDA graph captured with the plan baked
-in; tokens must be identical. CPU: the same code for 2-3 steps under TRITON_INTERPRET=1 in
-a child process.
+in, fed the reference's tokens; each step's logits must match the reference's and pick the
+same token but for near ties. CPU: 2 steps under TRITON_INTERPRET=1 in a child process,
+greedy on both sides; the tokens must be identical.
 """
 
 from __future__ import annotations
@@ -224,31 +225,47 @@ def _executor(kernels, device):
 
 
 def greedy_reference(model, steps):
+    """Greedy decode on the reference layers: the tokens."""
+    return [int(x.argmax()) for x in reference_logits(model, steps)]
+
+
+def reference_logits(model, steps):
+    """Each step's logits (fp32, CPU) of a greedy decode on the reference layers."""
     caches, token, out = model.caches(), 1, []
     for _ in range(steps):
-        token = int(model.forward(token, caches).argmax())
-        out.append(token)
+        logits = model.forward(token, caches).float().flatten()
+        token = int(logits.argmax())
+        out.append(logits.cpu())
     return out
 
 
 def greedy_eager(model, steps):
+    """Greedy decode on the kernels, eager: the tokens."""
+    logits = forced_eager(model, steps)
+    return [int(x.argmax()) for x in logits]
+
+
+def forced_eager(model, steps, feed=None):
+    """Each step's logits (fp32, CPU) on the kernels, eager, fed `feed`'s tokens (teacher
+    forcing: the token of step i is feed[i - 1]) or, without it, its own greedy picks."""
     from mono_runtime import StepMeta
 
     executor = _executor(model.kernels(), model.device)
     caches, token, out = model.caches(), 1, []
-    for _ in range(steps):
+    for i in range(steps):
         assert executor.plan(StepMeta(**DECODE)) is not None
         logits = model.forward(token, caches, executor)
         executor.finish(logits)
         executor.after_step()
-        token = int(logits.argmax())
-        out.append(token)
+        out.append(logits.float().flatten().cpu())
+        token = feed[i] if feed is not None else int(logits.argmax())
     executor.close()
     return out
 
 
-def greedy_graph(model, steps):
-    """One decode step captured in a CUDA graph with the plan baked in, replayed."""
+def forced_graph(model, feed):
+    """Each step's logits (fp32, CPU) from one decode step captured in a CUDA graph with
+    the plan baked in, replayed, fed `feed`'s tokens."""
     from mono_runtime import StepMeta
 
     executor = _executor(model.kernels(), model.device)
@@ -261,19 +278,33 @@ def greedy_graph(model, steps):
         executor.plan(StepMeta(**DECODE))
         logits = model.forward(token, caches, executor)
         executor.finish(logits)
-        nxt = logits.argmax()
     torch.cuda.current_stream().wait_stream(stream)
     for state in caches:  # the capture ran nothing: states start from zero as elsewhere
         for t in state:
             t.zero_()
     out = []
-    for _ in range(steps):
+    for nxt in feed:
         graph.replay()
         executor.after_step()
-        token.copy_(nxt)
-        out.append(int(nxt))
+        out.append(logits.float().flatten().cpu())
+        token.fill_(nxt)
     executor.close()
     return out
+
+
+def assert_decodes_alike(tokens, ref_logits, logits, where):
+    """Step by step, fed the same tokens: logits within 2% (rel L2) of the reference's, and
+    the same greedy pick unless the reference's own pick leads the kernels' by under 1% of
+    its logits' spread (a near tie that a different fp32 summation order may flip)."""
+    assert len(logits) == len(tokens), where
+    for i, (want, ref, got) in enumerate(zip(tokens, ref_logits, logits, strict=True)):
+        err = ((got - ref).norm() / ref.norm()).item()
+        assert err < 2e-2, f"{where} step {i}: logits rel {err:.2e}"
+        pick = int(got.argmax())
+        lead = ((ref[want] - ref[pick]) / ref.std()).item()
+        assert pick == want or lead < 1e-2, (
+            f"{where} step {i}: picked {pick}, not {want} (lead {lead:.2e})"
+        )
 
 
 def _gemma_add_norm(h, residual, weight, eps):
@@ -435,9 +466,10 @@ def test_toy_decode_on_the_kernels_cpu(which):
     ],
     ids=["minimax-mxfp4", "minimax-bf16", "kimi-k1-k2", "kimi-k1"],
 )
-def test_toy_greedy_32_steps_identical_gpu(make):
+def test_toy_greedy_32_steps_alike_gpu(make):
     model = make()
-    reference = greedy_reference(model, 32)
-    assert greedy_eager(model, 32) == reference
-    assert greedy_graph(model, 32) == reference
-    assert len(set(reference)) > 1  # the decode went somewhere
+    ref = reference_logits(model, 32)
+    tokens = [int(x.argmax()) for x in ref]
+    assert len(set(tokens)) > 1  # the decode went somewhere
+    assert_decodes_alike(tokens, ref, forced_eager(model, 32, tokens), "eager")
+    assert_decodes_alike(tokens, ref, forced_graph(model, tokens), "graph")

@@ -20,6 +20,17 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+def _same_choice(ids, weights, ref, where):
+    """The same experts per row with the same weights, in any order: two experts whose
+    router scores differ by an fp32 rounding (the kernel's dot sums in another order than
+    the reference's) may come out of the top-k in either order."""
+    ids, order = ids.long().sort(-1)
+    want, ref_order = ref.topk_ids.sort(-1)
+    assert torch.equal(ids, want), f"{where}: expert choice differs"
+    got_w, want_w = weights.gather(-1, order), ref.topk_weights.gather(-1, ref_order)
+    assert torch.allclose(got_w, want_w, rtol=1e-3, atol=1e-6), f"{where}: expert weights"
+
+
 def _steps(cfg, w, widths, layers, seed):
     """Eager steps of `widths` x `layers` against the reference: (S, layer, errors)."""
     runner = K2Runner(cfg, None, 0, "cuda", widths=widths)
@@ -36,9 +47,8 @@ def _steps(cfg, w, widths, layers, seed):
                 out = runner(step.cores[0], prefix, step.blocks, w, step.slots, layer, final=True)
                 runner.after_step()
                 ref = k2_reference(cfg, step.cores, step.prefix, step.blocks, [w], layer, step.live)
-                ids, _ = runner.routing(s)
                 where = f"S={s} layer {layer}"
-                assert torch.equal(ids.long(), ref.topk_ids), f"{where}: expert choice differs"
+                _same_choice(*runner.routing(s), ref, where)
                 assert rel(out, ref.out) < 1e-2, f"{where}: out rel {rel(out, ref.out):.2e}"
                 assert rel(prefix, ref.prefix) < 1e-2, f"{where}: prefix rel"
                 assert (out[~step.live] == 0).all(), f"{where}: a padding row got output"

@@ -1,0 +1,85 @@
+"""Where a kernel's warps wait, from an Nsight Compute report (GPU machine, no counters
+needed here): the SASS lines with the most warp-stall samples, each with its top stall
+reasons, and the report's own details pages (speed of light, occupancy, warp states).
+
+    python3 tools/ncu_top.py REPORT.ncu-rep [--lines 40]
+
+Reads `ncu --import REPORT --page source --csv --print-source sass`; the column names
+are matched loosely (they move between Nsight Compute versions)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import subprocess
+import sys
+
+NCU = os.environ.get("NCU", "ncu")  # the ncu binary (tools/gpu_session.sh finds it)
+
+
+def _num(text: str) -> float:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def source_rows(text: str) -> list[dict]:
+    """The source page's rows: the header is the first CSV line naming "Address" and
+    "Source" (ncu may print other lines first); rows of another width are dropped."""
+    lines = list(csv.reader(io.StringIO(text)))
+    start = next(
+        (i for i, f in enumerate(lines) if any("Address" in c for c in f) and "Source" in f),
+        None,
+    )
+    if start is None:
+        return []
+    head = lines[start]
+    return [dict(zip(head, f, strict=True)) for f in lines[start + 1 :] if len(f) == len(head)]
+
+
+def top_lines(rows: list[dict], n: int) -> list[str]:
+    """The n SASS lines with the most stall samples: address, samples, share, top reasons."""
+    cols = list(rows[0])
+    total_col = next(
+        (c for c in cols if "Sampling" in c and "All" in c and "Not" not in c), None
+    ) or next(c for c in cols if "Sampling" in c)
+    addr = next(c for c in cols if "Address" in c)
+    reasons = [c for c in cols if ("stall" in c.lower()) and "Sampling" not in c]
+    total = sum(_num(r[total_col]) for r in rows) or 1.0
+    out = [f"{total:.0f} samples in column {total_col!r}"]
+    for r in sorted(rows, key=lambda r: -_num(r[total_col]))[:n]:
+        why = sorted(((_num(r[c]), c) for c in reasons), reverse=True)[:3]
+        text = (r.get("Source") or "").strip()
+        got = _num(r[total_col])
+        out.append(
+            f"{r[addr]:>6} {got:7.0f} {100 * got / total:5.1f}%  {text[:60]:60}  "
+            + ", ".join(f"{c}={v:.0f}" for v, c in why if v)
+        )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("report")
+    p.add_argument("--lines", type=int, default=40)
+    a = p.parse_args()
+    details = subprocess.run(
+        [NCU, "--import", a.report, "--page", "details"], capture_output=True, text=True
+    )
+    print(details.stdout[-12000:], details.stderr[-2000:])
+    src = subprocess.run(
+        [NCU, "--import", a.report, "--page", "source", "--csv", "--print-source", "sass"],
+        capture_output=True,
+        text=True,
+    )
+    rows = source_rows(src.stdout)
+    if not rows:
+        sys.exit(f"no source rows: {src.stderr[-2000:]} {src.stdout[:2000]}")
+    print("\n".join(top_lines(rows, a.lines)))
+
+
+if __name__ == "__main__":
+    main()
