@@ -28,6 +28,8 @@ if target == "sm90":
     from mono_runtime.builds import Resources
     res = Resources.of_ptx(ptx, "sm_90a", k.metadata.shared, 32 * b.num_warps)
     out["registers"], out["spill_bytes"] = res.registers, res.spill_bytes
+    from mono_runtime.sass import sass_of, split_broadcasts
+    out["split_draws"] = split_broadcasts(sass_of(k))
 else:
     asm = k.asm["amdgcn"]
     out["vgpr_spill"] = max(int(v) for v in re.findall(r"vgpr_spill_count:\s+(\d+)", asm))
@@ -57,6 +59,7 @@ def test_compiles_for_sm90(R, L):
     assert m["cg_loads"] > 0, m  # hand-offs bypass L1
     assert m["local"] == 0 and m["spill_bytes"] == 0, m  # ptxas: no spills
     assert m["registers"] <= 255, m  # one 8-warp program fits an SM (ticket loop: any grid)
+    assert m["split_draws"] == [], m  # every ticket's broadcast barrier meets whole warps
     assert m["shared"] <= 227 * 1024
 
 

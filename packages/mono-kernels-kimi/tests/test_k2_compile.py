@@ -29,5 +29,8 @@ def test_compiles_for_sm90_and_gfx950():
     assert facts["globaltimer"], "the bounded waits do not read %globaltimer"
     assert facts["spills"] == 0, f"sm_90 build spills {facts['spills']} bytes"
     assert facts["residency"] is None, facts["residency"]
+    assert facts["split_draws"] == [], (
+        f"scalar atomics reach their broadcast barrier with warp 0 split: {facts['split_draws']}"
+    )
     assert facts["hip_atomics"], "gfx950 build has no global atomics"
     assert facts["hip_clock"], "gfx950 waits do not read s_memrealtime"

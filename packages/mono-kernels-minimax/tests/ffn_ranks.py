@@ -128,6 +128,7 @@ def compile_checks(rank, world, group, fmt, rows, tiny):
     from mono_kernels_minimax.ffn.spec import FfnBuild
     from mono_runtime.builds import DeviceLimits, residency_problem
     from mono_runtime.compile_check import resources_of
+    from mono_runtime.sass import sass_of, split_broadcasts
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -145,6 +146,7 @@ def compile_checks(rank, world, group, fmt, rows, tiny):
     facts["spills"] = res.spill_bytes
     facts["residency"] = residency_problem(res, 132, DeviceLimits(), "ffn")
     facts["registers"] = res.registers
+    facts["split_draws"] = split_broadcasts(sass_of(k))
     signature = {n: types.get(n, "constexpr") for n in fn.arg_names}
     consts = triton_build.constexprs(b, True)  # the poll-count clock: no PTX asm
     source = ASTSource(

@@ -89,6 +89,9 @@ def test_compiles_for_sm90_and_gfx950():
     # known: the persistent kernel sits at 255 registers; a few hundred bytes spill
     assert facts["spills"] <= 512, f"sm_90 build spills {facts['spills']} bytes"
     assert facts["residency"] is None, facts["residency"]
+    assert facts["split_draws"] == [], (
+        f"scalar atomics reach their broadcast barrier with warp 0 split: {facts['split_draws']}"
+    )
     assert facts["hip_atomics"], "gfx950 build has no global atomics"
 
 

@@ -63,12 +63,13 @@ def compile_child(rank, world, group):
     from mono_runtime.allreduce import ARG_TYPES, AllreduceBuild, constexprs
     from mono_runtime.allreduce.kernel import allreduce_kernel
     from mono_runtime.compile_check import compile_for, resources_of
+    from mono_runtime.sass import sass_of, split_broadcasts
 
     out = {}
     for norm in (False, True):
         build = AllreduceBuild(16, 6144, 8, residual=norm, norm=norm)
         k = compile_for(allreduce_kernel, ARG_TYPES, constexprs(build))
-        out[norm] = (k.asm["ptx"], resources_of(k))
+        out[norm] = (k.asm["ptx"], resources_of(k), split_broadcasts(sass_of(k)))
     return out
 
 
@@ -199,7 +200,8 @@ def test_guard_and_bench_kernels_compile_for_sm90_with_uniform_wait_exits():
 @pytest.mark.timeout(240)
 def test_allreduce_compiles_for_sm90_with_system_scope_mailboxes():
     out = spawn(compile_child, 1, 220, env={"TRITON_INTERPRET": "0"})[0]
-    for ptx, res in out.values():
+    for ptx, res, split in out.values():
+        assert split == [], f"ticket broadcasts reach their barrier with warp 0 split: {split}"
         atoms = set(re.findall(r"atom\.global\.[\w.]+", ptx))
         assert "atom.global.sys.release.exch.b64" in atoms  # peer publishes
         assert "atom.global.sys.release.max.s32" in atoms  # alarm words at peers
@@ -212,3 +214,29 @@ def test_allreduce_compiles_for_sm90_with_system_scope_mailboxes():
         assert res.spill_bytes <= 32, res
         # fault stall, 256-lane row waits and the small partial-sum wait of the norm
         assert_waits_leave_together(ptx)
+
+
+# A scalar atomic's broadcast as ptxas left it in the drafter's first ticket draw (sm_90,
+# 4 warps): lane 0 branches around the atomic and nothing reconverges warp 0 before the
+# barrier that hands the value over; then the same draw wrapped as K2's is (BSSY/BSYNC).
+_SPLIT_DRAW = """
+        /*0630*/                   ISETP.NE.AND P0, PT, R0, RZ, PT ;
+        /*0640*/               @!P0 BRA `(.L_x_2) ;
+        /*0790*/                   ATOMG.E.ADD.64.STRONG.GPU PT, R2, desc[UR6][R4.64], R6 ;
+        /*08b0*/               @P0 STS.64 [UR5], R2 ;
+        /*0950*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*09a0*/                   LDS.64 R90, [R179] ;
+"""
+_JOINED_DRAW = _SPLIT_DRAW.replace(
+    "/*0640*/               @!P0 BRA",
+    "/*0638*/                   BSSY B0, `(.L_x_2) ;\n        /*0640*/               @!P0 BRA",
+).replace("/*08b0*/", "/*08a0*/                   BSYNC B0 ;\n        /*08b0*/")
+
+
+def test_split_broadcasts_flags_a_draw_warp_0_reaches_split():
+    from mono_runtime.sass import split_broadcasts
+
+    assert split_broadcasts(_SPLIT_DRAW) == ["0790"]
+    assert split_broadcasts(_JOINED_DRAW) == []
+    dropped = _SPLIT_DRAW.replace("PT, R2,", "PT, RZ,")  # its value unused: no broadcast
+    assert split_broadcasts(dropped) == []

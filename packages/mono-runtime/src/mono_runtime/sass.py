@@ -101,3 +101,28 @@ def loop_cost(
         raise ValueError("the loop feeds no wgmma: give values_per_trip")
     ops = collections.Counter(_GUARD.sub("", t).split()[0].split(".")[0] for t in body)
     return LoopCost(len(body), len(body) * warps / values, dict(ops))
+
+
+def split_broadcasts(sass: str) -> list[str]:
+    """SASS addresses of value-returning global atomics (a scalar `tl.atomic_*`, such as a
+    ticket draw: one lane draws, then shared memory and a barrier hand the value to every
+    warp) that sit under a per-thread branch with no reconvergence (BSYNC, WARPSYNC) before
+    that barrier. Warp 0 then reaches the barrier split, and from there the program's
+    warps pair their barriers one apart: garbage tickets (the drafter's H200 fault at 2+
+    warps, when its first draw sat before a two-entry loop). Empty is what a kernel needs."""
+    ins = [(m.group(1), m.group(2).strip()) for m in map(_LINE.match, sass.splitlines()) if m]
+    bad = []
+    for i, (addr, text) in enumerate(ins):
+        if not re.search(r"\bATOMG\.", text) or "PT, RZ," in text:
+            continue  # not an atomic, or one whose value is dropped
+        j = i
+        while j > 0 and not re.search(r"\bBRA\b|BAR\.SYNC|BSYNC|WARPSYNC", ins[j][1]):
+            j -= 1
+        if not re.match(r"@!?P\d+\s+BRA", ins[j][1]):
+            continue  # not under a per-thread branch
+        k = i + 1
+        while k < len(ins) and not re.search(r"BAR\.SYNC|BSYNC|WARPSYNC|EXIT", ins[k][1]):
+            k += 1
+        if k < len(ins) and "BAR.SYNC" in ins[k][1]:
+            bad.append(addr)
+    return bad

@@ -339,129 +339,138 @@ def drafter_kernel(
     nrows = nreq * Q
     ngroups = (nrows + RB - 1) // RB  # row groups holding rows: the others have no work
     pt.fault_stall(ctl, peers, rank, world, CPU)
-    t = pt.ticket_take(counter, TOTAL)
-    while t < TOTAL:
-        k = (t // PER_LAYER).to(tl.int32)  # the layer; NL for the final norm's items
-        u = t.to(tl.int32) - k * PER_LAYER
-        lw = table + tl.minimum(k, NL - 1) * _NPTR
-        tag = pt.step_tag(ctl, slot + k)  # layer k's pushes (spec: one slot a layer)
-        if ASM and not CPU:  # the item's weight rows, asked of L2 before its wait (NVIDIA)
-            if (k == NL) | (u < T_QKVA):
-                pass
-            elif u < T_QKVN:
-                r0, _ = _tile(u - T_QKVA, QL + L + R, QA)
-                _prefetch(_ptr(lw, _W_QKVA, tl.bfloat16), r0, H, QA, CPU, ASM)
-            elif u < T_QB:
-                pass
-            elif u < T_ABSORB:
-                r0, _ = _tile(u - T_QB, NH * (P + R), QBN)
-                _prefetch(_ptr(lw, _W_QB, tl.bfloat16), r0, QL, QBN, CPU, ASM)
-            elif (u >= T_OPROJ) & (u < T_POST):
-                _prefetch(_ptr(lw, _W_O, tl.bfloat16), (u - T_OPROJ) * OC, NH * V, OC, CPU, ASM)
-            elif (u >= T_GU) & (u < T_DOWN):
-                _prefetch(_ptr(lw, _W_GU, tl.bfloat16), (u - T_GU) * GB, H, GB, CPU, ASM)
-                _prefetch(_ptr(lw, _W_GU, tl.bfloat16), IL + (u - T_GU) * GB, H, GB, CPU, ASM)
-            elif u >= T_DOWN:
-                _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), (u - T_DOWN) * OC, IL, OC, CPU, ASM)
-        first, n = _deps(
-            k, u, ngroups, nreq, NL, PER_LAYER, NRG, NHG, NSPLIT, T_QKVA, T_QKVN, T_QB,
-            T_ABSORB, T_ATTN, T_COMB, T_OPROJ, T_POST, T_GU, T_DOWN,
-        )  # fmt: skip
-        if n > 0:
-            _wait(done, first, n, tag0, ctl, health, peers, rank, world, W2, R_ITEMS, CPU)
-        if (k == NL) | (u < T_QKVA) | ((u >= T_POST) & (u < T_GU)):
-            # a row stage: norm, post or the final norm of row group g
-            g = tl.where((k < NL) & (u >= T_POST), u - T_POST, u)
-            if g < ngroups:
-                if (k == 0) & (u < T_QKVA):
-                    _embed_norm(
-                        g, embeds, _ptr(lw, _W_IN, tl.bfloat16), scratch, nrows, H, RC, RB,
-                        O_RES, O_XA, O_TOT, EPS,
-                    )  # fmt: skip
-                else:
-                    src = me + P_AR2 // 8  # norm and final: the MLP partials of layer k - 1
-                    region = u * 0 + R_AR2
-                    rtag = pt.step_tag(ctl, slot + k - 1)
-                    w = _ptr(lw, _W_IN, tl.bfloat16)
-                    dst = (scratch + O_XA).to(tl.pointer_type(tl.int32))
-                    row = g * RB + tl.arange(0, RB)
-                    zero = row < 0
-                    if (k < NL) & (u >= T_POST):  # post: the o_proj partials of layer k
-                        src = me + P_AR1 // 8
-                        region = u * 0 + R_AR1
-                        rtag = tag
-                        w = _ptr(lw, _W_POST, tl.bfloat16)
-                        dst = (scratch + O_XM).to(tl.pointer_type(tl.int32))
-                    if k == NL:  # padding requests' rows come out 0
-                        w = final_norm
-                        dst = out
-                        zero = tl.load(seq_lens + row // Q, mask=row < nrows, other=1) == 0
-                    _add_norm(
-                        g, w, src, region, dst, scratch, nrows, zero, rtag, ctl, health, peers,
-                        rank, world, H, RC, RB, MAXROWS, O_RES, O_TOT, EPS, CPU,
-                    )  # fmt: skip
-        elif u < T_QKVN:
-            r0, keep = _tile(u - T_QKVA, QL + L + R, QA)
-            _gemv_tiles(
-                _ptr(lw, _W_QKVA, tl.bfloat16), (scratch + O_XA).to(tl.pointer_type(tl.bfloat16)),
-                r0, keep, (scratch + O_QKV).to(tl.pointer_type(tl.bfloat16)), nrows,
-                H, QA, HK, QL + L + R, TILES, STAGES, CPU, ASM,
-            )  # fmt: skip
-        elif u < T_QB:
-            if u - T_QKVN < ngroups:
-                _qkvn(
-                    u - T_QKVN, lw, positions, slot_mapping, rope, scratch, nrows,
-                    QL, L, R, QC, RB, O_QKV, O_QC, EPS, FP8,
-                )  # fmt: skip
-        elif u < T_ABSORB:
-            r0, keep = _tile(u - T_QB, NH * (P + R), QBN)
-            _gemv_tiles(
-                _ptr(lw, _W_QB, tl.bfloat16), (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)),
-                r0, keep, (scratch + O_Q).to(tl.pointer_type(tl.bfloat16)), nrows,
-                QL, QBN, QK, NH * (P + R), TILES, STAGES, CPU, ASM,
-            )  # fmt: skip
-        elif u < T_ATTN:
-            _absorb(
-                (u - T_ABSORB) // NLA, (u - T_ABSORB) % NLA, lw, positions, rope, scratch,
-                nrows, L, R, P, V, NH, ROWSP, TILES, LA, RP, O_Q, O_QLAT, O_QPE, FP8, CPU,
-            )  # fmt: skip
-        elif u < T_COMB:
-            i = u - T_ATTN
-            if i // (NHG * NSPLIT) < nreq:
-                _attn(
-                    i // (NHG * NSPLIT), (i // NSPLIT) % NHG, i % NSPLIT, lw, block_table,
-                    seq_lens, scratch, bt_stride, L, R, Q, BS, KC, ROWSP, HG, NHG, QHR, RP,
-                    NSPLIT, O_QLAT, O_QPE, O_PO, O_PM, O_PL, SCALE, FP8, CPU,
-                )  # fmt: skip
-        elif u < T_OPROJ:
-            i = u - T_COMB
-            if i // NHG < nreq:
-                _comb(
-                    i // NHG, i % NHG, lw, scratch, L, P, V, NH, Q, ROWSP, HG, NHG, QHR,
-                    NSPLIT, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CPU, ASM,
-                )  # fmt: skip
-        elif u < T_GU:  # oproj (post items are row stages)
-            _project_push(
-                u - T_OPROJ, _ptr(lw, _W_O, tl.bfloat16),
-                (scratch + O_V).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
-                P_AR1 // 8 + rank * MAXROWS * (H // 2), tag, NH * V, VK, H, OC, TILES,
-                STAGES, CPU, ASM,
-            )  # fmt: skip
-        elif u < T_DOWN:
-            _gu(
-                u - T_GU, _ptr(lw, _W_GU, tl.bfloat16), scratch, nrows, H, IL, GB, HK,
-                TILES, O_XM, O_MID, SITU, STAGES, CPU, ASM,
-            )  # fmt: skip
-        else:
-            _project_push(
-                u - T_DOWN, _ptr(lw, _W_DOWN, tl.bfloat16),
-                (scratch + O_MID).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
-                P_AR2 // 8 + rank * MAXROWS * (H // 2), tag, IL, IK, H, OC, TILES, STAGES,
-                CPU, ASM,
-            )  # fmt: skip
-        if (k < NL) & ((u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN))):
-            pt.ticket_finish(done, t, tag0)
+    # One ticket draw site, at the top of the loop (the loop leaves on the first ticket past
+    # the last item). Two sites (a draw before the loop and one at its end) let LLVM merge
+    # their counter resets into one block: the loop then has two entries, and ptxas leaves
+    # the first draw's lane-0 atomic without a reconvergence point before the barrier that
+    # broadcasts the ticket, so warp 0 reaches that barrier split and the warps' barriers
+    # pair up one apart from then on (H200 at 2+ warps: garbage tickets, illegal addresses).
+    more = nreq == nreq
+    while more:
         t = pt.ticket_take(counter, TOTAL)
+        more = t < TOTAL
+        if more:
+            k = (t // PER_LAYER).to(tl.int32)  # the layer; NL for the final norm's items
+            u = t.to(tl.int32) - k * PER_LAYER
+            lw = table + tl.minimum(k, NL - 1) * _NPTR
+            tag = pt.step_tag(ctl, slot + k)  # layer k's pushes (spec: one slot a layer)
+            if ASM and not CPU:  # the item's weight rows, asked of L2 before its wait (NVIDIA)
+                if (k == NL) | (u < T_QKVA):
+                    pass
+                elif u < T_QKVN:
+                    r0, _ = _tile(u - T_QKVA, QL + L + R, QA)
+                    _prefetch(_ptr(lw, _W_QKVA, tl.bfloat16), r0, H, QA, CPU, ASM)
+                elif u < T_QB:
+                    pass
+                elif u < T_ABSORB:
+                    r0, _ = _tile(u - T_QB, NH * (P + R), QBN)
+                    _prefetch(_ptr(lw, _W_QB, tl.bfloat16), r0, QL, QBN, CPU, ASM)
+                elif (u >= T_OPROJ) & (u < T_POST):
+                    _prefetch(_ptr(lw, _W_O, tl.bfloat16), (u - T_OPROJ) * OC, NH * V, OC, CPU, ASM)
+                elif (u >= T_GU) & (u < T_DOWN):
+                    _prefetch(_ptr(lw, _W_GU, tl.bfloat16), (u - T_GU) * GB, H, GB, CPU, ASM)
+                    _prefetch(_ptr(lw, _W_GU, tl.bfloat16), IL + (u - T_GU) * GB, H, GB, CPU, ASM)
+                elif u >= T_DOWN:
+                    _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), (u - T_DOWN) * OC, IL, OC, CPU, ASM)
+            first, n = _deps(
+                k, u, ngroups, nreq, NL, PER_LAYER, NRG, NHG, NSPLIT, T_QKVA, T_QKVN, T_QB,
+                T_ABSORB, T_ATTN, T_COMB, T_OPROJ, T_POST, T_GU, T_DOWN,
+            )  # fmt: skip
+            if n > 0:
+                _wait(done, first, n, tag0, ctl, health, peers, rank, world, W2, R_ITEMS, CPU)
+            if (k == NL) | (u < T_QKVA) | ((u >= T_POST) & (u < T_GU)):
+                # a row stage: norm, post or the final norm of row group g
+                g = tl.where((k < NL) & (u >= T_POST), u - T_POST, u)
+                if g < ngroups:
+                    if (k == 0) & (u < T_QKVA):
+                        _embed_norm(
+                            g, embeds, _ptr(lw, _W_IN, tl.bfloat16), scratch, nrows, H, RC, RB,
+                            O_RES, O_XA, O_TOT, EPS,
+                        )  # fmt: skip
+                    else:
+                        src = me + P_AR2 // 8  # norm and final: the MLP partials of layer k - 1
+                        region = u * 0 + R_AR2
+                        rtag = pt.step_tag(ctl, slot + k - 1)
+                        w = _ptr(lw, _W_IN, tl.bfloat16)
+                        dst = (scratch + O_XA).to(tl.pointer_type(tl.int32))
+                        row = g * RB + tl.arange(0, RB)
+                        zero = row < 0
+                        if (k < NL) & (u >= T_POST):  # post: the o_proj partials of layer k
+                            src = me + P_AR1 // 8
+                            region = u * 0 + R_AR1
+                            rtag = tag
+                            w = _ptr(lw, _W_POST, tl.bfloat16)
+                            dst = (scratch + O_XM).to(tl.pointer_type(tl.int32))
+                        if k == NL:  # padding requests' rows come out 0
+                            w = final_norm
+                            dst = out
+                            zero = tl.load(seq_lens + row // Q, mask=row < nrows, other=1) == 0
+                        _add_norm(
+                            g, w, src, region, dst, scratch, nrows, zero, rtag, ctl, health, peers,
+                            rank, world, H, RC, RB, MAXROWS, O_RES, O_TOT, EPS, CPU,
+                        )  # fmt: skip
+            elif u < T_QKVN:
+                r0, keep = _tile(u - T_QKVA, QL + L + R, QA)
+                _gemv_tiles(
+                    _ptr(lw, _W_QKVA, tl.bfloat16),
+                    (scratch + O_XA).to(tl.pointer_type(tl.bfloat16)),
+                    r0, keep, (scratch + O_QKV).to(tl.pointer_type(tl.bfloat16)), nrows,
+                    H, QA, HK, QL + L + R, TILES, STAGES, CPU, ASM,
+                )  # fmt: skip
+            elif u < T_QB:
+                if u - T_QKVN < ngroups:
+                    _qkvn(
+                        u - T_QKVN, lw, positions, slot_mapping, rope, scratch, nrows,
+                        QL, L, R, QC, RB, O_QKV, O_QC, EPS, FP8,
+                    )  # fmt: skip
+            elif u < T_ABSORB:
+                r0, keep = _tile(u - T_QB, NH * (P + R), QBN)
+                _gemv_tiles(
+                    _ptr(lw, _W_QB, tl.bfloat16), (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)),
+                    r0, keep, (scratch + O_Q).to(tl.pointer_type(tl.bfloat16)), nrows,
+                    QL, QBN, QK, NH * (P + R), TILES, STAGES, CPU, ASM,
+                )  # fmt: skip
+            elif u < T_ATTN:
+                _absorb(
+                    (u - T_ABSORB) // NLA, (u - T_ABSORB) % NLA, lw, positions, rope, scratch,
+                    nrows, L, R, P, V, NH, ROWSP, TILES, LA, RP, O_Q, O_QLAT, O_QPE, FP8, CPU,
+                )  # fmt: skip
+            elif u < T_COMB:
+                i = u - T_ATTN
+                if i // (NHG * NSPLIT) < nreq:
+                    _attn(
+                        i // (NHG * NSPLIT), (i // NSPLIT) % NHG, i % NSPLIT, lw, block_table,
+                        seq_lens, scratch, bt_stride, L, R, Q, BS, KC, ROWSP, HG, NHG, QHR, RP,
+                        NSPLIT, O_QLAT, O_QPE, O_PO, O_PM, O_PL, SCALE, FP8, CPU,
+                    )  # fmt: skip
+            elif u < T_OPROJ:
+                i = u - T_COMB
+                if i // NHG < nreq:
+                    _comb(
+                        i // NHG, i % NHG, lw, scratch, L, P, V, NH, Q, ROWSP, HG, NHG, QHR,
+                        NSPLIT, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CPU, ASM,
+                    )  # fmt: skip
+            elif u < T_GU:  # oproj (post items are row stages)
+                _project_push(
+                    u - T_OPROJ, _ptr(lw, _W_O, tl.bfloat16),
+                    (scratch + O_V).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
+                    P_AR1 // 8 + rank * MAXROWS * (H // 2), tag, NH * V, VK, H, OC, TILES,
+                    STAGES, CPU, ASM,
+                )  # fmt: skip
+            elif u < T_DOWN:
+                _gu(
+                    u - T_GU, _ptr(lw, _W_GU, tl.bfloat16), scratch, nrows, H, IL, GB, HK,
+                    TILES, O_XM, O_MID, SITU, STAGES, CPU, ASM,
+                )  # fmt: skip
+            else:
+                _project_push(
+                    u - T_DOWN, _ptr(lw, _W_DOWN, tl.bfloat16),
+                    (scratch + O_MID).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
+                    P_AR2 // 8 + rank * MAXROWS * (H // 2), tag, IL, IK, H, OC, TILES, STAGES,
+                    CPU, ASM,
+                )  # fmt: skip
+            if (k < NL) & ((u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN))):
+                pt.ticket_finish(done, t, tag0)
 
 
 # -- the stages, in ticket order ---------------------------------------------------------
