@@ -125,7 +125,7 @@ if has profile; then
         step ncu-ffn-s$s 150 "$NCU" --clock-control none -k regex:ffn_kernel --launch-skip 4 \
             --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
             --section WarpStateStats --section SchedulerStats --section SourceCounters \
-            --section MemoryWorkloadAnalysis --import-source no -o "$LOG/ffn-s$s" -f \
+            --section MemoryWorkloadAnalysis --import-source yes -o "$LOG/ffn-s$s" -f \
             python3 -m mono_kernels_minimax.ffn.bench --rows $s --formats mxfp4 --layers 2 \
             --no-baseline
         step top-ffn-s$s 60 python3 tools/ncu_top.py "$LOG/ffn-s$s.ncu-rep" --lines 45

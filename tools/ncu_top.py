@@ -2,7 +2,7 @@
 needed here): the SASS lines with the most warp-stall samples, each with its top stall
 reasons, and the report's own details pages (speed of light, occupancy, warp states).
 
-    python3 tools/ncu_top.py REPORT.ncu-rep [--lines 40]
+    python3 tools/ncu_top.py REPORT.ncu-rep [--lines 40] [--views cuda,sass]
 
 Reads `ncu --import REPORT --page source --csv --print-source sass`; the column names
 are matched loosely (they move between Nsight Compute versions)."""
@@ -14,7 +14,6 @@ import csv
 import io
 import os
 import subprocess
-import sys
 
 NCU = os.environ.get("NCU", "ncu")  # the ncu binary (tools/gpu_session.sh finds it)
 
@@ -26,12 +25,20 @@ def _num(text: str) -> float:
         return 0.0
 
 
+def _key(head: list[str]) -> str | None:
+    """The column naming a row: its SASS address, or its source line."""
+    return next((c for c in head if "Address" in c), None) or next(
+        (c for c in head if c.strip("# ").lower() == "line"), None
+    )
+
+
 def source_rows(text: str) -> list[dict]:
-    """The source page's rows: the header is the first CSV line naming "Address" and
-    "Source" (ncu may print other lines first); rows of another width are dropped."""
+    """The source page's rows: the header is the first CSV line naming "Address" (SASS
+    view) or "Line" (source view) and "Source" (ncu may print other lines first); rows of
+    another width are dropped."""
     lines = list(csv.reader(io.StringIO(text)))
     start = next(
-        (i for i, f in enumerate(lines) if any("Address" in c for c in f) and "Source" in f),
+        (i for i, f in enumerate(lines) if _key(f) is not None and "Source" in f),
         None,
     )
     if start is None:
@@ -46,7 +53,7 @@ def top_lines(rows: list[dict], n: int) -> list[str]:
     total_col = next(
         (c for c in cols if "Sampling" in c and "All" in c and "Not" not in c), None
     ) or next(c for c in cols if "Sampling" in c)
-    addr = next(c for c in cols if "Address" in c)
+    addr = _key(cols)
     reasons = [c for c in cols if ("stall" in c.lower()) and "Sampling" not in c]
     total = sum(_num(r[total_col]) for r in rows) or 1.0
     out = [f"{total:.0f} samples in column {total_col!r}"]
@@ -65,20 +72,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("report")
     p.add_argument("--lines", type=int, default=40)
+    p.add_argument("--views", default="cuda,sass", help="source views: cuda (lines), sass")
     a = p.parse_args()
     details = subprocess.run(
         [NCU, "--import", a.report, "--page", "details"], capture_output=True, text=True
     )
     print(details.stdout[-12000:], details.stderr[-2000:])
-    src = subprocess.run(
-        [NCU, "--import", a.report, "--page", "source", "--csv", "--print-source", "sass"],
-        capture_output=True,
-        text=True,
-    )
-    rows = source_rows(src.stdout)
-    if not rows:
-        sys.exit(f"no source rows: {src.stderr[-2000:]} {src.stdout[:2000]}")
-    print("\n".join(top_lines(rows, a.lines)))
+    for view in a.views.split(","):
+        src = subprocess.run(
+            [NCU, "--import", a.report, "--page", "source", "--csv", "--print-source", view],
+            capture_output=True,
+            text=True,
+        )
+        rows = source_rows(src.stdout)
+        print(f"-- {view}")
+        if not rows:
+            print(f"no source rows: {src.stderr[-1500:]} {src.stdout[:1500]}")
+            continue
+        print("\n".join(top_lines(rows, a.lines)))
 
 
 if __name__ == "__main__":
