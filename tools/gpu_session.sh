@@ -133,10 +133,11 @@ if has profile; then
     done
 fi
 if has tiles || has all; then
-    # FFN tiles on mxfp4-rot around the default (2 programs an SM, 3 stages): gate and up
-    # in one loop (pair=1), fewer stages, one program an SM with 4 stages.
+    # FFN tiles on the tile-major mxfp4-rot around the default (2 programs an SM, 3 stages,
+    # gate and up paired): longer up items (fewer K parts: less pipeline ramp a byte),
+    # shorter ones, 128-row down columns, one program an SM with 4 stages.
     step tiles-ffn 560 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
-        --variants "|pair=1|stages=2,pair=1|occ=1,stages=4,pair=1|stages=2"
+        --variants "|uks=2|uks=8|dc=64|occ=1,stages=4"
 fi
 cp "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null  # 8 files come back at most: PNGs in the archive
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
