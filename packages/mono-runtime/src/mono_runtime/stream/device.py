@@ -14,7 +14,8 @@ e8m0 codes 58..191 (scales 2^-69 to 2^64, far wider than any checkpoint's); the 
 scale of a larger code is past bf16 and reads as inf (the checkpoint reading gives inf
 only for 255, OCP's NaN). On the GPU the decode and the scaling are one inline-PTX block
 per word (13 instructions per 8 values) and Triton loads the words straight into the dot's
-register operand (ldmatrix): no shared-memory round trip for the decoded tile. Under the
+register operand: no shared-memory round trip for the decoded tile. The weight is
+tile-major (`mx_rot_tile`), so the staged words are read without bank conflicts. Under the
 interpreter the same bits come from plain integer ops and fp32 products, rounded once.
 
 The checkpoint's ``mxfp4-k32`` goes through Triton's own scaled dot (`tl.dot_scaled`,
