@@ -190,6 +190,12 @@ class MonoRunner(LayerRunner):
         self._live()
         return {"peers": self.peer.addresses, "rank": self.rank, "world": self.world}
 
+    def runtime_args(self) -> dict[str, Any]:
+        """A launch's RUNTIME_ARGS (`kernel.spec`), in their order: `launch_args()`'s ctl,
+        health, tickets, then `peer_args()`'s peers, rank, world."""
+        la, pa = self.launch_args(), self.peer_args()
+        return {name: la[name] for name in ("ctl", "health", "tickets")} | pa
+
     def _after_step(self) -> None:
         """Normal case: one read of a host-visible word, no device sync. Raises MonoFault
         once this rank's kernels recorded a give-up (ranks whose peer gave up record one

@@ -256,7 +256,7 @@ class DrafterRunner(MonoHooks):
             scratch=self.mono.scratch[off : off + scratch_bytes(b)],
             nreq=n,
             slot=slot,
-            **self._runtime_args(),
+            **self.mono.runtime_args(),
         )
 
     def __call__(

@@ -161,7 +161,7 @@ class K2Runner(MonoLayerRunner):
             reset=reset,
             slot=slot,
             final=final,
-            **self._runtime_args(),
+            **self.mono.runtime_args(),
         )
 
     def __call__(

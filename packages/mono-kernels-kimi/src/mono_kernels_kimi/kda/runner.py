@@ -271,17 +271,7 @@ class KdaRunner(LayerRunner):
             lower_bound=cfg.gate_lower_bound,
         )
         assert tuple(args) == ARGS
-        la, pa = self.mono.launch_args(), self.mono.peer_args()
-        args.update(
-            slot=self.mono.take_slot(),
-            final=final,
-            ctl=la["ctl"],
-            health=la["health"],
-            tickets=la["tickets"],
-            peers=pa["peers"],
-            rank=pa["rank"],
-            world=pa["world"],
-        )
+        args.update(slot=self.mono.take_slot(), final=final, **self.mono.runtime_args())
         triton_build.launch(build, args)
         self._last = (build, final)
         return step["out"]

@@ -172,7 +172,7 @@ class FfnRunner(MonoLayerRunner):
             scratch=region,
             slot=slot,
             final=final,
-            **self._runtime_args(),
+            **self.mono.runtime_args(),
         )
 
     def _type_weights(self) -> FfnWeights:

@@ -29,8 +29,8 @@ def cpu_interpreter() -> bool:
 
 class MonoHooks(LayerRunner):
     """A LayerRunner whose kernels launch on `self.mono`: its hooks forward to that
-    MonoRunner and a launch's runtime arguments come from it, one copy for every such
-    runner (those with one build per width below, and the drafter's narrow/wide pair).
+    MonoRunner (a launch's runtime arguments are `self.mono.runtime_args()`), one copy for
+    every such runner (those with one build per width below, and the drafter's pair).
     It closes `mono` when it owns it (`_owns_mono`)."""
 
     mono: MonoRunner
@@ -54,19 +54,6 @@ class MonoHooks(LayerRunner):
     def _release(self) -> None:
         if self._owns_mono:
             self.mono.close()
-
-    def _runtime_args(self) -> dict[str, Any]:
-        """A launch's RUNTIME_ARGS on this runner, in their order: MonoRunner.launch_args()'s
-        ctl, health, tickets, then peer_args()'s peers, rank, world."""
-        la, pa = self.mono.launch_args(), self.mono.peer_args()
-        return dict(
-            ctl=la["ctl"],
-            health=la["health"],
-            tickets=la["tickets"],
-            peers=pa["peers"],
-            rank=pa["rank"],
-            world=pa["world"],
-        )
 
 
 class MonoLayerRunner(MonoHooks):

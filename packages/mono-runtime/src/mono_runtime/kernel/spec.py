@@ -128,4 +128,5 @@ RUNTIME_ARGS: tuple[Arg, ...] = (
     Arg("world", "i32", "ranks in the group"),
 )
 """What every protocol kernel takes after its own arguments, in this order:
-MonoRunner.launch_args() (ctl, health, tickets) then peer_args() (peers, rank, world)."""
+MonoRunner.runtime_args() (launch_args()'s ctl, health, tickets, then peer_args()'s
+peers, rank, world)."""
