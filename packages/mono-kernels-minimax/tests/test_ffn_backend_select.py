@@ -69,6 +69,9 @@ class FakeMono:
     def peer_args(self):
         return dict(peers=self.peers, rank=1, world=self.tp)
 
+    def runtime_args(self):
+        return dict(self.args) | self.peer_args()
+
     def step_begin(self):
         self.steps, self.slot = self.steps + 1, 0
 
