@@ -189,7 +189,7 @@ def push_pairs(peers, world, off, row_pairs, q, payload, keep, tag, S: tl.conste
     [16, Q], or True)."""
     t = tl.arange(0, 16)[:, None]
     for dst in range(world):
-        pt.publish(
+        pt.publish_value(
             pt.peer_data(peers, dst) + off + t * row_pairs + q[None, :],
             payload,
             tag,

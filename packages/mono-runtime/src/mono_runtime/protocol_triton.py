@@ -103,8 +103,19 @@ def _alarm_words(peers, r):
 @triton.jit
 def publish(ptrs, payload, tag, mask, SCOPE: tl.constexpr):
     """Store (tag, payload) pairs at `ptrs` (int64 pointers), each one 64-bit release
-    exchange. SCOPE: "sys" for a peer's buffer, "gpu" for scratch read by other programs."""
+    exchange: the pair also tells its reader that this thread's earlier memory operations
+    are done (a handshake). SCOPE: "sys" for a peer's buffer, "gpu" for scratch read by
+    other programs."""
     tl.atomic_xchg(ptrs, make_pair(tag, payload), mask=mask, sem="release", scope=SCOPE)
+
+
+@triton.jit
+def publish_value(ptrs, payload, tag, mask, SCOPE: tl.constexpr):
+    """Store (tag, payload) pairs that carry all their reader needs: one 64-bit relaxed
+    exchange each, no fence. The tag in the same word is the signal, so nothing else needs
+    ordering; a release at system scope would wait for every earlier store of the thread
+    to reach every GPU (microseconds, on the critical path of every push)."""
+    tl.atomic_xchg(ptrs, make_pair(tag, payload), mask=mask, sem="relaxed", scope=SCOPE)
 
 
 @triton.jit

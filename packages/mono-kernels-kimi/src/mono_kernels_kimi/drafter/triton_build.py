@@ -222,7 +222,7 @@ def _push(peers, world, off, rows, nrows, acc, OC: tl.constexpr, q0, tag, HP: tl
     lo, hi = tl.split(tl.reshape(tl.trans(acc), (acc.shape[1], OC // 2, 2)))
     q = q0 + tl.arange(0, OC // 2)
     for dst in range(world):
-        pt.publish(
+        pt.publish_value(
             pt.peer_data(peers, dst) + off + rows[:, None] * HP + q[None, :],
             pt.bf16x2_pack(lo, hi),
             tag,

@@ -120,7 +120,7 @@ def allreduce_kernel(
             x = tl.load(x32 + row * pairs + cols, mask=m, other=0)
             mine = ((par * world + rank) * rows + row) * pairs + cols
             for p in range(0, world):
-                T.publish(T.peer_data(peers, p) + peer_off + mine, x, tag, m, "sys")
+                T.publish_value(T.peer_data(peers, p) + peer_off + mine, x, tag, m, "sys")
             z, ok = _sum_block(
                 x32,
                 res32,
@@ -148,7 +148,7 @@ def allreduce_kernel(
                 zl = T.bf16x2_lo(z)
                 zh = T.bf16x2_hi(z)
                 ss = tl.sum(tl.where(m, zl * zl + zh * zh, 0.0), 0)
-                T.publish(sq + item, ss.to(tl.int32, bitcast=True), tag, ok == ok, "gpu")
+                T.publish_value(sq + item, ss.to(tl.int32, bitcast=True), tag, ok == ok, "gpu")
             else:
                 tl.store(out32 + row * pairs + cols, z, mask=m)
         else:
