@@ -13,7 +13,9 @@ pushes, so the launch finishes at any residency):
                          (fp32 -> bf16), + residual in fp32 -> `residual_out` (bf16), `xs`,
                          and the chunk's sum of squares
     norm    S x NCH      row s, one column chunk: Gemma RMSNorm over the row's sums -> `xn`
-    router  RG x RP      16 experts x one K part of the fp32 router GEMV -> `logit[p, s, e]`;
+    router  RG x RP      16 experts x one K part of the fp32 router GEMV -> `logit[p, s, e]`,
+                         normalising its own K part from `xs` (it waits for the seam, not
+                         the norm: one hand-off less before the route);
                          the last router item to finish (a self-resetting counter) routes:
             (route)      parts summed in order, sigmoid, + bias, top-k (ties -> lower id, NaN
                          last), weights renormalized x routed_scaling_factor; the slot table:
@@ -355,7 +357,7 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
            ucount[max_slots * NC] K parts finished per (slot, row block),
            scount[max_slots] row blocks finished per slot, dcount[ND] groups finished per
            down column block, rcount[1] router items finished
-    xs     fp32[S, H]   the seam's new residual in fp32 (seam items -> norm items)
+    xs     fp32[S, H]   the seam's new residual in fp32 (seam items -> norm, router items)
     ssq    fp32[S, seam chunks]  each seam item's sum of squares
     xn     bf16[16, H]  the normed MoE input (rows >= S never read unmasked)
     logit  fp32[RP, S, E]
