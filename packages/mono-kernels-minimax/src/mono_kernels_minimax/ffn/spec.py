@@ -184,6 +184,7 @@ class TaskPlan:
     warps: int  # warps of a program: 4 (one warpgroup) or 8 (two warps per scheduler)
     occ: int  # programs per SM the runner launches (2 fits with stages <= 3 at 4 warps)
     pair: int  # 1: an up item streams gate and up rows in one loop (stream_row_pair)
+    rrows: int  # S at most this: the router dots one row at a time, else one fp32 tl.dot
 
     @classmethod
     def of(cls, b: FfnBuild) -> TaskPlan:
@@ -213,6 +214,11 @@ class TaskPlan:
                 # gate and up rows of an up item in one loop (two dot chains, one ramp):
                 # 89.1 / 343.2 us at S = 1 / 16 against 92.4 / 362.1 (H200, ffn.tune, one run)
                 pair=1,
+                # the router item alone on the H200 (16 experts x 384 columns): its fp32
+                # tl.dot takes 8 us at any S (each K step waits for the last: one serial FMA
+                # chain, 32-column dots too, as Triton folds `acc += dot` into the chain);
+                # one row at a time 1.2 / 4.7 / 19 us at S = 1 / 4 / 16
+                rrows=4,
             )
             tiles = _tile_overrides(b, tiles)
         else:
@@ -230,6 +236,7 @@ class TaskPlan:
                 warps=4,
                 occ=1,
                 pair=1,  # the interpreter tests run the paired loop; real shapes: above
+                rrows=4,
             )
         _check_tiles(b, tiles)
         fc = min(h, 256)
@@ -297,6 +304,7 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
     need(t["warps"] in (4, 8), "warps is 4 or 8")
     need(t["occ"] in (1, 2), "occ is 1 or 2")
     need(t["pair"] in (0, 1), "pair is 0 or 1")
+    need(t["rrows"] <= 16, "rrows is at most 16")
     need(i % t["bn"] == 0 and t["bn"] >= 16, f"bn must divide I = {i}, >= 16")
     need(h % t["dc"] == 0 and t["dc"] >= 16, f"dc must divide H = {h}, >= 16")
     for bk, ks, k, f8 in (

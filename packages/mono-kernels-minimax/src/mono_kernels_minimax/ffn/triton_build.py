@@ -198,6 +198,7 @@ def ffn_kernel(
     NG: tl.constexpr,
     STAGES: tl.constexpr,
     PAIR: tl.constexpr,
+    RROWS: tl.constexpr,
     NF: tl.constexpr,
     NF2: tl.constexpr,
     FC: tl.constexpr,
@@ -335,7 +336,7 @@ def ffn_kernel(
             )
             acc = _router_part(
                 xs, ssq, norm.to(tl.pointer_type(tl.bfloat16)), router, g, part_k,
-                S, H, NCH, RK, EPS,
+                S, H, NCH, RK, EPS, RROWS,
             )  # fmt: skip
             rows = tl.arange(0, 16)
             ex = g * 16 + tl.arange(0, 16)
@@ -545,12 +546,6 @@ def _gemma(x, rstd, w):
     return x * rstd * (w + 1.0)
 
 
-# S at most this: the router dots one row at a time (FMAs along K in parallel); above it
-# one fp32 tl.dot, whose K steps form one serial FMA chain (8 us an item on the H200 at any
-# S, where the row loop takes 1.2 us at S = 1 and 4.7 at S = 4).
-ROUTER_ROW_LOOP = tl.constexpr(4)
-
-
 @triton.jit
 def _router_part(
     xs,
@@ -564,10 +559,13 @@ def _router_part(
     NCH: tl.constexpr,
     RK: tl.constexpr,
     EPS: tl.constexpr,
+    RROWS: tl.constexpr,
 ):
     """fp32 logits [16 rows, 16 experts] of experts g*16.. over columns part_k*RK.. of the
     normed input, normalised here from the seam's `xs` and sums of squares (rounded to
-    bf16 as the norm items round `xn`): the router waits for the seam, not the norm."""
+    bf16 as the norm items round `xn`): the router waits for the seam, not the norm.
+    At S <= RROWS one row at a time (its FMAs along K run side by side), else one fp32
+    tl.dot (whose K steps form one serial FMA chain)."""
     rows = tl.arange(0, 16)
     ex = g * 16 + tl.arange(0, 16)
     live = rows < S
@@ -577,7 +575,7 @@ def _router_part(
         k = part_k * RK + c * 128 + tl.arange(0, 128)
         wr = tl.load(router + ex[:, None] * H + k[None, :])
         wn = tl.load(norm + k).to(tl.float32)
-        if S <= ROUTER_ROW_LOOP:
+        if S <= RROWS:
             for s in tl.static_range(S):
                 r = tl.sum(tl.where(rows == s, rstd, 0.0), 0)
                 x = dt.bf16_round(_gemma(tl.load(xs + s * H + k, volatile=True), r, wn))
@@ -833,6 +831,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         NG=p.ng,
         STAGES=p.stages,
         PAIR=p.pair,
+        RROWS=p.rrows,
         NF=p.final,
         NF2=_p2(b.rows * p.final),
         FC=p.fc,
