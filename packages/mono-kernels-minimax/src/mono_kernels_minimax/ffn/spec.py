@@ -185,6 +185,8 @@ class TaskPlan:
     occ: int  # programs per SM the runner launches (2 fits with stages <= 3 at 4 warps)
     pair: int  # 1: an up item streams gate and up rows in one loop (stream_row_pair)
     rrows: int  # S at most this: the router dots one row at a time, else one fp32 tl.dot
+    upf: int  # 1: a routed up item asks L2 for its rows before streaming them
+    dpf: int  # 1: a down item asks L2 for a slot's rows before waiting for the slot
 
     @classmethod
     def of(cls, b: FfnBuild) -> TaskPlan:
@@ -219,6 +221,8 @@ class TaskPlan:
                 # chain, 32-column dots too, as Triton folds `acc += dot` into the chain);
                 # one row at a time 1.2 / 4.7 / 19 us at S = 1 / 4 / 16
                 rrows=4,
+                upf=0,
+                dpf=1,
             )
             tiles = _tile_overrides(b, tiles)
         else:
@@ -237,6 +241,8 @@ class TaskPlan:
                 occ=1,
                 pair=1,  # the interpreter tests run the paired loop; real shapes: above
                 rrows=4,
+                upf=0,
+                dpf=1,
             )
         _check_tiles(b, tiles)
         fc = min(h, 256)
@@ -299,11 +305,15 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         return n > 0 and not n & (n - 1)
 
     for name in t:
-        need(pow2(t[name]) or name in ("ng", "stages", "pair"), f"{name} must be a power of two")
+        need(
+            pow2(t[name]) or name in ("ng", "stages", "pair", "upf", "dpf"),
+            f"{name} must be a power of two",
+        )
     need(t["stages"] >= 1 and 1 <= t["ng"] <= b.max_slots, "stages >= 1, 1 <= ng <= max_slots")
     need(t["warps"] in (4, 8), "warps is 4 or 8")
     need(t["occ"] in (1, 2), "occ is 1 or 2")
     need(t["pair"] in (0, 1), "pair is 0 or 1")
+    need(t["upf"] in (0, 1) and t["dpf"] in (0, 1), "upf and dpf are 0 or 1")
     need(t["rrows"] <= 16, "rrows is at most 16")
     need(i % t["bn"] == 0 and t["bn"] >= 16, f"bn must divide I = {i}, >= 16")
     need(h % t["dc"] == 0 and t["dc"] >= 16, f"dc must divide H = {h}, >= 16")

@@ -199,6 +199,8 @@ def ffn_kernel(
     STAGES: tl.constexpr,
     PAIR: tl.constexpr,
     RROWS: tl.constexpr,
+    UPF: tl.constexpr,
+    DPF: tl.constexpr,
     NF: tl.constexpr,
     NF2: tl.constexpr,
     FC: tl.constexpr,
@@ -412,6 +414,9 @@ def ffn_kernel(
                 kp = u % UKS
                 e = tl.load(slot_e + j, volatile=True)
                 w, ws = dt.stacked_expert(e, w13, w13_scale, 2 * I, H, FMT)
+                if UPF:
+                    dt.prefetch_rows(w, c * BN, BN, H, kp * (H // UKS), H // UKS, FMT, CPU)
+                    dt.prefetch_rows(w, I + c * BN, BN, H, kp * (H // UKS), H // UKS, FMT, CPU)
                 g, v = _up_item(
                     xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT, STAGES, PAIR, CPU
                 )
@@ -479,6 +484,7 @@ def ffn_kernel(
                     FMT,
                     SFMT,
                     STAGES,
+                    DPF,
                     P_AR2,
                     R_ITEMS,
                     CPU,
@@ -623,12 +629,13 @@ def _down_item(
     FMT: tl.constexpr,
     SFMT: tl.constexpr,
     STAGES: tl.constexpr,
+    DPF: tl.constexpr,
     P_AR2: tl.constexpr,
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
 ):
-    """Down rows [d*DC, (d+1)*DC) of the slots of group q (slot j waited for alone, its
-    weights asked of L2 first), weighted per row by wtab, into dpart[d, q]. The group that
+    """Down rows [d*DC, (d+1)*DC) of the slots of group q (slot j waited for alone, with
+    DPF its weights asked of L2 first), weighted per row by wtab, into dpart[d, q]. The group that
     finishes column block d last sums the groups in order and sends the bf16 result to
     every rank's ar2."""
     n = tl.arange(0, DC)
@@ -643,7 +650,8 @@ def _down_item(
         e = tl.load(slot_e + j, volatile=True)
         wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
         if e == E:
-            dt.prefetch_rows(sw2, d * DC, DC, I, 0, I, SFMT, CPU)
+            if DPF:
+                dt.prefetch_rows(sw2, d * DC, DC, I, 0, I, SFMT, CPU)
             ok = ok & dt.wait_items(
                 done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
@@ -665,7 +673,8 @@ def _down_item(
             )
         else:
             w, ws = dt.stacked_expert(e, w2, w2_scale, H, I, FMT)
-            dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
+            if DPF:
+                dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
             ok = ok & dt.wait_items(
                 done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
@@ -832,6 +841,8 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         STAGES=p.stages,
         PAIR=p.pair,
         RROWS=p.rrows,
+        UPF=p.upf,
+        DPF=p.dpf,
         NF=p.final,
         NF2=_p2(b.rows * p.final),
         FC=p.fc,
