@@ -7,7 +7,7 @@
 # tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
-# tiles, diag, stream, fixes, sanitize, k2perf, gemv, profile, all.
+# tiles, diag, stream, fixes, sanitize, k2perf, gemv, router, profile, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -111,6 +111,10 @@ if has k2perf; then
     step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
     step timeline-k2 120 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 --layers 8 \
         --timeline "$LOG/bench"
+fi
+if has router; then
+    # The FFN router item's arithmetic alone (its `rrows` tile default comes from this).
+    step router-micro 90 python3 tools/ffn_router_micro.py
 fi
 if has gemv; then
     step gemv-variants 200 python3 -m mono_runtime.stream.bench --variants --rows 1,16 \
