@@ -217,3 +217,33 @@ def timeline_rows(rank, world, group):
         return {"nslots": nslots, "items": runner.timeline(2, final=True)}
     finally:
         runner.close()
+
+
+def kernel_waits(rank, world, group, s):
+    """One final launch of width s at TP 1 with every item's waits recorded: the recorded
+    {ticket: done pairs} of the launch's tickets, spec.waits for its slot count, the
+    route's pair and the first ticket past the static tasks."""
+    from mono_kernels_minimax.ffn.spec import route_done, stage_bounds, waits
+    from mono_runtime.interp_waits import recording
+
+    cfg = MiniMaxM3Config.tiny()
+    runner = FfnRunner(cfg, WeightFormat.MXFP4, group, rank, world, "cpu", widths=[s])
+    try:
+        w = runner.pack(random_weights(cfg, world, WeightFormat.MXFP4, seed=5))
+        parts, residual, slots = step_inputs(cfg, world, s, 6, "cpu")
+        with recording() as seen:
+            runner.step_begin()
+            runner(parts[rank], residual, w, slots, final=True)
+            runner.after_step()
+        nslots = int(runner.region(s, "table")[:4].view(torch.int32)[0])
+        b = runner.builds[s]
+    finally:
+        runner.close()
+    bounds = {name: (lo, hi) for name, lo, hi in stage_bounds(b, nslots, final=True)}
+    end = bounds["handshake"][1]
+    return {
+        "seen": {t: sorted(v) for t, v in seen.items() if t < end},
+        "want": {t: sorted(v) for t, v in waits(b, nslots, final=True).items()},
+        "route": route_done(b),
+        "first_routed": bounds["up"][0],
+    }

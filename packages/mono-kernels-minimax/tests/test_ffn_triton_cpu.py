@@ -137,8 +137,7 @@ def test_timeline_build_stamps_every_item_of_the_launch():
     plan puts it in (the interpreter's clock is the poll count: the times are not tested)."""
     (rows,) = spawn(ranks.timeline_rows, 1, 300, env=ENV)
     from mono_kernels_minimax.config import MiniMaxM3Config
-    from mono_kernels_minimax.ffn.spec import FfnBuild
-    from mono_kernels_minimax.ffn.timeline import stage_bounds
+    from mono_kernels_minimax.ffn.spec import FfnBuild, stage_bounds
 
     b = FfnBuild(MiniMaxM3Config.tiny(), 2, 1, timeline=True)
     nslots = rows["nslots"]
@@ -148,3 +147,16 @@ def test_timeline_build_stamps_every_item_of_the_launch():
         got = [r for r in rows["items"] if r["stage"] == name]
         assert len(got) == hi - lo, name
     assert all(r["program"] in (0, 1) for r in rows["items"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("s", [1, 3])
+def test_every_item_waits_for_what_the_spec_says(s):
+    """The kernel's waits, item by item, are spec.waits: a missing one passes every
+    output check in the interpreter (it runs tickets in order), but on a GPU the producer
+    may be late. The route's pair is also read once per program, before its first ticket
+    past the static tasks (the slot count): here program 0's, the first routed up item."""
+    (r,) = spawn(ranks.kernel_waits, 1, 280, s, env=ENV)
+    seen, want = r["seen"], r["want"]
+    assert seen.pop(r["first_routed"]) == [r["route"]], "the slot count is not learnt once"
+    assert seen == want

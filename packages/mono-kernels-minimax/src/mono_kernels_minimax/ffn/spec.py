@@ -16,7 +16,9 @@ pushes, so the launch finishes at any residency):
     router  RG x RP      16 experts x one K part of the fp32 router GEMV -> `logit[p, s, e]`,
                          normalising its own K part from `xs` (it waits for the seam, not
                          the norm: one hand-off less before the route);
-                         the last router item to finish (a self-resetting counter) routes:
+                         the last router item to finish (a self-resetting counter) routes,
+                         then waits for the norm items before marking the route done (the
+                         routed up items read `xn` and wait only for the route):
             (route)      parts summed in order, sigmoid, + bias, top-k (ties -> lower id, NaN
                          last), weights renormalized x routed_scaling_factor; the slot table:
                          slot 0 = the shared expert (id E), slots 1.. = the union of the live
@@ -358,6 +360,55 @@ def stages(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int]]:
         ("final", s * p.final),
         ("handshake", int(final)),
     ]
+
+
+def stage_bounds(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int, int]]:
+    """(stage, first ticket, end ticket) of a launch of `b` that routed `nslots` slots."""
+    out, t = [], 0
+    for name, n in stages(b, nslots, final):
+        out.append((name, t, t + n))
+        t += n
+    return out
+
+
+def slot_done(b: FfnBuild, j: int) -> int:
+    """The done pair of slot j: set once every up item of the slot finished."""
+    return max_tickets(b) + j
+
+
+def route_done(b: FfnBuild) -> int:
+    """The route's done pair: set by the router item that routes, once the norm is done."""
+    return max_tickets(b) + b.max_slots
+
+
+def waits(b: FfnBuild, nslots: int, final: bool) -> dict[int, list[int]]:
+    """Ticket -> the done pairs its item waits for (ticket t's pair is t; `slot_done`,
+    `route_done`), in a launch that routed `nslots` slots; peers' pushes are not done
+    pairs. The router item that routes is whichever finishes last: listed as the last in
+    ticket order. Not listed: before its first ticket past the static tasks, a program
+    learns the slot count from the route's pair (once)."""
+    p, s = b.plan, b.rows
+    at = {name: range(lo, hi) for name, lo, hi in stage_bounds(b, nslots, final)}
+    nch = p.seam_chunks
+    seam, norm = list(at["seam"]), list(at["norm"])
+    out: dict[int, list[int]] = {}
+    for r in range(s):
+        for ch in range(nch):
+            out[norm[r * nch + ch]] = seam[r * nch : (r + 1) * nch]
+    for t in at["router"]:
+        out[t] = seam
+    out[at["router"][-1]] = seam + norm
+    for t in at["shared-up"]:
+        out[t] = norm
+    per = -(-nslots // p.ng)
+    for i, t in enumerate(at["down"]):
+        q = i % p.ng
+        j0, j1 = min(q * per, nslots), min((q + 1) * per, nslots)
+        if j1 > j0:
+            out[t] = [slot_done(b, j) for j in range(j0, j1)]
+    for t in at["handshake"]:
+        out[t] = list(at["final"])
+    return out
 
 
 def max_tickets(b: FfnBuild) -> int:

@@ -11,16 +11,7 @@ from __future__ import annotations
 import torch
 from mono_runtime.timeline import from_stamps
 
-from .spec import FfnBuild, stages
-
-
-def stage_bounds(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int, int]]:
-    """(stage, first ticket, end ticket) of a launch of `b` that routed `nslots` slots."""
-    out, t = [], 0
-    for name, n in stages(b, nslots, final):
-        out.append((name, t, t + n))
-        t += n
-    return out
+from .spec import FfnBuild, stage_bounds
 
 
 def items(stamps: torch.Tensor, b: FfnBuild, nslots: int, final: bool) -> list[dict]:

@@ -345,7 +345,9 @@ def ffn_kernel(
             tl.store(
                 logit + (part_k * S + rows[:, None]) * E + ex[None, :], acc, mask=rows[:, None] < S
             )
-            # the last router item to finish routes: no hand-off to a route task to notice
+            # the last router item to finish routes: no hand-off to a route task to notice;
+            # its done pair also vouches for the norm items (the routed up items read xn
+            # and wait for nothing else), so it waits for them before marking it
             if dt.last_arrival(rcount, RG * RP):
                 _route(
                     logit,
@@ -365,6 +367,9 @@ def ffn_kernel(
                     SUBSET,
                     RSF,
                     RT,
+                )
+                dt.wait_items(
+                    done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
                 )
                 pt.ticket_finish(done, ROUTED, tag)
         elif t < STATIC:
