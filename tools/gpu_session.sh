@@ -7,7 +7,7 @@
 # tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
-# tiles, diag, stream, fixes, sanitize, k2perf, gemv, router, profile, all.
+# tiles, diag, stream, fixes, sanitize, k2perf, gemv, upstage, router, profile, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -111,6 +111,15 @@ if has k2perf; then
     step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
     step timeline-k2 120 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 --layers 8 \
         --timeline "$LOG/bench"
+fi
+if has upstage; then
+    # Why the FFN's routed up items stream slower than the engine GEMV: the GEMV on one
+    # routed expert's w13 (1536 x 6144) with every MXFP4 tile (the FFN's among them),
+    # beside the FFN's routed-experts-only build and its timeline.
+    step gemv-w13 200 python3 -m mono_runtime.stream.bench --variants --formats mxfp4 \
+        --rows 1,16 --shapes 1536x6144 --json "$LOG/bench/gemv-w13.json"
+    step routed-ffn 200 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
+        --experts routed,all --timeline "$LOG/bench"
 fi
 if has router; then
     # The FFN router item's arithmetic alone (its `rrows` tile default comes from this).

@@ -223,3 +223,13 @@ if __name__ == "__main__":
         print(json.dumps(gemv_loop_costs()))
     else:
         check_gemv(L.StreamFormat(int(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]))
+
+
+@pytest.mark.parametrize("shapes", ["1536", "1536x", "0x6144", "axb"])
+def test_bench_refuses_bad_shapes_before_touching_a_gpu(shapes, capsys):
+    from mono_runtime.stream.bench import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--shapes", shapes])
+    assert e.value.code == 2
+    assert "--shapes" in capsys.readouterr().err

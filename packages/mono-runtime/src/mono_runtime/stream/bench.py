@@ -7,6 +7,7 @@ of the copy bandwidth measured in the same run. `--variants` times every tile va
 `VARIANTS` (a tuning table, not a guess); the default times the chosen tiles only.
 
     python3 -m mono_runtime.stream.bench --rows 1,4,16 [--variants] [--json FILE]
+        [--formats mxfp4,...] [--shapes 1536x6144,...]
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ VARIANTS = {  # (bn, bk, split, stages, warps, asm); the H200 runs in docs/PERFO
             (128, 256, 4, 4, 4, False),
             (128, 128, 4, 6, 4, True),
             (64, 256, 4, 4, 4, True),
+            (64, 256, 4, 3, 4, True),  # the FFN's routed up tile
             (64, 512, 4, 3, 4, True),
             (128, 512, 4, 3, 4, True),
             (128, 256, 4, 4, 8, True),
@@ -213,10 +215,21 @@ def main(argv=None) -> int:
     p.add_argument("--variants", action="store_true")
     p.add_argument("--json")
     p.add_argument("--formats", help="comma-separated names, e.g. mxfp4,mxfp4_k32")
+    p.add_argument(
+        "--shapes",
+        default="4096x6144,16384x8192",
+        help="comma-separated NxK weights; --variants times every tile at the first",
+    )
     a = p.parse_args(argv)
     formats = a.formats and tuple(StreamFormat[n.upper()] for n in a.formats.split(","))
     rows = tuple(int(r) for r in a.rows.split(","))
-    out = measure(rows, variants=a.variants, formats=formats)
+    try:
+        shapes = tuple(tuple(int(d) for d in x.split("x", 1)) for x in a.shapes.split(","))
+    except ValueError:
+        p.error(f"--shapes {a.shapes!r}: expected NxK[,NxK...], e.g. 1536x6144")
+    if any(len(x) != 2 or min(x) < 1 for x in shapes):
+        p.error(f"--shapes {a.shapes!r}: expected NxK[,NxK...] of positive sizes")
+    out = measure(rows, shapes=shapes, variants=a.variants, formats=formats)
     print(f"copy bandwidth {out['copy_bytes_per_s'] / 1e12:.2f} TB/s")
     if a.json:
         with open(a.json, "w") as f:
