@@ -386,7 +386,8 @@ def waits(b: FfnBuild, nslots: int, final: bool) -> dict[int, list[int]]:
     `route_done`), in a launch that routed `nslots` slots; peers' pushes are not done
     pairs. The router item that routes is whichever finishes last: listed as the last in
     ticket order. Not listed: before its first ticket past the static tasks, a program
-    learns the slot count from the route's pair (once)."""
+    learns the slot count from the route's pair (once). The Triton build's plan (the
+    FlyDSL build still runs the first one: its README)."""
     p, s = b.plan, b.rows
     at = {name: range(lo, hi) for name, lo, hi in stage_bounds(b, nslots, final)}
     nch = p.seam_chunks
