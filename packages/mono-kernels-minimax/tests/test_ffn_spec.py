@@ -193,10 +193,11 @@ def test_every_real_shape_has_a_plan(weights):
 def test_tile_overrides_are_checked(monkeypatch):
     from mono_kernels_minimax.ffn.spec import TILES_ENV
 
-    monkeypatch.setenv(TILES_ENV, "bn=128,uks=2")
+    monkeypatch.setenv(TILES_ENV, "bn=128,uks=2,occ=3,regs=168")
     p = FfnBuild(MiniMaxM3Config(), 1, 4).plan
-    assert (p.bn, p.uks) == (128, 2)
-    for bad in ("bn=48", "uks=5", "dbk=16", "nope=1", "bn=x", "warps=2", "occ=3"):
+    assert (p.bn, p.uks, p.occ, p.regs) == (128, 2, 3, 168)
+    bad_tiles = ("bn=48", "uks=5", "dbk=16", "nope=1", "bn=x", "warps=2", "occ=4", "regs=100")
+    for bad in bad_tiles + ("regs=32", "regs=256", "rrows=32", "upf=2"):
         monkeypatch.setenv(TILES_ENV, bad)
         with pytest.raises(ValueError, match="FFN tiles|MONO_FFN_TILES"):
             _ = FfnBuild(MiniMaxM3Config(), 1, 4).plan

@@ -18,11 +18,13 @@ def compile_for(
     constexprs: dict[str, Any],
     num_warps: int = 4,
     target: str = "sm90",
+    maxnreg: int | None = None,
 ) -> Any:
     """`fn` compiled for `target` (one of TARGETS): `types` names each runtime argument's
     Triton type ("*i32", "i64", "fp32"...), `constexprs` each constexpr's value. Pointers
     are taken as 16-byte aligned, as torch allocations are at launch: without it Triton
-    cannot vectorize loads, and the binary is not the one that runs."""
+    cannot vectorize loads, and the binary is not the one that runs. `maxnreg`: a cap on
+    each thread's registers (NVIDIA; None: the compiler's choice)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -43,7 +45,8 @@ def compile_for(
         constexprs=consts,
         attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
     )
-    return triton.compile(source, target=gpu, options={"num_warps": num_warps})
+    options = {"num_warps": num_warps} | ({"maxnreg": maxnreg} if maxnreg else {})
+    return triton.compile(source, target=gpu, options=options)
 
 
 def resources_of(kernel: Any, arch: str = "sm_90a") -> Resources:

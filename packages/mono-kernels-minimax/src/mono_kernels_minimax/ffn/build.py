@@ -103,6 +103,7 @@ class FfnTriton(TritonBuild, _Ffn):
             triton_build.constexprs(self.key, False),
             programs=programs,
             num_warps=self.key.plan.warps,
+            maxnreg=self.key.plan.regs or None,
             device=args["scratch"].device,
             what=f"FFN width {self.key.rows}",
         )

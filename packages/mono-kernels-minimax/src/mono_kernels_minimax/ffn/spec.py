@@ -185,6 +185,7 @@ class TaskPlan:
     stages: int  # software-pipeline depth of every weight stream
     warps: int  # warps of a program: 4 (one warpgroup) or 8 (two warps per scheduler)
     occ: int  # programs per SM the runner launches (2 fits with stages <= 3 at 4 warps)
+    regs: int  # cap on a thread's registers (ptxas maxnreg; 0: the compiler's choice)
     pair: int  # 1: an up item streams gate and up rows in one loop (stream_row_pair)
     rrows: int  # S at most this: the router dots one row at a time, else one fp32 tl.dot
     upf: int  # 1: a routed up item asks L2 for its rows before streaming them
@@ -215,6 +216,10 @@ class TaskPlan:
                 stages=3,
                 warps=4,
                 occ=2,
+                # no register cap: 255 (1 KB of spills, 5 reloads a trip of the paired up
+                # loop); a cap of 168 spills 1.6 KB, 6-7 reloads a trip (sm_90 compile),
+                # room for 3 programs an SM if their shared memory fits
+                regs=0,
                 # gate and up rows of an up item in one loop (two dot chains, one ramp):
                 # 89.1 / 343.2 us at S = 1 / 16 against 92.4 / 362.1 (H200, ffn.tune, one run)
                 pair=1,
@@ -241,6 +246,7 @@ class TaskPlan:
                 stages=2,
                 warps=4,
                 occ=1,
+                regs=0,
                 pair=1,  # the interpreter tests run the paired loop; real shapes: above
                 rrows=4,
                 upf=0,
@@ -308,12 +314,16 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
 
     for name in t:
         need(
-            pow2(t[name]) or name in ("ng", "stages", "pair", "upf", "dpf"),
+            pow2(t[name]) or name in ("ng", "stages", "pair", "upf", "dpf", "occ", "regs"),
             f"{name} must be a power of two",
         )
     need(t["stages"] >= 1 and 1 <= t["ng"] <= b.max_slots, "stages >= 1, 1 <= ng <= max_slots")
     need(t["warps"] in (4, 8), "warps is 4 or 8")
-    need(t["occ"] in (1, 2), "occ is 1 or 2")
+    need(t["occ"] in (1, 2, 3), "occ is 1, 2 or 3")
+    need(
+        t["regs"] == 0 or (64 <= t["regs"] <= 255 and t["regs"] % 8 == 0),
+        "regs is 0 or 64..255, a multiple of 8",
+    )
     need(t["pair"] in (0, 1), "pair is 0 or 1")
     need(t["upf"] in (0, 1) and t["dpf"] in (0, 1), "upf and dpf are 0 or 1")
     need(t["rrows"] <= 16, "rrows is at most 16")

@@ -992,11 +992,13 @@ def compile_for(b: FfnBuild, target: str):
         constexprs(b, cpu=False),
         num_warps=b.plan.warps,
         target=target,
+        maxnreg=b.plan.regs or None,
     )
 
 
 def launch(b: FfnBuild, grid: int, cpu: bool, **args):
     """Launch build `b` on already-validated tensors (the runner checks them)."""
+    cap = {"maxnreg": b.plan.regs} if b.plan.regs and not cpu else {}
     return ffn_kernel[(grid,)](
-        *kernel_args(b, **args), **constexprs(b, cpu), num_warps=b.plan.warps
+        *kernel_args(b, **args), **constexprs(b, cpu), num_warps=b.plan.warps, **cap
     )

@@ -25,13 +25,16 @@ def warm_triton(
     num_warps: int,
     device: Any,
     what: str,
+    maxnreg: int | None = None,
 ) -> None:
     """Compile and load `kernel` on `args` (a launch's runtime arguments) for a grid of
     `programs`, then raise MonoUnsupported, naming `what`, when that grid cannot be
-    resident at once on `device`. Nothing on a CPU (the interpreter compiles nothing)."""
+    resident at once on `device`. Nothing on a CPU (the interpreter compiles nothing).
+    `maxnreg`: the launch's register cap, if it sets one (it is part of the binary)."""
     if device.type == "cpu":
         return
-    compiled = kernel.warmup(*args, grid=(programs,), **constexprs, num_warps=num_warps)
+    cap = {"maxnreg": maxnreg} if maxnreg else {}
+    compiled = kernel.warmup(*args, grid=(programs,), **constexprs, num_warps=num_warps, **cap)
     problem = residency_problem(
         Resources.of_compiled(compiled), programs, DeviceLimits.of(device), what
     )
