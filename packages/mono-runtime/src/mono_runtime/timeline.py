@@ -9,6 +9,7 @@ stamp), in ticket order; each kernel maps its tickets to stages (`from_stamps`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def from_stamps(stamps: Sequence[Sequence[int]], stage_of: Callable[[int], str]) -> list[dict]:
@@ -44,8 +45,9 @@ def summary(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path, title: str = "") -> None:
-    """Items as bars over programs (x: us from the launch's first stamp), one colour a stage.
-    Needs matplotlib (mono-tools depends on it; the kernel packages do not)."""
+    """Items as bars over programs (x: us from the launch's first stamp), one colour a stage,
+    saved at `path` (its folder made if missing). Needs matplotlib (mono-tools depends on
+    it; the kernel packages do not)."""
     try:
         import matplotlib
     except ImportError as err:
@@ -76,5 +78,6 @@ def plot(rows: list[dict], path, title: str = "") -> None:
     ax.set_title(title)
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -90,7 +90,6 @@ def _show(rows, title: str, path: str) -> None:
 
     print(f"-- timeline {title} (us per item of the graph's last launch)")
     print(summary(rows))
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     plot(rows, path, title)
 
 
