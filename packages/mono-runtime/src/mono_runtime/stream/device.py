@@ -10,10 +10,10 @@ MXFP4 decode (``mxfp4-rot``, see `layout`): a 32-bit word of eight codes gives f
 pairs, each a rotation and a mask (the last two of each), which are the e2m1 values times
 2^-126 (0.5 lands on the subnormal 2^-127); each pair is multiplied by the e8m0 scale times
 2^(126 - MX_LIFT) in bf16 and the fp32 result by 2^MX_LIFT: every product is exact for
-e8m0 codes 58..191 (scales 2^-69 to 2^64, far wider than any checkpoint's); the lifted
-scale of a larger code is past bf16 and reads as inf (the checkpoint reading gives inf
-only for 255, OCP's NaN). On the GPU the decode and the scaling are one inline-PTX block
-per word (13 instructions per 8 values) and Triton loads the words straight into the dot's
+e8m0 codes 58..191 (scales 2^-69 to 2^64, far wider than any checkpoint's); the packer
+refuses larger codes (`layout.ROT_SCALE_MAX`), so the decode needs no clamp. On the GPU
+the decode and the scaling are one inline-PTX block per word (13 instructions per 8
+values), a scale one shift-add, and Triton loads the words straight into the dot's
 register operand: no shared-memory round trip for the decoded tile. The weight is
 tile-major (`mx_rot_tile`), so the staged words are read without bank conflicts. Under the
 interpreter the same bits come from plain integer ops and fp32 products, rounded once.
@@ -137,10 +137,11 @@ def _mx_rot_decode(
 
 @triton.jit
 def mx_scale(s, CPU: tl.constexpr):
-    """bf16 2^(s - 127 + 126 - MX_LIFT) of uint8 e8m0 codes (inf past the bf16 range)."""
-    e = s.to(tl.int32) + (126 - MX_LIFT)  # biased bf16 exponent of the lifted scale
-    bits = tl.where(e >= 255, 0x7F80, tl.where(e <= 0, 0, e << 7))
-    return bf16_of_bits(bits, CPU)
+    """bf16 2^(s - 127 + 126 - MX_LIFT) of uint8 e8m0 codes s <= layout.ROT_SCALE_MAX: the
+    biased bf16 exponent s + 126 - MX_LIFT shifted into place, one shift-add a scale with
+    no clamp (the packer refuses larger codes; a clamp cost two more instructions a scale
+    in a loop bound by its instruction issue)."""
+    return bf16_of_bits((s.to(tl.int32) + (126 - MX_LIFT)) << 7, CPU)
 
 
 @triton.jit

@@ -148,6 +148,7 @@ def pack_mxfp4_rot(
         )
     if values.shape[-2] % TILE_ROWS:
         raise ValueError(f"mxfp4-rot: {values.shape[-2]} rows are not a multiple of {TILE_ROWS}")
+    _check_scale_codes("scales", scales)
     v = values if inplace else values.clone()
     sc = scales if inplace else scales.clone()
     rotate_codes(v, out=v)
@@ -167,12 +168,7 @@ def pack_experts_rot(experts: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> N
     ``mxfp4-rot`` in place, all or none: every scale and shape is checked first, so a
     refusal (ValueError naming the tensor) leaves nothing half converted."""
     for name, (values, scales) in experts.items():
-        top = int(scales.max())
-        if top > ROT_SCALE_MAX:
-            raise ValueError(
-                f"weights.{name}_scale: e8m0 code {top} (2^{top - 127}) is past the largest "
-                f"scale the packed layout decodes exactly ({ROT_SCALE_MAX}: 2^64)"
-            )
+        _check_scale_codes(f"weights.{name}_scale", scales)
         if values.shape[-2] % TILE_ROWS:
             raise ValueError(
                 f"weights.{name}: {values.shape[-2]} rows a matrix; mxfp4-rot packs them "
@@ -180,6 +176,17 @@ def pack_experts_rot(experts: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> N
             )
     for values, scales in experts.values():
         pack_mxfp4_rot(values, scales, inplace=True)
+
+
+def _check_scale_codes(name: str, scales: torch.Tensor) -> None:
+    """Refuse e8m0 codes past ROT_SCALE_MAX: the device decode adds no clamp (one
+    shift-add a scale), so a packed weight must never hold one."""
+    top = int(scales.max()) if scales.numel() else 0
+    if top > ROT_SCALE_MAX:
+        raise ValueError(
+            f"{name}: e8m0 code {top} (2^{top - 127}) is past the largest "
+            f"scale the packed layout decodes exactly ({ROT_SCALE_MAX}: 2^64)"
+        )
 
 
 def tile_rows(
