@@ -179,7 +179,7 @@ def test_rot_layout_is_tile_major_and_packs_in_place():
 def gemv_loop_costs() -> dict:
     """Hot-loop cost of the sm_90 GEMV per format at the chosen tiles (child process: the
     compile needs TRITON_INTERPRET unset)."""
-    from mono_runtime.compile_check import compile_for
+    from mono_runtime.compile_check import compile_for, resources_of
     from mono_runtime.sass import loop_cost
     from mono_runtime.stream.gemv import gemv_kernel
 
@@ -189,19 +189,21 @@ def gemv_loop_costs() -> dict:
         consts = dict(N=16384, KROW=8192, S=1, BN=bn, BK=bk, SPLIT=4, FMT=int(fmt), STAGES=4)
         k = compile_for(gemv_kernel, types, {**consts, "CPU": False, "ASM": True})
         cost = loop_cost(k, bn * bk)
-        out[fmt.name] = (cost.per_value, cost.opcodes)
+        out[fmt.name] = (cost.per_value, cost.opcodes, resources_of(k).wgmma_serialized)
     return out
 
 
 @pytest.mark.timeout(300)
 def test_mxfp4_decode_is_cheap_in_the_compiled_loop():
     """sm_90 SASS of the GEMV: the mxfp4-rot loop stays near its 13 instructions per 8
-    values (0.096 warp-instructions per value with Triton 3.6, against 0.16-0.17 for the
-    checkpoint layout through tl.dot_scaled), and its decoded tile never goes through
-    shared memory (no STS in the loop: the words are loaded into the dot operand)."""
+    values and one shift-add a scale (0.079 warp-instructions per value with Triton 3.6;
+    0.095 with the scale's clamps; 0.16-0.17 for the checkpoint layout through
+    tl.dot_scaled), its decoded tile never goes through shared memory (no STS in the loop:
+    the words are loaded into the dot operand), and ptxas keeps its wgmma pipelined (the
+    loop is issue-bound: Nsight Compute on the H200, 0.70 warps issued a scheduler-cycle)."""
     costs, _ = child_json([__file__, "costs"], 280, TRITON_INTERPRET="0")
-    rot, rot_ops = costs["MXFP4"]
-    assert rot <= 0.11, costs
+    rot, rot_ops, serialized = costs["MXFP4"]
+    assert rot <= 0.085 and not serialized, costs
     assert "STS" not in rot_ops and rot_ops.get("HMUL2", 0) == 128 * 256 // 2 // 128, rot_ops
     assert rot < 0.7 * costs["MXFP4_K32"][0], costs
 

@@ -80,6 +80,9 @@ class Resources:
     shared: int  # bytes
     threads: int
     spill_bytes: int = 0
+    # ptxas serialized the kernel's wgmma (its C7515 advisory): each one waits for the last,
+    # a loop of them runs at the tensor core's latency, not its rate
+    wgmma_serialized: bool = False
 
     @classmethod
     def of_compiled(cls, kernel: Any) -> Resources:
@@ -116,7 +119,13 @@ class Resources:
         spill = re.search(r"(\d+) bytes spill stores", text)
         if regs is None:
             raise RuntimeError(f"ptxas -v printed no register count:\n{text}")
-        return cls(int(regs.group(1)), shared, threads, int(spill.group(1)) if spill else 0)
+        return cls(
+            int(regs.group(1)),
+            shared,
+            threads,
+            int(spill.group(1)) if spill else 0,
+            "(C7515)" in text,
+        )
 
 
 @dataclass(frozen=True)
