@@ -7,7 +7,7 @@
 # tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
-# tiles, diag, stream, fixes, sanitize, k2perf, gemv, upstage, router, profile, all.
+# tiles, diag, stream, fixes, sanitize, k2perf, gemv, upstage, router, gemvprof, profile, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -129,6 +129,22 @@ if has gemv; then
     step gemv-variants 200 python3 -m mono_runtime.stream.bench --variants --rows 1,16 \
         --json "$LOG/bench/gemv-variants.json"
 fi
+if has gemvprof; then
+    # Is the engine GEMV bound by issue or by memory? Nsight Compute on one launch of
+    # tools/gemv_probe.py, MXFP4 (the FFN's up tile) beside bf16 (stop 27: 0.70 warps issued
+    # a scheduler-cycle at 53% of DRAM peak, against 0.08 at 87%).
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
+    export NCU
+    for f in mxfp4 bf16; do
+        step gemv-$f-time 60 python3 tools/gemv_probe.py $f --time
+        step ncu-gemv-$f 150 "$NCU" --clock-control none -k regex:gemv_kernel --launch-skip 3 \
+            --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+            --section SchedulerStats --section SourceCounters --import-source yes \
+            -o "$LOG/gemv-$f" -f python3 tools/gemv_probe.py $f
+        step top-gemv-$f 60 python3 tools/ncu_top.py "$LOG/gemv-$f.ncu-rep" --lines 30 --views sass
+        rm -f "$LOG/gemv-$f.ncu-rep"
+    done
+fi
 if has profile; then
     # Where the FFN's warps wait (Nsight Compute, clocks left alone): one launch at S = 1
     # and one at S = 16 out of the benchmark's graphs, summarised by tools/ncu_top.py.
@@ -165,7 +181,7 @@ for name in ffn k1 k2 drafter rest; do
 done
 for name in qualify drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda \
-    tiles-ffn top-ffn-s1 top-ffn-s16; do
+    tiles-ffn top-ffn-s1 top-ffn-s16 gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
