@@ -186,6 +186,27 @@ def test_minimax_copies_padded_experts_exactly():
     assert copy["w13"].data_ptr() != routed_experts(backbone.layers[1]).w13_weight.data_ptr()
 
 
+def test_a_copy_that_cannot_fit_is_refused_before_it_is_made(monkeypatch):
+    """The kernel's own copy of the experts must fit the GPU twice (vLLM keeps its own)
+    with COPY_MARGIN for the rest: else one refusal naming the size and the setting that
+    avoids the copy, from shapes alone, before build allocates anything."""
+    from mono_vllm import experts as E
+
+    backbone = minimax_backbone("mxfp4", "amd", Backend.EMULATION, inter_pad=256)
+    family = MiniMaxFfnKernels(backbone, DEPLOY, 0, 1)
+    w = backbone.checkpoint
+    copy = sum(t.nbytes for t in (w.w13, w.w13_scale, w.w2, w.w2_scale))
+    monkeypatch.setattr(E, "device_memory", lambda device: 2 * copy + E.COPY_MARGIN)
+    assert family.check() == []  # fits exactly
+    monkeypatch.setattr(E, "device_memory", lambda device: 2 * copy + E.COPY_MARGIN - 1)
+    (reason,) = family.check()
+    assert reason.startswith("the FFN kernel's own copy of the routed experts (0.0 GiB a rank")
+    assert reason.endswith("--moe-backend emulation keeps the checkpoint's layout, which the "
+                           "FFN kernel reads in place")  # fmt: skip
+    read_in_place = minimax_backbone("mxfp4", "amd", Backend.EMULATION)
+    assert MiniMaxFfnKernels(read_in_place, DEPLOY, 0, 1).check() == []  # no copy: no limit
+
+
 class FakeFfnRunner:
     """Stands in for FfnRunner in build(): records pack and launches."""
 

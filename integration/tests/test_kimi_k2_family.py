@@ -118,10 +118,9 @@ def kimi_backbone(backend="EMULATION", pad_w2=False):
         routed = got.mlp.experts.routed_experts
         routed.quant_method = NS(mxfp4_backend=None if backend is None else Backend(name=backend))
         routed.moe_config = NS(intermediate_size_per_partition=cfg.routed_intermediate)
-        if pad_w2:
-            routed.w2_weight = _param(
-                torch.zeros(*w.w2.shape[:-1], w.w2.shape[-1] + 16, dtype=torch.uint8)
-            )
+        if pad_w2:  # 32 more columns: 16 bytes of codes, one scale
+            routed.w2_weight = _param(torch.nn.functional.pad(w.w2, (0, 16)))
+            routed.w2_weight_scale = _param(torch.nn.functional.pad(w.w2_scale, (0, 1)))
         states = [torch.zeros(3, cfg.qkv_dim, 3, dtype=torch.bfloat16), torch.zeros(3, 2, 16, 16)]
         got.self_attn.prefix = f"model.layers.{i}.self_attn"
         got.self_attn.kv_cache = states
@@ -150,6 +149,7 @@ def test_k2_runs_on_the_moe_kda_layers_and_sizes_the_runner():
     assert scratch > k1_scratch and peer == max(k1_peer, peer_bytes(family._config()))
     padded = KimiKdaKernels(kimi_backbone(pad_w2=True), Deployment(architecture="x", tp=1), 0, 1)
     assert padded.check() == [] and padded._k2_layout()[1] is True  # K2 unpacks its own
+    assert padded.k2_off() == []  # the dry run of its copy (shapes only) passes
 
 
 def test_k2_off_leaves_k1_and_says_why():
@@ -169,6 +169,23 @@ def test_k2_off_leaves_k1_and_says_why():
     )
     marlin.check()
     assert "MARLIN MoE backend" in marlin.k2_off()[0]
+
+
+def test_k2_off_when_its_copy_cannot_fit(monkeypatch):
+    """K2's own copy of the experts (vLLM keeps them padded here) must fit the GPU twice
+    with the margin: else K2 is off with the reason and K1 still runs."""
+    from mono_vllm import experts as E
+    from mono_vllm.deployment import Deployment
+    from mono_vllm.families.kimi import KimiKdaKernels
+
+    monkeypatch.setattr(E, "device_memory", lambda device: E.COPY_MARGIN)  # no room at all
+    family = KimiKdaKernels(kimi_backbone(pad_w2=True), Deployment(architecture="x", tp=1), 0, 1)
+    assert family.check() == []  # K1 still runs
+    (reason,) = family.k2_off()
+    assert reason.startswith("K2's own copy of the routed experts") and "emulation" in reason
+    assert family.layers == family.kda_layers
+    in_place = KimiKdaKernels(kimi_backbone(), Deployment(architecture="x", tp=1), 0, 1)
+    assert in_place.check() == [] and in_place.k2_off() == []  # no copy: no limit
 
 
 def test_live_rows_follow_k1s_state_slots():

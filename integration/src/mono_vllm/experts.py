@@ -54,6 +54,36 @@ def mxfp4_layout(experts: Any) -> Any:
     return layout
 
 
+# What a rank keeps beside vLLM's routed experts and a kernel's copy of them: the rest of
+# the model's weights, activations, graphs and a minimal KV cache
+COPY_MARGIN = 8 << 30
+
+
+def copy_reason(nbytes: int, device: Any, kernel: str) -> str | None:
+    """Why `kernel` cannot hold its own copy of the routed experts (`nbytes` a rank); None
+    when it fits. vLLM's experts already take about as much, so twice the copy and
+    COPY_MARGIN must fit the GPU: judged on its total memory, which every rank of a
+    deployment (one GPU model) reads alike, so the ranks agree without a collective, and
+    before any of the copy is made (it would fail as an out-of-memory error, naming no
+    setting)."""
+    total = device_memory(device)
+    if total is None or 2 * nbytes + COPY_MARGIN <= total:
+        return None
+    return (
+        f"{kernel}'s own copy of the routed experts ({nbytes / 2**30:.1f} GiB a rank, beside "
+        f"vLLM's) does not fit a {total / 2**30:.0f} GiB GPU; --moe-backend emulation keeps "
+        f"the checkpoint's layout, which {kernel} reads in place"
+    )
+
+
+def device_memory(device: Any) -> int | None:
+    """Total bytes of a CUDA (or ROCm) device's memory; None for any other device."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory
+
+
 def weight_and_scale(module: Any, prefix: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight, scale or None) of a loaded linear or expert module, as tensors."""
     weight = getattr(module, f"{prefix}weight")

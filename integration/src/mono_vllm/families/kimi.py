@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..deployment import Deployment, KernelSupport
-from ..experts import mxfp4_layout, unpacked_experts, weight_and_scale
+from ..experts import copy_reason, mxfp4_layout, unpacked_experts, weight_and_scale
 from ..variants import AMD, variant
 
 # KimiLinearConfig fields K2 reads, by the same names (KimiK3Config's)
@@ -456,13 +456,17 @@ class KimiKdaKernels:
             K2Build(cfg, 1)
             layout, copies = self._k2_layout()
             device = self.backbone.layers[self.kda_layers[0]].input_layernorm.weight.device
+            copy = 0
             for i in self.moe_layers:  # what build will unpack, as shapes only (MLA's
                 # o_proj must take K2's width: the KDA core's)
                 w = self._k2_weights(i, copies, layout, "meta" if copies else None)
                 w.validate(cfg, None if copies else device)
+                if copies:
+                    copy += sum(t.nbytes for t in (w.w13, w.w13_scale, w.w2, w.w2_scale))
         except ValueError as err:
             return [f"loaded weights: {err}"]
-        return []
+        too_big = copy_reason(copy, device, "K2")  # K2 off, K1 still runs
+        return [] if too_big is None else [too_big]
 
     def _k1_bytes(self, widths) -> tuple[int, int]:
         from mono_kernels_kimi.kda.runner import runner_bytes

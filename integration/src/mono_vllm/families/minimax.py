@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..deployment import Deployment, KernelSupport
-from ..experts import mxfp4_layout, unpacked_experts, weight_and_scale
+from ..experts import copy_reason, mxfp4_layout, unpacked_experts, weight_and_scale
 from ..variants import AMD, NVIDIA, variant
 
 
@@ -180,16 +180,20 @@ class MiniMaxFfnKernels:
             fmt, layout = self._source()
             FfnBuild(cfg, rows=1, tp=self.world, weights=fmt)
             device = first.post_attention_layernorm.weight.device
+            copy = 0
             for i in self.layers:
                 layer = self.backbone.layers[i]
                 if self._copies(layout):  # what build will unpack, as shapes only
                     experts = ffn_experts(routed_experts(layer), layout, cfg, self.world, "meta")
                     ffn_weights(layer, experts).validate(cfg, self.world)
+                    copy += sum(t.nbytes for t in experts.values())
                 else:
                     ffn_weights(layer).validate(cfg, self.world, device)
         except ValueError as err:
             reasons.append(f"loaded weights: {err}")
-        return reasons
+            return reasons
+        too_big = copy_reason(copy, device, "the FFN kernel")
+        return reasons if too_big is None else [*reasons, too_big]
 
     def _source(self) -> tuple[Any, Any]:
         return expert_source(routed_experts(self.backbone.layers[self.layers[0]]))
