@@ -93,10 +93,12 @@ if has stream; then
 fi
 if has fixes; then
     # After fixes found on a CPU: K2 at full rank shapes, the toy decode with K1 + K2, the
-    # drafter (in parallel: compile-bound).
+    # drafter, the FFN on HUMMING-repacked experts (in parallel: compile-bound).
     tests k2 240 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank or opbyop" --tb=short &
     tests rest 240 integration/tests/test_toy_decode.py -k "gpu and kimi" --tb=short &
     tests drafter 150 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
+    # the FFN on experts repacked from vLLM's HUMMING layout (issue 16's H200 check)
+    tests sources 200 $P/mono-kernels-minimax/tests/test_ffn_sources.py --tb=short &
     wait
 fi
 if has sanitize; then
@@ -172,7 +174,7 @@ fi
 cp "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null  # 8 files come back at most: PNGs in the archive
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
 cat "$LOG/status.txt"
-for name in ffn k1 k2 drafter rest; do
+for name in ffn k1 k2 drafter sources rest; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== tests $name"
     grep -E "^(FAILED|ERROR) " "$LOG/$name.txt" | head -20
