@@ -7,7 +7,8 @@
 # tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
-# tiles, diag, stream, fixes, sanitize, k2perf, gemv, upstage, router, gemvprof, profile, all.
+# tiles, diag, stream, fixes, sanitize, k2perf, k2occ, gemv, upstage, router, gemvprof,
+# profile, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -114,6 +115,24 @@ if has k2perf; then
     step timeline-k2 120 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 --layers 8 \
         --timeline "$LOG/bench"
 fi
+if has k2occ; then
+    # K2 with two programs an SM (issue 15): its bf16 streams at K step 128 need 61 KB of
+    # shared memory (122 KB at 256: one program an SM). Each variant's widths compile in
+    # parallel, then each is timed alone; the default with its op-by-op path last.
+    V=("" "obk=128,sdk=128" "obk=128,sdk=128,occ=2")
+    for v in "${V[@]}"; do
+        for s in 1 4 16; do
+            step "warm-k2-$s-${v//[=,]/_}" 270 env MONO_K2_TILES="$v" \
+                python3 -m mono_kernels_kimi.k2.bench --rows $s --layers 2 --no-baseline &
+        done
+    done
+    wait
+    for v in "${V[@]}"; do
+        step "k2occ-${v//[=,]/_}" 90 env MONO_K2_TILES="$v" \
+            python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 8 --no-baseline
+    done
+    step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
+fi
 if has upstage; then
     # Why the FFN's routed up items stream slower than the engine GEMV: the GEMV on one
     # routed expert's w13 (1536 x 6144) with every MXFP4 tile (the FFN's among them),
@@ -183,7 +202,8 @@ for name in ffn k1 k2 drafter sources rest; do
 done
 for name in qualify drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda \
-    tiles-ffn top-ffn-s1 top-ffn-s16 gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn top-ffn-s1 top-ffn-s16 gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16 \
+    k2occ- k2occ-obk_128_sdk_128 k2occ-obk_128_sdk_128_occ_2; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"

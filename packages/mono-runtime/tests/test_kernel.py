@@ -278,3 +278,18 @@ def test_same_device_fills_in_the_current_cuda_index(monkeypatch):
     assert same_device("cuda", "cuda:1") and same_device("cuda:1", "cuda")
     assert not same_device("cuda", "cuda:0") and not same_device("cuda:0", "cuda:1")
     assert same_device("cpu", torch.device("cpu")) and not same_device("cpu", "cuda")
+
+
+def test_tile_overrides_replace_named_tiles_and_refuse_the_rest(monkeypatch):
+    from mono_runtime.kernel.tiles import tile_overrides
+
+    tiles = {"bn": 64, "stages": 3}
+    monkeypatch.delenv("MONO_X_TILES", raising=False)
+    assert tile_overrides("MONO_X_TILES", tiles) == tiles
+    monkeypatch.setenv("MONO_X_TILES", " stages=2, ")
+    got = tile_overrides("MONO_X_TILES", tiles)
+    assert got == {"bn": 64, "stages": 2} and tiles["stages"] == 3  # a copy
+    for bad in ("warps=8", "bn=", "bn=-1", "bn"):
+        monkeypatch.setenv("MONO_X_TILES", bad)
+        with pytest.raises(ValueError, match=r"MONO_X_TILES=.*expected name=int items of \['bn'"):
+            tile_overrides("MONO_X_TILES", tiles)

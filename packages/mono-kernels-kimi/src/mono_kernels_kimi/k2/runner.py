@@ -76,10 +76,11 @@ class K2Runner(MonoLayerRunner):
             sizes, peer_bytes(cfg), group, rank, self.tp, deadline_ns, runner, scratch_offset
         )
         if programs is None:
+            occ = max(b.plan.occ for b in self.builds.values())  # programs an SM (a tile)
             programs = (
                 2
                 if self.cpu
-                else torch.cuda.get_device_properties(self.device).multi_processor_count
+                else occ * torch.cuda.get_device_properties(self.device).multi_processor_count
             )
         self.programs = programs
         self._opened()

@@ -54,6 +54,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mono_runtime.kernel.tiles import tile_overrides
+
 from ..config import KimiK3Config
 
 MAX_ROWS = 16
@@ -65,6 +67,9 @@ TPS = (1, 2, 4, 8)
 def p2(n: int) -> int:
     """n rounded up to a power of two (Triton block sizes)."""
     return 1 << max(0, (n - 1).bit_length())
+
+
+TILES_ENV = "MONO_K2_TILES"  # e.g. "obk=128,sdk=128,occ=2": a benchmark's tile variant
 
 
 def _step(k: int, want: int) -> int:
@@ -178,6 +183,7 @@ class Plan:
     nf: int
     stages: int
     warps: int
+    occ: int  # programs an SM the runner launches (2 needs <= 113 KB of shared memory)
 
     @classmethod
     def of(cls, b: K2Build) -> Plan:
@@ -200,10 +206,29 @@ class Plan:
         for name, v in (("oc", oc), ("sb", sb), ("sd", sd), ("bn", bn), ("dc", dc), ("uc", uc)):
             if v < 16:
                 raise ValueError(f"K2 tiles: {name} = {v} (< 16) for {c}")
+        steps = dict(
+            obk=_step(ko, 256),
+            sdk=_step(si, 256),
+            dbk=_step(ri, 128),
+            stages=3 if big else 2,
+            occ=1,
+        )
+        if big:  # a real-shape build's, for tuning
+            steps = tile_overrides(TILES_ENV, steps)
+            for name, k in (("obk", ko), ("sdk", si), ("dbk", ri)):
+                v = steps[name]
+                if v < 16 or v & (v - 1) or k % v:
+                    raise ValueError(
+                        f"K2 tiles: {name} = {v} is not a power of two >= 16 dividing {k}"
+                    )
+            if steps["occ"] not in (1, 2) or steps["stages"] < 1:
+                raise ValueError(
+                    f"K2 tiles: occ = {steps['occ']} (1 or 2), stages = {steps['stages']} (>= 1)"
+                )
         return cls(
             oc=oc,
             no=h // oc,
-            obk=_step(ko, 256),
+            obk=steps["obk"],
             rc=rc,
             nch=h // rc,
             nr=-(-c.experts_per_rank // 16),
@@ -214,20 +239,21 @@ class Plan:
             nsu=si // sb,
             sd=sd,
             nsd=h // sd,
-            sdk=_step(si, 256),
+            sdk=steps["sdk"],
             bn=bn,
             nc=ri // bn,
             ubk=_step(lat, 256),
             dc=dc,
             nd=lat // dc,
             ng=min(b.max_slots, 8 if big else 2),
-            dbk=_step(ri, 128),
+            dbk=steps["dbk"],
             uc=uc,
             nu=c.hidden_per_rank // uc,
             fc=fc,
             nf=h // fc,
-            stages=3 if big else 2,
+            stages=steps["stages"],
             warps=4,
+            occ=steps["occ"],
         )
 
 

@@ -57,8 +57,9 @@ polled only through mono_runtime's device helpers.
 from __future__ import annotations
 
 import enum
-import os
 from dataclasses import dataclass
+
+from mono_runtime.kernel.tiles import tile_overrides
 
 from ..config import MiniMaxM3Config
 from ..formats import FP8_BLOCK, WeightFormat
@@ -235,7 +236,7 @@ class TaskPlan:
                 upf=0,
                 dpf=1,
             )
-            tiles = _tile_overrides(b, tiles)
+            tiles = tile_overrides(TILES_ENV, tiles)  # a real-shape build's, for tuning
         else:
             tiles = dict(
                 bn=min(32, i),
@@ -287,19 +288,6 @@ def _step(k: int, want: int) -> int:
 
 
 TILES_ENV = "MONO_FFN_TILES"
-
-
-def _tile_overrides(b: FfnBuild, tiles: dict[str, int]) -> dict[str, int]:
-    """A real-shape build's tiles, each replaced by MONO_FFN_TILES when it names it (e.g.
-    "bn=128,uks=2"): lets a benchmark compare tiles without an edit."""
-    spec = os.environ.get(TILES_ENV, "").strip()
-    tiles = dict(tiles)
-    for item in filter(None, (x.strip() for x in spec.split(","))):
-        name, _, value = item.partition("=")
-        if name not in tiles or not value.isdigit():
-            raise ValueError(f"{TILES_ENV}={spec!r}: expected name=int items of {sorted(tiles)}")
-        tiles[name] = int(value)
-    return tiles
 
 
 def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
