@@ -59,6 +59,12 @@ def mxfp4_layout(experts: Any) -> Any:
 COPY_MARGIN = 8 << 30
 
 
+def expert_bytes(weights: Any) -> int:
+    """Bytes of a layer's routed experts in a kernel's weight bundle (FfnWeights or
+    K2Weights, or a dry run of one on the meta device): w13, w2 and their scales."""
+    return sum(getattr(weights, n).nbytes for n in ("w13", "w13_scale", "w2", "w2_scale"))
+
+
 def copy_reason(nbytes: int, device: Any, kernel: str) -> str | None:
     """Why `kernel` cannot hold its own copy of the routed experts (`nbytes` a rank); None
     when it fits. vLLM's experts already take about as much, so twice the copy and

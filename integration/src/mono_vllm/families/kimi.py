@@ -27,7 +27,13 @@ from typing import Any
 import torch
 
 from ..deployment import Deployment, KernelSupport
-from ..experts import copy_reason, mxfp4_layout, unpacked_experts, weight_and_scale
+from ..experts import (
+    copy_reason,
+    expert_bytes,
+    mxfp4_layout,
+    unpacked_experts,
+    weight_and_scale,
+)
 from ..variants import AMD, variant
 
 # KimiLinearConfig fields K2 reads, by the same names (KimiK3Config's)
@@ -462,7 +468,7 @@ class KimiKdaKernels:
                 w = self._k2_weights(i, copies, layout, "meta" if copies else None)
                 w.validate(cfg, None if copies else device)
                 if copies:
-                    copy += sum(t.nbytes for t in (w.w13, w.w13_scale, w.w2, w.w2_scale))
+                    copy += expert_bytes(w)
         except ValueError as err:
             return [f"loaded weights: {err}"]
         too_big = copy_reason(copy, device, "K2")  # K2 off, K1 still runs
@@ -529,9 +535,7 @@ class KimiKdaKernels:
         self._k2.warm()
         weights = {i: self._k2.pack(self._k2_weights(i, copies, layout)) for i in self.moe_layers}
         if copies:
-            size = sum(
-                t.nbytes for w in weights.values() for t in (w.w13, w.w13_scale, w.w2, w.w2_scale)
-            )
+            size = sum(expert_bytes(w) for w in weights.values())
             self.notes.append(
                 f"routed experts copied from vLLM's {layout.value} layout into K2's "
                 f"({size / 2**30:.1f} GiB per rank; vLLM's MoE keeps its own for other steps)"

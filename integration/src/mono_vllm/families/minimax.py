@@ -29,7 +29,13 @@ from typing import Any
 import torch
 
 from ..deployment import Deployment, KernelSupport
-from ..experts import copy_reason, mxfp4_layout, unpacked_experts, weight_and_scale
+from ..experts import (
+    copy_reason,
+    expert_bytes,
+    mxfp4_layout,
+    unpacked_experts,
+    weight_and_scale,
+)
 from ..variants import AMD, NVIDIA, variant
 
 
@@ -185,8 +191,9 @@ class MiniMaxFfnKernels:
                 layer = self.backbone.layers[i]
                 if self._copies(layout):  # what build will unpack, as shapes only
                     experts = ffn_experts(routed_experts(layer), layout, cfg, self.world, "meta")
-                    ffn_weights(layer, experts).validate(cfg, self.world)
-                    copy += sum(t.nbytes for t in experts.values())
+                    w = ffn_weights(layer, experts)
+                    w.validate(cfg, self.world)
+                    copy += expert_bytes(w)
                 else:
                     ffn_weights(layer).validate(cfg, self.world, device)
         except ValueError as err:
@@ -242,10 +249,7 @@ class MiniMaxFfnKernels:
                 experts = ffn_experts(routed_experts(layers[i]), layout, cfg, self.world)
             weights[i] = ffn.pack(ffn_weights(layers[i], experts))
         if copies:
-            size = sum(weights[i].w13.nbytes + weights[i].w2.nbytes for i in self.layers)
-            size += sum(
-                weights[i].w13_scale.nbytes + weights[i].w2_scale.nbytes for i in self.layers
-            )
+            size = sum(expert_bytes(weights[i]) for i in self.layers)
             self.notes.append(
                 f"routed experts copied from vLLM's {layout.value} layout into the kernel's "
                 f"({size / 2**30:.1f} GiB per rank; vLLM's MoE keeps its own for other steps)"

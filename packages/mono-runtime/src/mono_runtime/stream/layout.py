@@ -140,6 +140,15 @@ def pack_mxfp4_rot(
     ``mxfp4-rot`` (same shapes): codes placed by `rotate_codes`, then codes and scales
     tile-major (`tile_rows`; N a multiple of TILE_ROWS). `inplace`: rewrite the tensors
     given (a pass's temporary, never a second copy of the weight)."""
+    _check_rot(values, scales)
+    _check_scale_codes("scales", scales)
+    v = values if inplace else values.clone()
+    sc = scales if inplace else scales.clone()
+    return _rotate_and_tile(v, sc)
+
+
+def _check_rot(values: torch.Tensor, scales: torch.Tensor) -> None:
+    """The codes, the scales' shape and the row count `pack_mxfp4_rot` needs."""
     _check_codes(values)
     if scales.dtype != torch.uint8 or scales.shape != (*values.shape[:-1], values.shape[-1] // 16):
         raise ValueError(
@@ -148,9 +157,10 @@ def pack_mxfp4_rot(
         )
     if values.shape[-2] % TILE_ROWS:
         raise ValueError(f"mxfp4-rot: {values.shape[-2]} rows are not a multiple of {TILE_ROWS}")
-    _check_scale_codes("scales", scales)
-    v = values if inplace else values.clone()
-    sc = scales if inplace else scales.clone()
+
+
+def _rotate_and_tile(v: torch.Tensor, sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked ``mxfp4-k32`` codes and scales rewritten in place as ``mxfp4-rot``."""
     rotate_codes(v, out=v)
     return tile_rows(v, 16, out=v), tile_rows(sc, 1, out=sc)
 
@@ -174,8 +184,9 @@ def pack_experts_rot(experts: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> N
                 f"weights.{name}: {values.shape[-2]} rows a matrix; mxfp4-rot packs them "
                 f"in blocks of {TILE_ROWS}"
             )
+        _check_rot(values, scales)
     for values, scales in experts.values():
-        pack_mxfp4_rot(values, scales, inplace=True)
+        _rotate_and_tile(values, scales)
 
 
 def _check_scale_codes(name: str, scales: torch.Tensor) -> None:
