@@ -30,6 +30,6 @@ def test_a_lost_rank_is_a_problem_not_a_wait():
         "exit": "process ended early: rank 1 (exit 7)",
     }
     for mode, problem in expected.items():
-        assert seen[mode]["got"] == [[0, 0]], mode
+        assert seen[mode]["got"] == [[0, 0]], (mode, seen[mode])
         assert seen[mode]["problem"] == problem
         assert seen[mode]["seconds"] < 20, mode  # the hung rank is ended, not waited for

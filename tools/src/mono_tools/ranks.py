@@ -8,18 +8,19 @@ not a stuck command) and ends every process it started.
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.connection as mpc
 import os
-import queue
 import tempfile
+import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 GROUP_TIMEOUT_S = 60  # a gloo collective that a dead peer never joins fails after this
-DRAIN_QUIET_S = 3.0  # silence that ends the reading of an ended rank's last words
 
 
 @dataclass(frozen=True)
@@ -30,18 +31,23 @@ class Event:
 
 
 class Reporter:
-    """The worker's end of the event queue."""
+    """The worker's end of its own pipe to the parent. A send is in the pipe when it returns,
+    so what a rank said survives its dying a moment later (a queue's feeder thread, which
+    writes later, lost a sent answer when a peer's exit aborted the rank on a loaded CI
+    machine)."""
 
-    def __init__(self, rank: int, events: Any) -> None:
-        self.rank, self.events = rank, events
+    def __init__(self, rank: int, conn: Any) -> None:
+        self.rank, self.conn = rank, conn
+        self._lock = threading.Lock()  # one message at a time, whichever thread sends
 
     def send(self, kind: str, **data: Any) -> None:
-        self.events.put(Event(self.rank, kind, data))
+        with self._lock:
+            self.conn.send(Event(self.rank, kind, data))
 
 
-def _entry(target, rank, world, store, env, events, payload) -> None:
+def _entry(target, rank, world, store, env, conn, payload) -> None:
     os.environ.update(env)
-    reporter = Reporter(rank, events)
+    reporter = Reporter(rank, conn)
     try:
         import torch.distributed as dist
 
@@ -66,8 +72,7 @@ def _entry(target, rank, world, store, env, events, payload) -> None:
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - teardown must not mask the result
             pass
-        events.close()
-        events.join_thread()
+        conn.close()
 
 
 class RankProcesses:
@@ -90,7 +95,10 @@ class RankProcesses:
         # one host: gloo over loopback, whatever the host name resolves to
         self.env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"), **(env or {})}
         self.preload = list(preload)
-        self.events = self.ctx.Queue()
+        pipes = [self.ctx.Pipe(duplex=False) for _ in range(world)]
+        self.readers = {reader: rank for rank, (reader, _) in enumerate(pipes)}  # still open
+        self._writers = [writer for _, writer in pipes]  # the parent's copies, closed at start
+        self.pending: deque[Event] = deque()  # read from the pipes, not yet handed out
         self.backlog: list[Event] = []  # events read while waiting for another kind
         self.broken = False  # a rank was lost: stop at once instead of waiting for the rest
         self.world = world
@@ -99,7 +107,7 @@ class RankProcesses:
         self.procs = [
             self.ctx.Process(
                 target=_entry,
-                args=(target, rank, world, store, self.env, self.events, payload),
+                args=(target, rank, world, store, self.env, self._writers[rank], payload),
                 name=f"mono-rank-{rank}",
                 daemon=True,
             )
@@ -116,16 +124,40 @@ class RankProcesses:
         finally:
             os.environ.clear()
             os.environ.update(saved)
+            for writer in self._writers:  # each rank now holds the only writing end of its pipe
+                writer.close()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop(0.0 if self.broken or exc[0] is not None else 10.0)
 
-    def next_event(self, timeout_s: float) -> Event | None:
+    def _read(self, conn: Any) -> None:
+        """One message from a ready pipe into `pending`; a pipe at its end is dropped."""
         try:
-            return self.events.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
+            self.pending.append(conn.recv())
+        except (EOFError, OSError):
+            del self.readers[conn]
+            conn.close()
+
+    def next_event(self, timeout_s: float) -> Event | None:
+        if not self.pending:
+            if self.readers:
+                for conn in mpc.wait(list(self.readers), timeout_s):
+                    self._read(conn)
+            else:
+                time.sleep(timeout_s)
+        return self.pending.popleft() if self.pending else None
+
+    def sent_so_far(self) -> list[Event]:
+        """Every event any rank has sent until now, read without waiting. Sends are written
+        before they return, so once a rank has failed or ended, what its peers said before it
+        (a barrier earlier) is all here."""
+        while ready := mpc.wait(list(self.readers), 0):
+            for conn in ready:
+                self._read(conn)
+        events = list(self.pending)
+        self.pending.clear()
+        return events
 
     def exited(self) -> dict[int, int]:
         """Ranks whose process has ended, with the exit code."""
@@ -144,7 +176,7 @@ class RankProcesses:
         tick: Callable[[], object] = lambda: None,
     ) -> tuple[dict[int, dict], str]:
         """Every rank's event of `kind` (for `step`, when given), or also why some never came:
-        a crash, an ended process, or silence past `timeout_s` (a hang). `tick` runs ~10/s."""
+        a crash, an ended process, or silence past `timeout_s` (a hang)."""
         got: dict[int, dict] = {}
         deadline = time.monotonic() + timeout_s
 
@@ -157,40 +189,34 @@ class RankProcesses:
                 self.backlog.append(event)
             return ""
 
+        def lost(problem: str) -> tuple[dict[int, dict], str]:
+            for event in self.sent_so_far():  # the others' answers, sent before the loss
+                take(event)
+            return got, problem
+
         earlier, self.backlog = self.backlog, []
         for event in earlier:
             if problem := take(event):
-                return got, problem
+                return lost(problem)
         while len(got) < self.world:
             event = self.next_event(0.1)
             tick()
             if event is not None:
                 if problem := take(event):
-                    return got, problem
+                    return lost(problem)
                 continue
             if any(r not in got for r in self.exited()):
-                # the pipe may still hold a dead rank's last words, and a living rank's answer
-                # may still be on its way (a loaded machine): read until the living have
-                # answered or the deadline passed, then until the pipe is quiet for DRAIN_QUIET_S
-                while (event := self.next_event(self._drain_wait(got, deadline))) is not None:
+                for event in self.sent_so_far():  # an ended rank's last words are all here
                     if problem := take(event):
-                        return got, problem
+                        return lost(problem)
                 dead = {r: c for r, c in self.exited().items() if r not in got}
                 if dead:
                     codes = ", ".join(f"rank {r} (exit {c})" for r, c in sorted(dead.items()))
-                    return got, f"process ended early: {codes}"
+                    return lost(f"process ended early: {codes}")
             if time.monotonic() > deadline:
                 silent = ", ".join(str(r) for r in range(self.world) if r not in got)
                 return got, f"no answer from rank(s) {silent} within {timeout_s:.0f} s (hang)"
         return got, ""
-
-    def _drain_wait(self, got: dict[int, dict], deadline: float) -> float:
-        """How long to wait for the next event once a rank has ended without answering:
-        the living get the rest of the deadline; an ended rank's words already sent get
-        DRAIN_QUIET_S of silence (on a loaded 2-core machine 1 s lost a sent answer)."""
-        ended = self.exited()
-        living = [r for r in range(self.world) if r not in got and r not in ended]
-        return max(DRAIN_QUIET_S, deadline - time.monotonic()) if living else DRAIN_QUIET_S
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Let workers finish for `grace_s`, then terminate, then kill: never leave one behind."""
@@ -205,6 +231,7 @@ class RankProcesses:
             if proc.is_alive():
                 proc.kill()
                 proc.join(5.0)
-        self.events.close()
-        self.events.cancel_join_thread()
+        for conn in list(self.readers):
+            conn.close()
+        self.readers.clear()
         self._dir.cleanup()
