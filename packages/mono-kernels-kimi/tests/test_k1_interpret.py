@@ -1,8 +1,8 @@
 """K1's Triton build under the interpreter at tiny shapes, against the reference.
 
-Every (R, L) with R x L <= 8 as a spec-verify step, a few up to 16 rows and plain decodes,
-with fresh random weights, caches and slots; padded requests (slot -1 or vLLM's null
-block 0).
+Spec-verify steps of R requests x L tokens (a cover of R x L <= 8 by default, every one
+with MONO_K1_ALL_CASES=1; see interp_cases.py), 16 rows and plain decodes, with fresh random
+weights, caches and slots; padded requests (slot -1 or vLLM's null block 0).
 The kernels run in one child process (TRITON_INTERPRET=1 must never leak into this
 one, where GPU tests may be collected); each test asserts on its case's measurements.
 """

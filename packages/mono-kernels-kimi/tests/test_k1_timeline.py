@@ -22,7 +22,9 @@ from mono_peer.testing import child_json
 TILING = dict(
     programs=3, block_h=32, block_n=16, block_k=32, split_k=2, block_v=8, prefetch_items=4
 )
-SHAPES = ((2, 2), (3, 1))  # (R, L) of the launches the child stamps
+# (R, L, final) of the launches the child stamps: both shapes, both ends of a step, in two
+# launches (each is two interpreter runs: a timeline runner and a plain one)
+LAUNCHES = ((2, 2, False), (3, 1, True))
 
 
 def expected_stages(b: K1Build, final: bool) -> list[str]:
@@ -64,8 +66,7 @@ def measured(tmp_path_factory):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("R,L", SHAPES)
-@pytest.mark.parametrize("final", [False, True])
+@pytest.mark.parametrize("R,L,final", LAUNCHES)
 def test_a_launch_stamps_every_ticket_once_in_its_stage(measured, R, L, final):
     m = measured[0][f"{R}x{L}-{final}"]
     b = K1Build.for_step(KimiK3Config.tiny(), R, L, timeline=True, **TILING)
@@ -129,7 +130,7 @@ def _child(out: str) -> dict:
     from mono_kernels_kimi.kda import bench
     from mono_kernels_kimi.kda.runner import KdaRunner
 
-    results = {f"{R}x{L}-{f}": _launch(R, L, f) for R, L in SHAPES for f in (False, True)}
+    results = {f"{R}x{L}-{f}": _launch(R, L, f) for R, L, f in LAUNCHES}
     try:
         KdaRunner(KimiK3Config.tiny(), "cpu", 1, **TILING).timeline()
         results["plain_refused"] = ""

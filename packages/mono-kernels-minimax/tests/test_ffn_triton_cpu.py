@@ -35,7 +35,7 @@ def _check(records, world_results=None):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("fmt,widths", [("bf16", [3, 8]), ("mxfp4", [1, 2, 5, 16])])
+@pytest.mark.parametrize("fmt,widths", [("bf16", [3, 8]), ("mxfp4", [1, 5, 16])])
 def test_tp1_widths(fmt, widths):
     """A spread of widths (the interpreter takes seconds a launch; every width 1..16 runs in
     the GPU tier)."""
