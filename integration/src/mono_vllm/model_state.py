@@ -15,6 +15,8 @@ import weakref
 from functools import cache
 from typing import Any
 
+from . import drafter
+
 
 def text_model(model: Any) -> Any:
     """The text model (the one with ``mono``) of a multimodal wrapper, or `model` itself."""
@@ -37,6 +39,8 @@ def with_mono(base: type) -> type:
             super().initialize_kv_cache(kv_cache_config, block_tables)
             if self.mono is not None:
                 self.mono.prepare_kv()
+            # the draft model's caches are bound by now too, and vLLM hands it no state
+            drafter.prepare_all()
 
         def prepare_attn(self, input_batch, cudagraph_mode, *args, **kwargs):
             metadata = super().prepare_attn(input_batch, cudagraph_mode, *args, **kwargs)

@@ -21,6 +21,8 @@ MODELS: dict[str, str] = {
     # model through the registry as "KimiLinearForCausalLM" and hands it forward, logits
     # and the model-state class: registering the text model is enough.
     "KimiLinearForCausalLM": "mono_vllm.models.kimi:MonoKimiLinearForCausalLM",
+    # Kimi-K3's DSpark draft model (`--speculative-config '{"method": "dspark", ...}'`)
+    "K3DSparkModel": "mono_vllm.models.dspark:MonoK3DSparkForCausalLM",
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import drafter
 from ..host import MonoDecode
 
 
@@ -40,6 +41,7 @@ class MonoTextModel:
         # raises here on every rank, before any logits of that step exist
         if self.mono is not None:
             self.mono.after_step()
+        drafter.after_step_all()  # the previous step's draft, which has no eager point
         return super().compute_logits(hidden_states, *args, **kwargs)
 
     def load_weights(self, weights):
@@ -67,6 +69,7 @@ class LocalLogits:
     def compute_logits_local(self, hidden_states):
         if self.mono is not None:
             self.mono.after_step()
+        drafter.after_step_all()
         return super().compute_logits_local(hidden_states)
 
 
