@@ -101,23 +101,37 @@ def members(cls: type) -> frozenset[str]:
     return frozenset(names)
 
 
+def lacks(module: str, name: str, wanted: str) -> list[str]:
+    """The names of `wanted` (space-separated) that vLLM's class `module.name` lacks."""
+    cls = getattr(importlib.import_module(module), name)
+    return [a for a in wanted.split() if a not in members(cls)]
+
+
 def vllm_class(model: str, tree: str, name: str) -> type:
     return getattr(importlib.import_module(MODULES[model, tree]), name)
 
 
-# classes and functions of one tree only that the MLA + K2 layers call (families.kimi)
+DSPARK = "vllm.models.kimi_k3.nvidia.dspark_mla"
+# classes of one tree (or of none) that the MLA + K2 layers (families.kimi) and the DSpark
+# drafter's glue (drafter.py, models/dspark.py: vLLM has one draft model class) touch
 ONE_TREE = {
     ("vllm.models.kimi_k3.nvidia.mla", "MultiHeadLatentAttention"): (
-        "_forward_q_lora _forward_full_rank_q q_lora_rank o_proj"
+        "_forward_q_lora _forward_full_rank_q q_lora_rank o_proj "
+        "layer_name kv_cache kv_cache_dtype use_output_gate rotary_emb fused_qkv_a_proj "
+        "q_a_layernorm kv_a_layernorm q_b_proj kv_b_proj"
     ),
     ("vllm.models.kimi_k3.amd.linear", "KimiMLAAttention"): "mla_attn get_input_quant_key o_proj",
+    (DSPARK, "K3DSparkForCausalLM"): "model forward load_weights",
+    (DSPARK, "K3DSparkModel"): "layers final_norm embed_input_ids",
+    (DSPARK, "K3DSparkDecoderLayer"): "self_attn mlp input_layernorm post_attention_layernorm",
+    ("vllm.model_executor.layers.layernorm", "RMSNorm"): "weight",
+    ("vllm.model_executor.layers.rotary_embedding", "RotaryEmbedding"): "cos_sin_cache",
 }
 
 
 @pytest.mark.parametrize("module,name", list(ONE_TREE), ids=[n for _, n in ONE_TREE])
-def test_what_the_mla_k2_layers_touch_exists(module, name):
-    cls = getattr(importlib.import_module(module), name)
-    missing = [a for a in ONE_TREE[module, name].split() if a not in members(cls)]
+def test_what_one_trees_hooks_touch_exists(module, name):
+    missing = lacks(module, name, ONE_TREE[module, name])
     assert not missing, f"vLLM's {name} has no {missing}"
 
 
