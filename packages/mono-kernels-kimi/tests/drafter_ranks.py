@@ -342,3 +342,86 @@ def bounded(rank, world, group, body, *args):
         finally:
             _runner = plain
     return out, [str(v) for v in bounds.violations[:5]]
+
+
+def full_rank_eager_and_graph(requests=(2, 6), context=1500, seed=0):
+    """One TP8 rank's shapes of the Kimi-K3 drafter (`bench.rank_config`, at TP 1) on the
+    GPU, per request count (narrow, wide): the eager launch against drafter_reference on
+    the same device, then a CUDA graph captured on the same buffers, replayed on the same
+    inputs (bit for bit the eager output) and on new embeddings (against the reference),
+    the caches restored before each run so that every run writes the same step."""
+    from mono_kernels_kimi.drafter import bench
+
+    cfg = bench.rank_config()
+    dev = torch.device("cuda")
+    w = random_weights(cfg, seed=seed, device=dev)
+    blocks = 1 + max(requests) * bench.blocks_of(cfg, context)
+    caches = bench.random_caches(cfg, blocks, seed, dev)
+    runner = DrafterRunner(cfg, None, 0, dev, w, caches, cos_sin_cache(cfg).to(dev))
+    records = []
+    try:
+        runner.warm()
+        for r in requests:
+            step = bench.step_on_device(cfg, r, context, caches, seed + r, dev)
+            before = [c.clone() for c in caches]
+            out = torch.empty_like(step.embeds)
+
+            def launch(step=step, out=out):
+                runner.step_begin()
+                runner(
+                    step.embeds, step.positions, step.slot_mapping, step.block_table,
+                    step.seq_lens, out=out,
+                )  # fmt: skip
+
+            def check(before=before, step=step, out=out):
+                ref = drafter_reference(
+                    cfg, step.embeds, step.positions, before, step.block_table, step.seq_lens,
+                    step.slot_mapping, [w], step.live,
+                )  # fmt: skip
+                cache = max(
+                    rel_l2(_values(cfg, c, layer), _values(cfg, rc, layer))
+                    for c, rc, layer in zip(caches, ref.caches, w.layers, strict=True)
+                )
+                return rel_l2(out, ref.hidden), cache
+
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                launch()
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            runner.after_step()
+            eager, eager_cache = check()
+            eager_out = out.clone()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                launch()
+            for c, b in zip(caches, before, strict=True):
+                c.copy_(b)
+            graph.replay()
+            torch.cuda.synchronize()
+            runner.after_step()
+            same = torch.equal(out.view(torch.int16), eager_out.view(torch.int16))
+            for c, b in zip(caches, before, strict=True):
+                c.copy_(b)
+            g = torch.Generator(device=dev).manual_seed(seed + 100 + r)
+            step.embeds.copy_(torch.randn(step.embeds.shape, generator=g, device=dev))
+            graph.replay()
+            torch.cuda.synchronize()
+            runner.after_step()
+            replayed, replayed_cache = check()
+            for c, b in zip(caches, before, strict=True):
+                c.copy_(b)
+            records.append(
+                dict(
+                    reqs=r,
+                    eager=eager,
+                    eager_cache=eager_cache,
+                    replay_same=same,
+                    graph=replayed,
+                    graph_cache=replayed_cache,
+                )
+            )
+    finally:
+        runner.close()
+    return records
