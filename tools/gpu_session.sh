@@ -7,8 +7,8 @@
 # tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
-# tiles, diag, stream, fixes, sanitize, k2perf, k2occ, gemv, upstage, router, gemvprof,
-# profile, all.
+# tiles, diag, stream, fixes, drafter, sanitize, k2perf, k2occ, gemv, upstage, router,
+# gemvprof, profile, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -101,6 +101,13 @@ if has fixes; then
     # the FFN on experts repacked from vLLM's HUMMING layout (issue 16's H200 check)
     tests sources 200 $P/mono-kernels-minimax/tests/test_ffn_sources.py --tb=short &
     wait
+fi
+if has drafter; then
+    # Issue 17 on the H200: the drafter's GPU tests (tiny cases, then a TP8 rank's full
+    # shapes eager and from a graph), then `mono bench drafter` (1, 2, 4, 8 requests at
+    # 1K / 8K / 32K cached tokens, with its op-by-op path).
+    tests drafter 300 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short
+    step bench-drafter 240 $MONO bench drafter --rows 1,2,4,8 --out "$LOG/bench"
 fi
 if has sanitize; then
     # The drafter under compute-sanitizer's memcheck, synccheck and racecheck.
@@ -200,7 +207,7 @@ for name in ffn k1 k2 drafter sources rest; do
     grep -E "^E   " "$LOG/$name.txt" | head -12
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda \
+for name in qualify drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda \
     tiles-ffn top-ffn-s1 top-ffn-s16 gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16 \
     k2occ- k2occ-obk_128_sdk_128 k2occ-obk_128_sdk_128_occ_2; do
