@@ -105,9 +105,11 @@ fi
 if has drafter; then
     # Issue 17 on the H200: the drafter's GPU tests (tiny cases, then a TP8 rank's full
     # shapes eager and from a graph), then `mono bench drafter` (1, 2, 4, 8 requests at
-    # 1K / 8K / 32K cached tokens, with its op-by-op path).
+    # 1K / 8K / 32K cached tokens, with its op-by-op path), then its item timelines.
     tests drafter 300 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short
     step bench-drafter 240 $MONO bench drafter --rows 1,2,4,8 --out "$LOG/bench"
+    step timeline-drafter 120 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
+        --context 8192 --timeline "$LOG/bench"
 fi
 if has sanitize; then
     # The drafter under compute-sanitizer's memcheck, synccheck and racecheck.
@@ -208,7 +210,7 @@ for name in ffn k1 k2 drafter sources rest; do
     grep -E "pytest exit" "$LOG/$name.txt"
 done
 for name in qualify drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
-    bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda \
+    bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
     tiles-ffn top-ffn-s1 top-ffn-s16 gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16 \
     k2occ- k2occ-obk_128_sdk_128 k2occ-obk_128_sdk_128_occ_2; do
     [[ -f $LOG/$name.txt ]] || continue

@@ -425,3 +425,48 @@ def full_rank_eager_and_graph(requests=(2, 6), context=1500, seed=0):
     finally:
         runner.close()
     return records
+
+
+def timeline_launch(rank, world, group, case, seed=0):
+    """One launch of `case` on a timeline runner and on a plain one (the same inputs and
+    caches): the timeline's rows (stamps set to -1 first, so an unstamped ticket shows),
+    the spec's stage of every ticket, whether outputs and caches match bit for bit, and
+    the plain runner's refusal to give a timeline."""
+    from mono_kernels_kimi.drafter.spec import stage_of, tickets
+
+    cfg = DrafterConfig.tiny(world)
+    reqs, pad, ctx = case
+    step = step_inputs(cfg, random_weights(cfg, seed=seed), reqs, seed=seed, padding=pad,
+                       context_lens=ctx)  # fmt: skip
+    got = {}
+    for timeline in (True, False):
+        caches = [c.clone() for c in step.caches]
+        runner = _runner(cfg, group, rank, caches, seed, timeline=timeline)
+        try:
+            wide = reqs > 2
+            if timeline:
+                runner.region(wide, "timeline").view(torch.int64).fill_(-1)
+            runner.step_begin()
+            out = runner(
+                step.embeds, step.positions, step.slot_mapping, step.block_table, step.seq_lens
+            )
+            runner.after_step()
+            b = runner.builds[wide]
+            if timeline:
+                got["rows"] = runner.timeline(wide)
+                got["stages"] = [stage_of(b, t)[1] for t in range(tickets(b))]
+            else:
+                try:
+                    runner.timeline(wide)
+                    got["plain_refused"] = ""
+                except ValueError as err:
+                    got["plain_refused"] = str(err)
+            got[timeline] = (out.clone(), [c.clone() for c in caches])
+        finally:
+            runner.close()
+    (out_t, caches_t), (out_p, caches_p) = got.pop(True), got.pop(False)
+    got["same_as_plain"] = torch.equal(out_t.view(torch.int16), out_p.view(torch.int16)) and all(
+        torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        for a, b in zip(caches_t, caches_p, strict=True)
+    )
+    return got

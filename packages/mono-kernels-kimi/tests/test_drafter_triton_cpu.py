@@ -195,3 +195,18 @@ def test_runner_host_side(monkeypatch):
         assert message.startswith(arg), f"{arg}: the error does not name it: {message}"
     for what, message in ranks.refused(0, 1, None):
         assert message is not None and what in message, (what, message)
+
+
+@pytest.mark.timeout(150)
+def test_a_timeline_launch_stamps_every_ticket_once_in_its_stage():
+    """A wide launch (a padding request) on a timeline runner: every ticket stamped once
+    (none left at -1), each in its spec stage, by one of the grid's programs, ending after
+    it started; outputs and caches bit for bit a plain runner's; a plain runner has none."""
+    (m,) = spawn(ranks.timeline_launch, 1, 140, WIDE_LONG, 0, env=ENV)
+    rows = m["rows"]
+    assert [r["ticket"] for r in rows] == list(range(len(m["stages"])))
+    assert [r["stage"] for r in rows] == m["stages"]
+    assert all(r["program"] in (0, 1) for r in rows)  # the CPU runner's 2 programs
+    assert all(r["end_us"] >= r["start_us"] >= 0 for r in rows)
+    assert m["same_as_plain"]
+    assert "timeline=True" in m["plain_refused"]

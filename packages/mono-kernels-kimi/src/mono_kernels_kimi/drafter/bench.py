@@ -30,7 +30,8 @@ Cache values are random (timing does not depend on them). Figures, all from one 
   eager cache write. It fails without stopping the run: its row then has a note.
 
 `bench(...)` returns one row dict per (requests, context) (`mono bench drafter` wraps it);
-from a shell: `python3 -m mono_kernels_kimi.drafter.bench --requests 1,4 --context 1024`.
+from a shell: `python3 -m mono_kernels_kimi.drafter.bench --requests 1,4 --context 1024`;
+`--timeline DIR` instead prints each R's item timeline and draws it in DIR.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from .reference import (
     to_cache,
 )
 from .runner import DrafterRunner
-from .spec import MAX_REQUESTS
+from .spec import MAX_REQUESTS, NARROW
 from .weights import DrafterWeights, random_weights
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -329,6 +330,39 @@ def bench(
         runner.close()
 
 
+def timelines(requests=(1, 8), context=8192, device: str = "cuda", seed: int = 0, out=None):
+    """Per request count, the item timeline of an eager launch (timeline builds: the same
+    plan, every ticket stamped), at `context` cached tokens a request: printed per stage,
+    and a picture in `out` (a folder) when given."""
+    from mono_runtime.timeline import plot, summary
+
+    requests, (context,) = check(requests, (context,))
+    device = torch.device(device)
+    cfg = rank_config()
+    w = random_weights(cfg, seed, 0, device)
+    caches = random_caches(cfg, 1 + max(requests) * blocks_of(cfg, context), seed, device)
+    runner = DrafterRunner(cfg, None, 0, device, w, caches, cos_sin_cache(cfg).to(device),
+                           timeline=True)  # fmt: skip
+    try:
+        runner.warm()
+        for r in requests:
+            step = step_on_device(cfg, r, context, caches, seed + r, runner.device)
+            for _ in range(2):  # the second launch runs on a warm clock and caches
+                runner.step_begin()
+                runner(
+                    step.embeds, step.positions, step.slot_mapping, step.block_table,
+                    step.seq_lens,
+                )  # fmt: skip
+                runner.after_step()
+            got = runner.timeline(r > NARROW)
+            print(f"-- drafter timeline R={r} context={context} (us from the launch's first item)")
+            print(summary(got))
+            if out is not None:
+                plot(got, f"{out}/timeline-drafter-r{r}.png", f"drafter, R = {r}, {context} cached")
+    finally:
+        runner.close()
+
+
 COLUMNS = (
     ("requests", "{}"),
     ("context", "{}"),
@@ -361,6 +395,11 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the op-by-op path")
     parser.add_argument("--json", action="store_true", help="one JSON row a line")
+    parser.add_argument(
+        "--timeline",
+        metavar="DIR",
+        help="instead: each R's item timeline at the first --context, pictures in DIR",
+    )
     args = parser.parse_args(argv)
     requests = _int_list(parser, "--requests", args.requests)
     contexts = _int_list(parser, "--context", args.context)
@@ -368,6 +407,9 @@ def main(argv=None) -> int:
         check(requests, contexts)
     except ValueError as err:
         parser.error(str(err))
+    if args.timeline:
+        timelines(requests, contexts[0], out=args.timeline)
+        return 0
     got = bench(requests, contexts, baseline=not args.no_baseline)
     print("\n".join(json.dumps(r) for r in got) if args.json else table(got))
     return 0

@@ -24,6 +24,7 @@ from mono_runtime.kernel import same_device, target_name
 from mono_runtime.kernel.mono_layer_runner import MonoHooks
 from mono_runtime.planner import agree
 from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
+from mono_runtime.timeline import from_stamps
 
 from .build import DrafterTriton
 from .config import DrafterConfig
@@ -36,6 +37,7 @@ from .spec import (
     peer_bytes,
     scratch_bytes,
     scratch_layout,
+    stage_of,
 )
 from .weights import DrafterWeights
 
@@ -140,12 +142,14 @@ class DrafterRunner(MonoHooks):
         rope: torch.Tensor,
         deadline_ns: int = DEFAULT_DEADLINE_NS,
         programs: int | None = None,
+        timeline: bool = False,
     ) -> None:
         """Collective (every rank of `group`, `cfg.tp` of them, same config): `weights` this
         rank's, `caches` the draft layers' KV caches (`[blocks, (1,) block, entry]`),
-        `rope` the draft's fp32 cos/sin table. Raises MonoUnsupported on every rank when any
-        rank cannot be served (weights of another shape included), ValueError for an argument
-        of the wrong kind, both before allocating."""
+        `rope` the draft's fp32 cos/sin table; `timeline`: builds that stamp each item's
+        program, start and end (`timeline(wide)`). Raises MonoUnsupported on every rank when
+        any rank cannot be served (weights of another shape included), ValueError for an
+        argument of the wrong kind, both before allocating."""
         self.cfg, self.rank, self.tp = cfg, rank, cfg.tp
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -182,7 +186,7 @@ class DrafterRunner(MonoHooks):
             ]
         agree(reasons, group, "this draft deployment")
         self.programs = programs
-        self.builds = {wide: DrafterBuild(cfg, wide) for wide in (False, True)}
+        self.builds = {wide: DrafterBuild(cfg, wide, bool(timeline)) for wide in (False, True)}
         self.kernels = {wide: DrafterTriton(b) for wide, b in self.builds.items()}
         target = target_name(self.device)
         for kernel in self.kernels.values():
@@ -217,6 +221,17 @@ class DrafterRunner(MonoHooks):
         off, n = scratch_layout(self.builds[wide])[name]
         base = self.offsets[wide] + off
         return self.mono.scratch[base : base + n]
+
+    def timeline(self, wide: bool) -> list[dict]:
+        """The narrow or wide build's last launch, item by item in ticket order:
+        mono_runtime.timeline's rows (stage: the spec's stage name, "final" for the final
+        norm; times in us of the device clock, of poll counts under the interpreter)."""
+        self._live()
+        b = self.builds[wide]
+        if not b.timeline:
+            raise ValueError("timeline: this runner's builds do not stamp items (timeline=True)")
+        stamps = self.region(wide, "timeline").view(torch.int64).view(-1, 4).cpu().tolist()
+        return from_stamps(stamps, lambda t: stage_of(b, t)[1])
 
     # -- launches -------------------------------------------------------------------------
     def warm(self) -> None:

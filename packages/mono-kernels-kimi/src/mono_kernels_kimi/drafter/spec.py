@@ -108,6 +108,7 @@ class DrafterBuild:
 
     cfg: DrafterConfig
     wide: bool
+    timeline: bool = False  # stamp each item's program, ticket, start and end (GPU tuning)
 
     def __post_init__(self) -> None:
         problem = build_problem(self.cfg)
@@ -160,6 +161,7 @@ class DrafterBuild:
             c.query_len,
             c.block_size,
             c.fp8_cache,
+            self.timeline,
         )
 
 
@@ -380,6 +382,8 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
     xm     bf16[ROWS, H]   the MLP input (post_attention_layernorm)
     mid    bf16[ROWS, I]   act_and_mul's output
     tot    fp32[ROWS, H]   a row norm's input (residual + reduced partials) between passes
+    timeline  int64[tickets, 4] (timeline builds only): each item's program, ticket,
+           start and end (device ns; poll counts under the interpreter)
     """
     c, p = b.cfg, b.plan
     rows, n = b.tiles * TILE, c.local_heads
@@ -404,6 +408,7 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
             ("mid", 2 * rows * c.local_intermediate),
             ("tot", 4 * rows * h),
         ]
+        + ([("timeline", 32 * tickets(b))] if b.timeline else [])
     )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from mono_runtime import decode_triton as dt
 from mono_runtime import protocol_triton as pt
 from mono_runtime.protocol import region_id
 from mono_runtime.stream import device as st
@@ -331,6 +332,8 @@ def drafter_kernel(
     FP8: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
+    TL: tl.constexpr,
+    O_TL: tl.constexpr,
 ):
     tag0 = pt.step_tag(ctl, slot)
     counter = tickets + slot
@@ -350,6 +353,8 @@ def drafter_kernel(
         t = pt.ticket_take(counter, TOTAL)
         more = t < TOTAL
         if more:
+            if TL:
+                t_begin = pt.clock(0, CPU)
             k = (t // PER_LAYER).to(tl.int32)  # the layer; NL for the final norm's items
             u = t.to(tl.int32) - k * PER_LAYER
             lw = table + tl.minimum(k, NL - 1) * _NPTR
@@ -471,6 +476,8 @@ def drafter_kernel(
                 )  # fmt: skip
             if (k < NL) & ((u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN))):
                 pt.ticket_finish(done, t, tag0)
+            if TL:  # the item's (program, ticket, start, end)
+                dt.stamp_item((scratch + O_TL).to(tl.pointer_type(tl.int64)), t, t_begin, CPU)
 
 
 # -- the stages, in ticket order ---------------------------------------------------------
@@ -918,7 +925,7 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         **{f"T_{n.upper()}": ls[n] for n in ls if n != "norm"},
         T_FINAL=final_start(b),
         TOTAL=tickets(b),
-        **{f"O_{name.upper()}": sl[name][0] for name in sl},
+        **{f"O_{name.upper()}": sl[name][0] for name in sl if name != "timeline"},
         **{f"P_{name.upper()}": pl[name][0] for name in pl},
         R_AR1=REGIONS["ar1"],
         R_AR2=REGIONS["ar2"],
@@ -929,6 +936,8 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         FP8=c.fp8_cache,
         CPU=bool(cpu),
         ASM=bool(asm),
+        TL=b.timeline,
+        O_TL=sl["timeline"][0] if b.timeline else 0,
     )
 
 
