@@ -70,8 +70,10 @@ def _deployment(hf, tokens=4, block=16):
     )
 
 
-def _backbone(layers=2, dtype="auto", gate=False):
-    attn = NS(kv_cache_dtype=dtype, use_output_gate=gate)
+def _backbone(layers=2, dtype="auto", gate=False, cache=None):
+    """vLLM's MLA holds an empty kv_cache until one is bound."""
+    cache = torch.tensor([]) if cache is None else cache
+    attn = NS(kv_cache_dtype=dtype, use_output_gate=gate, kv_cache=cache)
     return NS(layers=[NS(self_attn=attn)] * layers)
 
 
@@ -83,6 +85,9 @@ def test_the_config_is_the_loaded_draft_models():
     assert draft_config(_deployment(_real_hf()), _backbone(dtype="fp8"), 2) == (
         DrafterConfig.tiny(2, "fp8")
     )
+    # the bound cache's block (the backend's kernel blocks), not the configured one
+    split = _backbone(cache=torch.zeros(8, 1, 32, 40, dtype=torch.bfloat16))
+    assert draft_config(_deployment(_real_hf()), split, 1).block_size == 32
     hf = _real_hf()
     hf.sample_from_anchor = False  # a speculators-format checkpoint: 1 + N rows a request
     assert draft_config(_deployment(hf, tokens=3), _backbone(), 1).query_len == 4

@@ -39,7 +39,7 @@ def _logger():
 def draft_config(vllm_config: Any, backbone: Any, tp: int) -> Any:
     """The `DrafterConfig` of vLLM's loaded draft model (`backbone`: its ``K3DSparkModel``)
     at TP `tp`, field by field from the draft's hf_config, the speculative config and the
-    layers' own cache dtype; ValueError names what the kernels do not take."""
+    layers' own cache (dtype, block); ValueError names what the kernels do not take."""
     from mono_kernels_kimi.drafter.config import DrafterConfig
 
     spec = vllm_config.speculative_config
@@ -64,11 +64,20 @@ def draft_config(vllm_config: Any, backbone: Any, tp: int) -> Any:
         rope_type=rope.get("rope_type", "default"),
         max_position_embeddings=hf.max_position_embeddings,
         num_speculative_tokens=spec.num_speculative_tokens,
-        block_size=vllm_config.cache_config.block_size,
+        block_size=_block_size(attn.kv_cache, vllm_config.cache_config.block_size),
         tp=tp,
         cache_dtype=attn.kv_cache_dtype,
         sample_from_anchor=bool(getattr(hf, "sample_from_anchor", True)),
     )
+
+
+def _block_size(cache: Any, configured: int) -> int:
+    """Tokens a block of the bound draft cache ([blocks, block, entry], or with vLLM's head
+    axis of 1): the attention backend may split the configured block into kernel blocks,
+    and the block table it builds counts those."""
+    if isinstance(cache, torch.Tensor) and cache.dim() in (3, 4):
+        return cache.shape[-2]
+    return configured
 
 
 def _scale(attn: Any, name: str, device: torch.device) -> torch.Tensor:
