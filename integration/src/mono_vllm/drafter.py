@@ -21,19 +21,12 @@ from typing import Any
 import torch
 from mono_runtime.errors import MonoUnsupported
 
+from .host import vllm_logger
 from .switch import SWITCH, requested
-
-LOGGER = "vllm.mono_vllm"
 
 # Every live drafter of this process (a worker holds one draft model): the target's model
 # state and logits reach them here, since vLLM hands neither the draft model.
 LIVE: weakref.WeakSet[MonoDrafter] = weakref.WeakSet()
-
-
-def _logger():
-    from vllm.logger import init_logger
-
-    return init_logger(LOGGER)
 
 
 def draft_config(vllm_config: Any, backbone: Any, tp: int) -> Any:
@@ -208,11 +201,11 @@ class MonoDrafter:
         except MonoUnsupported as err:
             self.off = True
             if self.rank == 0 or "another rank refused" not in str(err):
-                _logger().warning("mono drafter off, vLLM's draft layers run: %s", err)
+                vllm_logger().warning("mono drafter off, vLLM's draft layers run: %s", err)
             return
         self.runner = runner
         if self.rank == 0:
-            _logger().info(
+            vllm_logger().info(
                 "mono drafter on (%s=true): %d DSpark draft layers and the final norm run "
                 "as persistent kernels at TP %d, %d rows a request",
                 SWITCH,
@@ -237,7 +230,7 @@ class MonoDrafter:
             batch = f"positions of dtype {positions.dtype}"
         if isinstance(batch, str):
             if batch not in self._fell_back and self.rank == 0:
-                _logger().info("mono drafter: a draft forward runs vLLM's layers: %s", batch)
+                vllm_logger().info("mono drafter: a draft forward runs vLLM's layers: %s", batch)
             self._fell_back.add(batch)
             return None
         table, seq_lens, slots = batch

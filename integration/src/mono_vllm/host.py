@@ -25,7 +25,7 @@ from .switch import SWITCH, requested
 LOGGER = "vllm.mono_vllm"  # under vLLM's logger: its handler, format and level
 
 
-def _logger():
+def vllm_logger():
     from vllm.logger import init_logger
 
     return init_logger(LOGGER)
@@ -86,7 +86,7 @@ class MonoDecode:
         for i in self.kernels.layers:
             dispatch.install(backbone.layers[i], i, self.executor)
         if self.rank == 0:
-            _logger().info(
+            vllm_logger().info(
                 "mono decode on (%s=true): %s kernels replace %d decoder layers on pure "
                 "decode/spec-verify steps of %s rows at TP %d; every other step runs "
                 "vLLM's layers%s",
@@ -120,7 +120,7 @@ class MonoDecode:
         self.close()
         # once: rank 0 states the agreed refusal; another rank only its own reasons
         if self.rank == 0 or "another rank refused" not in str(err):
-            _logger().warning("mono decode off, vLLM's decode runs: %s", err)
+            vllm_logger().warning("mono decode off, vLLM's decode runs: %s", err)
 
     def refuse_reload(self) -> None:
         if self.executor is not None:
@@ -165,7 +165,9 @@ class MonoDecode:
         capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
         if step is not None and capturing:
             if step.width not in self._captured and self.rank == 0:
-                _logger().info("mono: CUDA graph of %d rows captured on the kernels", step.width)
+                vllm_logger().info(
+                    "mono: CUDA graph of %d rows captured on the kernels", step.width
+                )
             self._captured.add(step.width)
 
     def end(self, output: Any) -> Any:
