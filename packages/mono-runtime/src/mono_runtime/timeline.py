@@ -44,6 +44,15 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def show(rows: list[dict], heading: str, path=None, title: str = "") -> None:
+    """Print `heading` and the rows' `summary`; draw them at `path` (with `title`) when
+    given: what every kernel's timeline benchmark shows of a launch."""
+    print(f"-- {heading}")
+    print(summary(rows), flush=True)
+    if path is not None:
+        plot(rows, path, title)
+
+
 def plot(rows: list[dict], path, title: str = "") -> None:
     """Items as bars over programs (x: us from the launch's first stamp), one colour a stage,
     saved at `path` (its folder made if missing). Needs matplotlib (mono-tools depends on

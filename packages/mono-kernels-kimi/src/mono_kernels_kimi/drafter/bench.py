@@ -334,7 +334,7 @@ def timelines(requests=(1, 8), context=8192, device: str = "cuda", seed: int = 0
     """Per request count, the item timeline of an eager launch (timeline builds: the same
     plan, every ticket stamped), at `context` cached tokens a request: printed per stage,
     and a picture in `out` (a folder) when given."""
-    from mono_runtime.timeline import plot, summary
+    from mono_runtime.timeline import show
 
     requests, (context,) = check(requests, (context,))
     device = torch.device(device)
@@ -354,11 +354,12 @@ def timelines(requests=(1, 8), context=8192, device: str = "cuda", seed: int = 0
                     step.seq_lens,
                 )  # fmt: skip
                 runner.after_step()
-            got = runner.timeline(r > NARROW)
-            print(f"-- drafter timeline R={r} context={context} (us from the launch's first item)")
-            print(summary(got))
-            if out is not None:
-                plot(got, f"{out}/timeline-drafter-r{r}.png", f"drafter, R = {r}, {context} cached")
+            show(
+                runner.timeline(r > NARROW),
+                f"drafter timeline R={r} context={context} (us from the launch's first item)",
+                None if out is None else f"{out}/timeline-drafter-r{r}.png",
+                f"drafter, R = {r}, {context} cached",
+            )
     finally:
         runner.close()
 

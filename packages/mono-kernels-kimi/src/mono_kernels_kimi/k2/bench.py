@@ -260,7 +260,7 @@ def timelines(rows=(1, 16), layers: int = 8, device: str = "cuda", seed: int = 0
     """Per S, the item timeline of the last launch of an eager step over `layers` layers
     (timeline builds: the same plan, every ticket stamped): printed per stage, and a
     picture in `out` (a folder) when given."""
-    from mono_runtime.timeline import plot, summary
+    from mono_runtime.timeline import show
 
     rows = check(rows, layers)
     cfg = rank_config()
@@ -276,11 +276,12 @@ def timelines(rows=(1, 16), layers: int = 8, device: str = "cuda", seed: int = 0
                 for w in ws:
                     runner(step.cores[0], step.prefix, step.blocks, w, step.slots, LAYER_IDX)
                 runner.after_step()
-            got = runner.timeline(s)
-            print(f"-- K2 timeline S={s} (the step's last launch; us from its first item)")
-            print(summary(got))
-            if out is not None:
-                plot(got, f"{out}/timeline-k2-s{s}.png", f"K2, S = {s}")
+            show(
+                runner.timeline(s),
+                f"K2 timeline S={s} (the step's last launch; us from its first item)",
+                None if out is None else f"{out}/timeline-k2-s{s}.png",
+                f"K2, S = {s}",
+            )
     finally:
         runner.close()
 

@@ -210,7 +210,7 @@ def timelines(
     second round over them (a warm clock and caches), eager: printed per stage, and a
     picture in `out` (a folder) when given. Returns the rows by shape. `cfg`, `device`
     and `tiling` exist for a CPU check at tiny shapes."""
-    from mono_runtime.timeline import plot, summary
+    from mono_runtime.timeline import show
 
     shapes = check_shapes(shapes, layers)
     cfg = cfg or KimiK3Config()
@@ -233,10 +233,12 @@ def timelines(
             got[R, L] = runner.timeline()
         finally:
             runner.close()
-        print(f"-- K1 timeline {R}x{L} (S={R * L}; the last launch; us from its first item)")
-        print(summary(got[R, L]), flush=True)
-        if out is not None:
-            plot(got[R, L], f"{out}/timeline-k1-{R}x{L}.png", f"K1, {R}x{L} (S = {R * L})")
+        show(
+            got[R, L],
+            f"K1 timeline {R}x{L} (S={R * L}; the last launch; us from its first item)",
+            None if out is None else f"{out}/timeline-k1-{R}x{L}.png",
+            f"K1, {R}x{L} (S = {R * L})",
+        )
     return got
 
 

@@ -72,25 +72,21 @@ def time_variant(
             out[s] = graph_time(step, reps=10) / layers * 1e6
             runner.after_step()
             if timeline is not None:
-                _show(
+                from mono_runtime.timeline import show
+
+                title = f"{fmt.value} {experts.value} [{tiles}] S={s}"
+                show(
                     runner.timeline(s),
-                    f"{fmt.value} {experts.value} [{tiles}] S={s}",
+                    f"timeline {title} (us per item of the graph's last launch)",
                     os.path.join(
                         timeline, f"timeline-{fmt.value}-{layout}-{experts.value}-{s}.png"
                     ),
+                    title,
                 )
         return out
     finally:
         runner.close()
         os.environ.pop(TILES_ENV, None)
-
-
-def _show(rows, title: str, path: str) -> None:
-    from mono_runtime.timeline import plot, summary
-
-    print(f"-- timeline {title} (us per item of the graph's last launch)")
-    print(summary(rows))
-    plot(rows, path, title)
 
 
 def main(argv=None) -> int:
