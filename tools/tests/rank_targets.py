@@ -1,5 +1,5 @@
 """Run RankProcesses on targets that misbehave, in a process of its own (the forkserver needs
-importable targets): `python rank_targets.py MODE...` with MODE in ok, hang, crash, exit;
+importable targets): `python rank_targets.py MODE...` with MODE in ok, big, hang, crash, exit;
 prints what the parent saw, one line per mode."""
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def target(rank, world, group, reporter, mode):
             raise RuntimeError("boom on purpose")
         if mode == "exit":
             os._exit(7)
-        reporter.send("done", step="work", value=rank * 10)
+        # "big": an answer past the pipe's buffer (the send blocks until the parent reads)
+        blob = "x" * (1 << 18) if mode == "big" else ""
+        reporter.send("done", step="work", value=rank * 10, blob=blob)
 
 
 if __name__ == "__main__":
@@ -38,6 +40,7 @@ if __name__ == "__main__":
             got, problem = procs.wait_all("done", 3.0, step="work")
         seen = {
             "got": sorted([r, d["value"]] for r, d in got.items()),
+            "blob": sum(len(d.get("blob", "")) for d in got.values()),
             "problem": problem,
             "seconds": time.monotonic() - began,
         }

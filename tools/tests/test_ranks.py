@@ -13,7 +13,7 @@ SCRIPT = Path(__file__).with_name("rank_targets.py")
 @pytest.mark.timeout(150)
 def test_a_lost_rank_is_a_problem_not_a_wait():
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "ok", "hang", "crash", "exit"],
+        [sys.executable, str(SCRIPT), "ok", "big", "hang", "crash", "exit"],
         capture_output=True,
         text=True,
         timeout=140,
@@ -22,8 +22,10 @@ def test_a_lost_rank_is_a_problem_not_a_wait():
     seen = {
         line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in out.stdout.splitlines()
     }
-    assert seen["ok"]["got"] == [[0, 0], [1, 10]]
-    assert seen["ok"]["problem"] == ""
+    for mode in ("ok", "big"):  # "big": a 256 KiB answer, past any pipe buffer
+        assert seen[mode]["got"] == [[0, 0], [1, 10]], mode
+        assert seen[mode]["problem"] == "", mode
+    assert seen["big"]["blob"] == 1 << 18
     expected = {
         "hang": "no answer from rank(s) 1 within 3 s (hang)",
         "crash": "rank 1 crashed: RuntimeError: boom on purpose",
