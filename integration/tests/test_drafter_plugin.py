@@ -227,3 +227,34 @@ def test_a_refused_drafter_stays_off_and_says_why(monkeypatch, caplog):
     assert mono.forward(torch.arange(4), torch.arange(4), None) is None
     said = [r.getMessage() for r in caplog.records if "mono drafter off" in r.getMessage()]
     assert len(said) == 1 and "num_attention_heads 4 not divisible by tp 3" in said[0], said
+
+
+def test_a_runner_that_cannot_warm_is_closed_and_the_drafter_off(monkeypatch):
+    """warm() refuses a grid that cannot be resident: the built runner is closed (its peer
+    buffer freed) and vLLM's draft layers run."""
+    import vllm.distributed
+    from mono_runtime.errors import MonoUnsupported
+    from mono_vllm.drafter import MonoDrafter
+
+    cfg = DrafterConfig.tiny()
+    w = random_weights(cfg, seed=1)
+    caches = [torch.zeros(4, cfg.block_size, cfg.kv_entry, dtype=torch.bfloat16)] * 2
+    model = child.standin_model(cfg, w, caches, None, None)
+    seen = []
+
+    class Runner:
+        def __init__(self, *args):
+            seen.append("built")
+
+        def warm(self):
+            raise MonoUnsupported("drafter wide: a grid of 132 programs is not resident")
+
+        def close(self):
+            seen.append("closed")
+
+    monkeypatch.setattr(
+        vllm.distributed, "get_tp_group", lambda: NS(rank_in_group=0, world_size=1, cpu_group=None)
+    )
+    mono = MonoDrafter(child.vllm_config(cfg), model, make_runner=Runner)
+    mono.prepare_kv()
+    assert seen == ["built", "closed"] and mono.off and mono.runner is None

@@ -197,7 +197,11 @@ class MonoDrafter:
             device = backbone.final_norm.weight.device
             rope = backbone.layers[0].self_attn.rotary_emb.cos_sin_cache
             runner = make_runner(cfg, tp.cpu_group, self.rank, device, weights, caches, rope)
-            runner.warm()
+            try:
+                runner.warm()
+            except MonoUnsupported:
+                runner.close()  # its peer buffer and scratch, before vLLM's layers take over
+                raise
         except MonoUnsupported as err:
             self.off = True
             if self.rank == 0 or "another rank refused" not in str(err):
