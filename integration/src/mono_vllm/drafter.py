@@ -65,12 +65,13 @@ def draft_config(vllm_config: Any, backbone: Any, tp: int) -> Any:
 
 
 def _block_size(cache: Any, configured: int) -> int:
-    """Tokens a block of the bound draft cache ([blocks, block, entry], or with vLLM's head
-    axis of 1): the attention backend may split the configured block into kernel blocks,
-    and the block table it builds counts those."""
-    if isinstance(cache, torch.Tensor) and cache.dim() in (3, 4):
-        return cache.shape[-2]
-    return configured
+    """Tokens a block of the bound draft cache (as the kernel reads it: `cache_view`): the
+    attention backend may split the configured block into kernel blocks, and the block
+    table it builds counts those; `configured` until a cache is bound."""
+    from mono_kernels_kimi.drafter.runner import cache_view
+
+    view = cache_view(cache)
+    return view.shape[1] if isinstance(view, torch.Tensor) and view.dim() == 3 else configured
 
 
 def _scale(attn: Any, name: str, device: torch.device) -> torch.Tensor:
@@ -158,11 +159,9 @@ class MonoDrafter:
         self.off = False  # refused for good: vLLM's layers run every draft step
         self.rank = 0
         self._fell_back: set[str] = set()
+        # the draft layers' keys in vLLM's forward context (fixed once the model is built)
+        self.layer_names = [layer.self_attn.layer_name for layer in model.model.layers]
         LIVE.add(self)
-
-    @property
-    def layer_names(self) -> list[str]:
-        return [layer.self_attn.layer_name for layer in self.model.model.layers]
 
     def prepare_kv(self) -> None:
         """Builds (or, after a re-bind, rebuilds) the runner on the bound draft caches:
