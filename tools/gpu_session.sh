@@ -97,7 +97,7 @@ if has fixes; then
     # drafter, the FFN on HUMMING-repacked experts (in parallel: compile-bound).
     tests k2 240 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank or opbyop" --tb=short &
     tests rest 240 integration/tests/test_toy_decode.py -k "gpu and kimi" --tb=short &
-    tests drafter 150 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
+    tests drafter 280 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
     # the FFN on experts repacked from vLLM's HUMMING layout (issue 16's H200 check)
     tests sources 200 $P/mono-kernels-minimax/tests/test_ffn_sources.py --tb=short &
     wait
@@ -105,10 +105,11 @@ fi
 if has drafter; then
     # Issue 17 on the H200: the drafter's GPU tests (tiny cases, then a TP8 rank's full
     # shapes eager and from a graph), then `mono bench drafter` (1, 2, 4, 8 requests at
-    # 1K / 8K / 32K cached tokens, with its op-by-op path), then its item timelines.
-    tests drafter 300 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short
-    step bench-drafter 240 $MONO bench drafter --rows 1,2,4,8 --out "$LOG/bench"
-    step timeline-drafter 120 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
+    # 1K / 8K / 32K cached tokens, with its op-by-op path), then its item timelines. With
+    # part "fixes" in the same call its tests ran there.
+    has fixes || tests drafter 300 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short
+    step bench-drafter 200 $MONO bench drafter --rows 1,2,4,8 --out "$LOG/bench"
+    step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192 --timeline "$LOG/bench"
 fi
 if has sanitize; then
@@ -125,10 +126,10 @@ if has k2perf; then
         --timeline "$LOG/bench"
 fi
 if has k2occ; then
-    # K2 with two programs an SM (issue 15): its bf16 streams at K step 128 need 61 KB of
-    # shared memory (122 KB at 256: one program an SM). Each variant's widths compile in
-    # parallel, then each is timed alone; the default with its op-by-op path last.
-    V=("" "obk=128,sdk=128" "obk=128,sdk=128,occ=2")
+    # K2's programs an SM (issue 15): the default's bf16 streams at K step 128 need 61 KB of
+    # shared memory, two programs an SM (122 KB at 256: one). Each variant's widths compile
+    # in parallel, then each is timed alone; the default with its op-by-op path last.
+    V=("" "occ=1" "obk=256,sdk=256,occ=1")
     for v in "${V[@]}"; do
         for s in 1 4 16; do
             step "warm-k2-$s-${v//[=,]/_}" 270 env MONO_K2_TILES="$v" \
@@ -212,7 +213,7 @@ done
 for name in qualify drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
     tiles-ffn top-ffn-s1 top-ffn-s16 gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16 \
-    k2occ- k2occ-obk_128_sdk_128 k2occ-obk_128_sdk_128_occ_2; do
+    k2occ- k2occ-occ_1 k2occ-obk_256_sdk_256_occ_1; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"

@@ -120,15 +120,15 @@ def test_bad_builds_are_refused(kw, match):
 
 def test_tile_overrides_are_checked(monkeypatch):
     """MONO_K2_TILES replaces a real-shape build's K steps, stages and programs an SM (a
-    benchmark's variant: bf16 streams at K step 128 fit two programs an SM); tiny builds
+    benchmark's variant; the default's bf16 streams at K step 128 fit two programs an SM); tiny builds
     keep theirs; bad values are refused by name."""
     from mono_kernels_kimi.k2.spec import TILES_ENV
 
     real = KimiK3Config(tp=8)
-    assert (K2Build(real, 1).plan.obk, K2Build(real, 1).plan.occ) == (256, 1)
-    monkeypatch.setenv(TILES_ENV, "obk=128,sdk=128,occ=2")
+    assert (K2Build(real, 1).plan.obk, K2Build(real, 1).plan.occ) == (128, 2)
+    monkeypatch.setenv(TILES_ENV, "obk=256,sdk=256,occ=1")
     p = K2Build(real, 1).plan
-    assert (p.obk, p.sdk, p.occ, p.stages) == (128, 128, 2, 3)
+    assert (p.obk, p.sdk, p.occ, p.stages) == (256, 256, 1, 3)
     assert K2Build(KimiK3Config.tiny(1), 1).plan.occ == 1
     for bad in ("obk=96", "sdk=8", "occ=3", "stages=0", "nope=1", "obk=x"):
         monkeypatch.setenv(TILES_ENV, bad)

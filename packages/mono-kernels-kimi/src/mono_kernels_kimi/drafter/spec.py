@@ -210,6 +210,7 @@ class Plan:
         la = _step(c.kv_lora_rank, 128)
         oc = _step(c.hidden_size, 64 if big else 16)
         gb = _step(c.local_intermediate, 32 if big else 16)
+        kstep = 128  # K steps: 3 stages of a 64 x 128 bf16 tile and its rows stage in 60 KB
         return cls(
             qa=qa,
             nqa=-(-c.qkv_a_rows // qa),
@@ -227,11 +228,11 @@ class Plan:
             no=c.hidden_size // oc,
             gb=gb,
             ngu=c.local_intermediate // gb,
-            hk=_step(c.hidden_size, 256),
-            qk=_step(c.q_lora_rank, 256),
-            vk=_step(c.o_proj_in, 256),
-            ik=_step(c.local_intermediate, 256),
-            lk=_step(c.kv_lora_rank, 256),
+            hk=_step(c.hidden_size, kstep),
+            qk=_step(c.q_lora_rank, kstep),
+            vk=_step(c.o_proj_in, kstep),
+            ik=_step(c.local_intermediate, kstep),
+            lk=_step(c.kv_lora_rank, kstep),
             rc=_step(c.hidden_size, 1024),
             qc=_step(c.q_lora_rank, 512),
             rb=1 if big else q & -q,

@@ -57,8 +57,10 @@ def _bf16(x):
 
 @triton.jit
 def _ptr(lw, j: tl.constexpr, DT: tl.constexpr):
-    """Column j of a layer's pointer-table row as a pointer to DT."""
-    return tl.load(lw + j).to(tl.pointer_type(DT))
+    """Column j of a layer's pointer-table row as a pointer to DT, 16-byte aligned (the
+    runner checks every address it writes): without the hint Triton cannot prove the
+    alignment of a loaded address and streams weights by 2-byte loads, not async copies."""
+    return tl.multiple_of(tl.load(lw + j).to(tl.pointer_type(DT)), 16)
 
 
 @triton.jit
@@ -687,10 +689,18 @@ def _absorb(
 
 
 @triton.jit
-def _entries(cache, slots, valid, col0, cols, ncols, ks, FP8: tl.constexpr, ENTRY: tl.constexpr):
+def _entries(
+    cache, slots, valid, col0, cols, ncols: tl.constexpr, ks, FP8: tl.constexpr,
+    ENTRY: tl.constexpr,
+):  # fmt: skip
     """bf16 cache entries [len(slots), len(cols)] (rows past `valid`, columns past `ncols`
-    zero); an fp8 entry is (e4m3 -> fp32) x k_scale -> bf16, as TRITON_MLA reads it."""
-    m = valid[:, None] & (cols < ncols)[None, :]
+    zero); an fp8 entry is (e4m3 -> fp32) x k_scale -> bf16, as TRITON_MLA reads it. A
+    column mask only where columns are padded: a mask that varies along a row makes Triton
+    load the row 2 bytes at a time."""
+    if ncols < cols.shape[0]:
+        m = valid[:, None] & (cols < ncols)[None, :]
+    else:
+        m = valid[:, None] & (cols >= 0)[None, :]
     off = slots[:, None] * ENTRY + col0 + cols[None, :]
     if FP8:
         x = tl.load(cache.to(tl.pointer_type(tl.uint8)) + off, mask=m, other=0).to(tl.int32)
@@ -731,7 +741,7 @@ def _attn(
     per = (pages + NSPLIT - 1) // NSPLIT
     p0 = j * per
     p1 = tl.minimum(p0 + per, pages)
-    cache = tl.load(lw + _W_CACHE)
+    cache = _ptr(lw, _W_CACHE, tl.int8)
     ks = 1.0
     if FP8:
         ks = tl.load(_ptr(lw, _W_KS, tl.float32))
