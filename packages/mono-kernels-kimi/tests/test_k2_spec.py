@@ -120,8 +120,8 @@ def test_bad_builds_are_refused(kw, match):
 
 def test_tile_overrides_are_checked(monkeypatch):
     """MONO_K2_TILES replaces a real-shape build's K steps, stages and programs an SM (a
-    benchmark's variant; the default's bf16 streams at K step 128 fit two programs an SM); tiny builds
-    keep theirs; bad values are refused by name."""
+    benchmark's variant; the default's bf16 streams at K step 128 fit two programs an
+    SM); tiny builds keep theirs; bad values are refused by name."""
     from mono_kernels_kimi.k2.spec import TILES_ENV
 
     real = KimiK3Config(tp=8)
