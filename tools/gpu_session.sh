@@ -7,7 +7,7 @@
 # tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
-# tiles, diag, stream, fixes, drafter, sanitize, k2perf, k2occ, gemv, upstage, router,
+# tiles, diag, stream, fixes, drafter, kimi, sanitize, k2perf, k2occ, gemv, upstage, router,
 # gemvprof, profile, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
@@ -111,6 +111,20 @@ if has drafter; then
     step bench-drafter 200 $MONO bench drafter --rows 1,2,4,8 --out "$LOG/bench"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192 --timeline "$LOG/bench"
+fi
+if has kimi; then
+    # After a change to the drafter or K2: both kernels' GPU tests side by side (full rank
+    # shapes included), then `mono bench drafter` and `mono bench k2` and their timelines.
+    tests drafter 200 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
+    tests k2 240 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "not bench" --tb=short &
+    step warm-k2 240 python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 2 --no-baseline &
+    wait
+    step bench-drafter 160 $MONO bench drafter --rows 1,2,4,8 --out "$LOG/bench"
+    step bench-k2 120 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
+    step timeline-drafter 60 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
+        --context 8192 --timeline "$LOG/bench"
+    step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 --layers 8 \
+        --timeline "$LOG/bench"
 fi
 if has sanitize; then
     # The drafter under compute-sanitizer's memcheck, synccheck and racecheck.

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 from mono_runtime.stream.bench import random_weight
-from mono_runtime.stream.device import prefetch_l2, stream_rows
+from mono_runtime.stream.device import prefetch_l2, stream_row_pair, stream_rows
 from mono_runtime.stream.layout import StreamFormat
 from mono_runtime.timing import graph_time
 
@@ -48,11 +48,13 @@ def probe_kernel(
     FMT: tl.constexpr,
     STAGES: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PAIR: tl.constexpr,
 ):
     """Items (row block, K part) taken round-robin by P programs; an item's partial sum goes
-    to y[part]. PREFETCH asks L2 for the program's next item before streaming this one."""
+    to y[part]. PREFETCH asks L2 for the program's next item before streaming this one;
+    PAIR streams two row blocks an item in one loop (`stream_row_pair`)."""
     PARTS: tl.constexpr = KROW // KI
-    NITEMS: tl.constexpr = N // BN * PARTS
+    NITEMS: tl.constexpr = N // BN // (2 if PAIR else 1) * PARTS
     pid = tl.program_id(0)
     for it in range(pid, NITEMS, P):
         rb = it // PARTS
@@ -75,12 +77,22 @@ def probe_kernel(
                         + ((nrb * BN).to(tl.int64) * KROW + npart * KI) * 2
                     )
                     prefetch_l2(base, KROW * 2, KI * 2, BN, False)
-        acc = stream_rows(
-            w, ws, x, rb * BN, part * KI, KI // BK, KROW, BN, BK, S, FMT, STAGES, False, True
-        )
-        n = rb * BN + tl.arange(0, BN)
         t = tl.arange(0, 16)
-        tl.store(y + part * (16 * N) + t[None, :] * N + n[:, None], acc, mask=t[None, :] < S)
+        if PAIR:
+            a, b = stream_row_pair(
+                w, ws, x, 2 * rb * BN, (2 * rb + 1) * BN, part * KI, KI // BK, KROW, BN, BK,
+                S, FMT, STAGES, False, True,
+            )  # fmt: skip
+            n = 2 * rb * BN + tl.arange(0, BN)
+            tl.store(y + part * (16 * N) + t[None, :] * N + n[:, None], a, mask=t[None, :] < S)
+            n += BN
+            tl.store(y + part * (16 * N) + t[None, :] * N + n[:, None], b, mask=t[None, :] < S)
+        else:
+            acc = stream_rows(
+                w, ws, x, rb * BN, part * KI, KI // BK, KROW, BN, BK, S, FMT, STAGES, False, True
+            )
+            n = rb * BN + tl.arange(0, BN)
+            tl.store(y + part * (16 * N) + t[None, :] * N + n[:, None], acc, mask=t[None, :] < S)
 
 
 @dataclass(frozen=True)
@@ -93,27 +105,41 @@ class Variant:
     ki: int
     programs: int  # 0: one program an item
     prefetch: bool = False
+    pair: bool = False
 
     @property
     def items(self) -> int:
-        return N // self.bn * (K // self.ki)
+        return N // self.bn // (2 if self.pair else 1) * (K // self.ki)
 
 
-def variants(formats, quick: bool) -> list[Variant]:
-    tiles = {
-        "bf16": [(64, 128, 4), (128, 128, 3), (64, 256, 3), (128, 64, 6)],
-        "mxfp4": [(64, 256, 3), (128, 256, 3), (64, 512, 2), (128, 128, 6)],
-    }
-    grids = [0, 132, 264, 528]
+TILES = {  # format: (bn, bk, stages) a tile
+    "bf16": [(64, 128, 4), (128, 128, 3), (64, 256, 3), (128, 64, 6)],
+    "mxfp4": [(64, 256, 3), (128, 256, 3), (64, 512, 2), (128, 128, 6)],
+}
+
+
+def variants(
+    formats, quick: bool, tiles: str = "", grids=(0, 132, 264, 528), pair: bool = False
+) -> list[Variant]:
+    """Every tile x warps x item length x grid; `tiles` ("bf16:16x512x3,mxfp4:32x256x4")
+    replaces the default tiles; `pair` adds each tile streamed two row blocks an item."""
+    table = {f: list(t) for f, t in TILES.items()}
+    if tiles:
+        table = {f: [] for f in table}
+        for spec in tiles.split(","):
+            fmt, dims = spec.split(":")
+            table[fmt].append(tuple(int(d) for d in dims.split("x")))
     out = []
     for fmt in formats:
         for (bn, bk, st), warps, ki, p in itertools.product(
-            tiles[fmt][: 2 if quick else None], (4, 8), (2048, 8192), grids
+            table[fmt][: 2 if quick else None], (4, 8), (2048, 8192), grids
         ):
             if ki % bk or (bn < 128 and warps == 8):
                 continue
             out.append(Variant(fmt, bn, bk, st, warps, ki, p))
-            if p and ki == 2048:
+            if pair:
+                out.append(Variant(fmt, bn, bk, st, warps, ki, p, pair=True))
+            if p and ki == 2048 and not tiles:
                 out.append(Variant(fmt, bn, bk, st, warps, ki, p, True))
     return out
 
@@ -135,6 +161,7 @@ def _launch(v: Variant, w, ws, x, y, sms: int):
         FMT=int(StreamFormat[v.fmt.upper()]),
         STAGES=v.stages,
         PREFETCH=v.prefetch,
+        PAIR=v.pair,
         num_warps=v.warps,
     )
 
@@ -165,10 +192,14 @@ def main(argv=None) -> int:
     p.add_argument("--formats", default="bf16,mxfp4")
     p.add_argument("--rows", default="1,16")
     p.add_argument("--quick", action="store_true", help="two tiles a format")
+    p.add_argument("--tiles", default="", help="e.g. bf16:16x512x3,mxfp4:32x256x4")
+    p.add_argument("--pair", action="store_true", help="also two row blocks an item")
+    p.add_argument("--grids", default="0,132,264,528", help="programs (0: one an item)")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1))
     a = p.parse_args(argv)
-    vs = variants(a.formats.split(","), a.quick)
+    grids = tuple(int(g) for g in a.grids.split(","))
+    vs = variants(a.formats.split(","), a.quick, a.tiles, grids, a.pair)
     jobs = [(v, int(r)) for r in a.rows.split(",") for v in vs]
     ctx = torch.multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(a.jobs, mp_context=ctx) as pool:
@@ -206,9 +237,10 @@ def main(argv=None) -> int:
                     err=err,
                 )
                 rows_out.append(row)
+                flags = (" pf" if v.prefetch else "   ") + (" pair" if v.pair else "     ")
                 print(
                     f"S={rows} {fmt:5} bn{v.bn:3} bk{v.bk:3} st{v.stages} w{v.warps} ki{v.ki:4} "
-                    f"P={v.programs or grid:5}{' pf' if v.prefetch else '   '}: "
+                    f"P={v.programs or grid:5}{flags}: "
                     f"{row['us']:8.2f} us {row['tbs']:.2f} TB/s "
                     f"{row['gbs_program']:6.2f} GB/s a program  err {err:.1e}",
                     flush=True,

@@ -198,8 +198,9 @@ class Plan:
         rc = _step(h, 1024 if big else 32)
         sb = 16
         sd = _step(h, 64 if big else 32)
-        # few rows pick few experts: smaller up blocks make enough items to fill the machine
-        bn = _step(ri, 32 if big and b.rows > 4 else 16)
+        # routed up blocks of 64 rows: the MXFP4 stream runs at 0.2-0.6 TB/s in blocks of 16
+        # or 32 rows against 1.5-2.5 TB/s in 64 (tools/stream_probe.py on the H200)
+        bn = _step(ri, 64 if big else 16)
         dc = _step(lat, 64 if big else 32)
         uc = 16
         fc = _step(h, 512 if big else 32)

@@ -1225,12 +1225,10 @@ def _up(
         e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
         w, ws = dt.stacked_expert(e, w13, w13_scale, 2 * RI, LAT, FMT)
         xlat = (scratch + O_XLAT).to(tl.pointer_type(tl.bfloat16))
-        g = st.stream_rows(
-            w, ws, xlat, c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU, ASM
-        )
-        u = st.stream_rows(
-            w, ws, xlat, RI + c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU, ASM
-        )
+        g, u = st.stream_row_pair(
+            w, ws, xlat, c * BN, RI + c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU,
+            ASM,
+        )  # fmt: skip
         h = tl.where(ok, _situ(g, u, BETA, LBETA), float("nan"))
         mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
         dt.store_mid(mid, j, c, h, S, RI, BN)
