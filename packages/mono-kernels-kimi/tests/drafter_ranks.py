@@ -296,7 +296,7 @@ def compile_checks(rank, world, group, tp, wide):
     from mono_kernels_kimi.drafter.spec import DrafterBuild
     from mono_runtime.builds import DeviceLimits, residency_problem
     from mono_runtime.compile_check import resources_of
-    from mono_runtime.sass import sass_of, split_broadcasts
+    from mono_runtime.sass import narrow_stream_loads, sass_of, split_broadcasts
 
     b = DrafterBuild(DrafterConfig.tiny(tp), wide)
     facts = {}
@@ -308,7 +308,9 @@ def compile_checks(rank, world, group, tp, wide):
     facts["globaltimer"] = "%globaltimer" in ptx
     facts["spills"] = res.spill_bytes
     facts["residency"] = residency_problem(res, 132, DeviceLimits(), "drafter")
-    facts["split_draws"] = split_broadcasts(sass_of(k))
+    sass = sass_of(k)
+    facts["split_draws"] = split_broadcasts(sass)
+    facts["narrow_stream_loads"] = narrow_stream_loads(sass)
     amdgcn = triton_build.compile_for(b, "gfx950").asm["amdgcn"]
     facts["hip_atomics"] = "global_atomic" in amdgcn or "flat_atomic" in amdgcn
     facts["hip_clock"] = "s_memrealtime" in amdgcn

@@ -180,7 +180,7 @@ def compile_checks(rank, world, group, rows, tp):
     from mono_kernels_kimi.k2.spec import K2Build
     from mono_runtime.builds import DeviceLimits, residency_problem
     from mono_runtime.compile_check import resources_of
-    from mono_runtime.sass import sass_of, split_broadcasts
+    from mono_runtime.sass import narrow_stream_loads, sass_of, split_broadcasts
 
     b = K2Build(KimiK3Config.tiny(tp), rows)
     if rank == 1:
@@ -201,6 +201,7 @@ def compile_checks(rank, world, group, rows, tp):
         "registers": res.registers,
         "residency": residency_problem(res, 132, DeviceLimits(), "k2"),
         "split_draws": split_broadcasts(sass_of(k)),
+        "narrow_stream_loads": narrow_stream_loads(sass_of(k)),
     }
 
 

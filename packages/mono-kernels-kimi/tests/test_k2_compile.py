@@ -33,5 +33,8 @@ def test_compiles_for_sm90_and_gfx950():
     assert facts["split_draws"] == [], (
         f"scalar atomics reach their broadcast barrier with warp 0 split: {facts['split_draws']}"
     )
+    assert not any(facts["narrow_stream_loads"]), (
+        f"dot loops load global memory 1-2 bytes at a time: {facts['narrow_stream_loads']}"
+    )
     assert facts["hip_atomics"], "gfx950 build has no global atomics"
     assert facts["hip_clock"], "gfx950 waits do not read s_memrealtime"

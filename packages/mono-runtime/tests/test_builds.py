@@ -240,3 +240,26 @@ def test_split_broadcasts_flags_a_draw_warp_0_reaches_split():
     assert split_broadcasts(_JOINED_DRAW) == []
     dropped = _SPLIT_DRAW.replace("PT, R2,", "PT, RZ,")  # its value unused: no broadcast
     assert split_broadcasts(dropped) == []
+
+
+_DOT_LOOP = """
+        /*0100*/                   LDG.E.U16 R4, desc[UR4][R2.64] ;
+        /*0110*/                   LDG.E.U16 R5, desc[UR4][R2.64+0x2] ;
+        /*0120*/                   HGMMA.64x16x16.F32.BF16 R24, R4, gdesc[UR8], R24 ;
+        /*0130*/                   LDG.E.U8 R6, desc[UR4][R8.64] ;
+        /*0140*/              @P0  BRA 0x100 ;
+        /*0150*/                   LDG.E.U16 R7, desc[UR4][R2.64] ;
+        /*0160*/                   FFMA R9, R7, R7, R9 ;
+        /*0170*/              @P1  BRA 0x150 ;
+        /*0180*/                   LDGSTS.E.BYPASS.128 [R10], desc[UR4][R2.64] ;
+        /*0190*/                   HMMA.16816.F32.BF16 R12, R4, R6, R12 ;
+        /*01a0*/              @P2  BRA 0x180 ;
+"""
+
+
+def test_narrow_stream_loads_counts_byte_loads_in_dot_loops_only():
+    """The two dot loops (HGMMA, HMMA) in size order: three 1-2 byte loads, then none (16-
+    byte async copies); the FFMA loop's 2-byte load is not a stream's."""
+    from mono_runtime.sass import narrow_stream_loads
+
+    assert narrow_stream_loads(_DOT_LOOP) == [3, 0]

@@ -126,3 +126,20 @@ def split_broadcasts(sass: str) -> list[str]:
         if k < len(ins) and "BAR.SYNC" in ins[k][1]:
             bad.append(addr)
     return bad
+
+
+_NARROW_LOAD = re.compile(r"\bLDG\.E\.[US](8|16)\b")
+
+
+def narrow_stream_loads(sass: str) -> list[int]:
+    """Byte and 2-byte global loads in each innermost loop that feeds the tensor cores (a
+    loop with HGMMA or HMMA), largest loop first; loops without either are left out. A
+    streaming loop must read its weights by 16-byte async copies: Triton falls back to
+    2-byte loads when it cannot prove an address 16-byte aligned (a pointer loaded from a
+    table, unless declared with `tl.multiple_of`) or when a mask varies along a row, and the
+    stream then runs several times slower (the drafter's, 0.3 TB/s on the H200)."""
+    return [
+        sum(1 for t in body if _NARROW_LOAD.search(t))
+        for body in loops(sass)
+        if any(re.search(r"\bH(G)?MMA\b", t) for t in body)
+    ]
