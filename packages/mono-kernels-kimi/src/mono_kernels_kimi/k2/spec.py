@@ -55,6 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mono_runtime.kernel.tiles import tile_overrides
+from mono_runtime.stream.layout import MX_FAST_ROWS
 
 from ..config import KimiK3Config
 
@@ -198,9 +199,9 @@ class Plan:
         rc = _step(h, 1024 if big else 32)
         sb = 16
         sd = _step(h, 64 if big else 32)
-        # routed up blocks of 64 rows: the MXFP4 stream runs at 0.2-0.6 TB/s in blocks of 16
-        # or 32 rows against 1.5-2.5 TB/s in 64 (tools/stream_probe.py on the H200)
-        bn = _step(ri, 64 if big else 16)
+        # routed up blocks of 64 rows: MXFP4 streams several times slower in fewer
+        # (MX_FAST_ROWS); H200 at S = 1: 315.5 us with 16-row blocks, 258.4 with 64 (paired)
+        bn = _step(ri, MX_FAST_ROWS if big else 16)
         dc = _step(lat, 64 if big else 32)
         uc = 16
         fc = _step(h, 512 if big else 32)

@@ -47,6 +47,10 @@ MXFP4_ROT = StreamFormat.MXFP4
 FP8_B128 = StreamFormat.FP8
 MXFP4_K32 = StreamFormat.MXFP4_K32
 TILE_ROWS = 16  # rows of a tile-major block
+# Fewest weight rows an MXFP4 tile should stream at real shapes: on the H200 tiles of 16
+# or 32 rows ran at 0.2-0.6 TB/s against 1.5-2.5 in 64 or 128 (tools/stream_probe.py,
+# docs/PERFORMANCE.md stop 29); the kernels' planners hold their MXFP4 tiles to it.
+MX_FAST_ROWS = 64
 
 # Output i of a word's decode: for each target bit of a lane (sign 15, magnitude 8, 7, 6),
 # the right rotation of the word that brings its source bit there. Outputs 0-2 rotate the
