@@ -7,8 +7,8 @@
 # tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
-# tiles, diag, stream, fixes, drafter, kimi, sanitize, k2perf, k2occ, gemv, upstage, router,
-# gemvprof, profile, all.
+# tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ, gemv,
+# upstage, router, gemvprof, profile, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -126,6 +126,17 @@ if has kimi; then
     step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 --layers 8 \
         --timeline "$LOG/bench"
 fi
+if has drafter-tune; then
+    # Drafter tiles (MONO_DRAFTER_TILES), all compiled side by side, then timed one after
+    # another: more attention splits (64 items at one request leave half the SMs idle), two
+    # programs an SM, 16-row qkv_a / q_b and gate_up items, longer K steps, 64-entry KV
+    # steps; then the default's timelines (rows as JSON beside the pictures).
+    step tune-drafter 400 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
+        --context 1024,8192,32768 --variants \
+        "|nsplit=32|nsplit=64|occ=2|nsplit=32,occ=2|qa=16,qbn=16|gb=16|kstep=256,stages=2|kc=64"
+    step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
+        --context 8192 --timeline "$LOG/bench"
+fi
 if has sanitize; then
     # The drafter under compute-sanitizer's memcheck, synccheck and racecheck.
     for tool in memcheck synccheck racecheck; do
@@ -224,7 +235,7 @@ for name in ffn k1 k2 drafter sources rest; do
     grep -E "^E   " "$LOG/$name.txt" | head -12
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
+for name in qualify tune-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
     tiles-ffn top-ffn-s1 top-ffn-s16 gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16 \
     k2occ- k2occ-occ_1 k2occ-obk_256_sdk_256_occ_1; do

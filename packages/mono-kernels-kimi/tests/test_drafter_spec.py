@@ -146,3 +146,28 @@ def test_refusals_name_each_reason():
         assert any(what in r for r in reasons), (what, reasons)
     fp8 = replace(cfg, cache_dtype="fp8")
     assert refusals(fp8, 2, _caches(fp8, dtype=torch.uint8), rope, None, 2) == []
+
+
+def test_tile_overrides_are_checked(monkeypatch):
+    """MONO_DRAFTER_TILES replaces a real-shape build's tiles (a benchmark's variant); two
+    programs an SM widen the grid the runner may launch; tiny builds keep theirs; bad values
+    are refused by name."""
+    from mono_kernels_kimi.drafter.bench import rank_config
+    from mono_kernels_kimi.drafter.spec import TILES_ENV
+
+    real = rank_config()
+    p = DrafterBuild(real, False).plan
+    assert (p.qa, p.nsplit, p.gb, p.hk, p.occ) == (64, 16, 32, 128, 1)
+    rope = cos_sin_cache(real)
+    caches = _caches(real, blocks=2)
+    assert refusals(real, 1, caches, rope, 132, 264)  # one program an SM by default
+    monkeypatch.setenv(TILES_ENV, "nsplit=32,nsplit_wide=8,qa=16,gb=16,kstep=256,occ=2")
+    narrow, wide = DrafterBuild(real, False).plan, DrafterBuild(real, True).plan
+    assert (narrow.nsplit, wide.nsplit, narrow.qa, narrow.nqa) == (32, 8, 16, 132)
+    assert (narrow.gb, narrow.ngu, narrow.hk, narrow.occ) == (16, 144, 256, 2)
+    assert refusals(real, 1, caches, rope, 132, 264) == []
+    assert DrafterBuild(DrafterConfig.tiny(2), False).plan.occ == 1
+    for bad in ("qa=24", "gb=8", "kc=48", "nsplit=0", "occ=3", "stages=9", "nope=1", "qa=x"):
+        monkeypatch.setenv(TILES_ENV, bad)
+        with pytest.raises(ValueError, match="drafter tiles|MONO_DRAFTER_TILES"):
+            _ = DrafterBuild(real, False).plan

@@ -58,3 +58,26 @@ def test_on_a_gpu():
     assert 0 < per_call < 1e-3
     torch.cuda.synchronize()
     assert x[0].item() == 1 + 10 * (1 + 5)  # one eager warmup; capture runs nothing; replays
+
+
+def test_timeline_show_writes_the_rows_beside_the_picture(tmp_path, capsys):
+    """The per-stage table is printed, the rows land as JSON next to the picture (written
+    first: kept even where matplotlib is missing), and the picture is drawn."""
+    import json
+
+    from mono_runtime.timeline import show
+
+    rows = [
+        dict(program=0, stage="up", start_us=0.0, end_us=2.0),
+        dict(program=1, stage="down", start_us=1.0, end_us=4.5),
+    ]
+    path = tmp_path / "pics" / "timeline-x.png"
+    try:
+        show(rows, "a launch", path, "x")
+    except RuntimeError as err:  # no matplotlib in this environment: the rows are still there
+        assert "matplotlib" in str(err)
+    else:
+        assert path.stat().st_size > 0
+    assert json.loads(path.with_suffix(".json").read_text()) == rows
+    out = capsys.readouterr().out
+    assert "-- a launch" in out and "down" in out

@@ -8,6 +8,7 @@ stamp), in ticket order; each kernel maps its tickets to stages (`from_stamps`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -46,10 +47,14 @@ def summary(rows: list[dict]) -> str:
 
 def show(rows: list[dict], heading: str, path=None, title: str = "") -> None:
     """Print `heading` and the rows' `summary`; draw them at `path` (with `title`) when
-    given: what every kernel's timeline benchmark shows of a launch."""
+    given, and write the rows beside the picture as JSON (same name, `.json`), so a stage's
+    span can be read per layer or per program later: what every kernel's timeline
+    benchmark shows of a launch."""
     print(f"-- {heading}")
     print(summary(rows), flush=True)
     if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).with_suffix(".json").write_text(json.dumps(rows))
         plot(rows, path, title)
 
 

@@ -31,13 +31,17 @@ Cache values are random (timing does not depend on them). Figures, all from one 
 
 `bench(...)` returns one row dict per (requests, context) (`mono bench drafter` wraps it);
 from a shell: `python3 -m mono_kernels_kimi.drafter.bench --requests 1,4 --context 1024`;
-`--timeline DIR` instead prints each R's item timeline and draws it in DIR.
+`--timeline DIR` instead prints each R's item timeline and draws it in DIR (rows beside it
+as JSON); `--variants "|nsplit=32|occ=2"` instead times each MONO_DRAFTER_TILES variant
+(all compiled side by side first), a table for tuning.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
 import torch
@@ -61,7 +65,7 @@ from .reference import (
     to_cache,
 )
 from .runner import DrafterRunner
-from .spec import MAX_REQUESTS, NARROW
+from .spec import MAX_REQUESTS, NARROW, TILES_ENV
 from .weights import DrafterWeights, random_weights
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -364,6 +368,50 @@ def timelines(requests=(1, 8), context=8192, device: str = "cuda", seed: int = 0
         runner.close()
 
 
+def _warm_variant(tiles: str) -> str:
+    """Compile one variant's builds into Triton's cache (a child process; its error text,
+    empty when it compiled)."""
+    os.environ[TILES_ENV] = tiles
+    try:
+        cfg = rank_config()
+        device = torch.device("cuda", torch.cuda.current_device())
+        w = random_weights(cfg, 0, 0, device)
+        caches = random_caches(cfg, 2, 0, device)
+        runner = DrafterRunner(cfg, None, 0, device, w, caches, cos_sin_cache(cfg).to(device))
+        try:
+            runner.warm()
+        finally:
+            runner.close()
+        return ""
+    except Exception as err:  # noqa: BLE001 (a variant that fails is a row)
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+
+
+def tune(variants, requests=(1, 8), contexts=(8192,), jobs: int = 8) -> list[dict]:
+    """us per launch of each MONO_DRAFTER_TILES variant ("" the default) at each
+    (requests, context), no op-by-op path: every variant compiled side by side in child
+    processes first, then timed one after another here. One row a variant and case."""
+    requests, contexts = check(requests, contexts)
+    ctx = torch.multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(jobs, len(variants)), mp_context=ctx) as pool:
+        errors = dict(zip(variants, pool.map(_warm_variant, variants), strict=True))
+    out = []
+    for tiles in variants:
+        if errors[tiles]:
+            out.append(dict(tiles=tiles, error=errors[tiles]))
+            continue
+        os.environ[TILES_ENV] = tiles
+        try:
+            rows = bench(requests, contexts, baseline=False)
+        except Exception as err:  # noqa: BLE001 (a variant that fails is a row)
+            out.append(dict(tiles=tiles, error=f"{type(err).__name__}: {err}"[:200]))
+            continue
+        finally:
+            os.environ.pop(TILES_ENV, None)
+        out += [dict(r, tiles=tiles) for r in rows]
+    return out
+
+
 COLUMNS = (
     ("requests", "{}"),
     ("context", "{}"),
@@ -401,6 +449,10 @@ def main(argv=None) -> int:
         metavar="DIR",
         help="instead: each R's item timeline at the first --context, pictures in DIR",
     )
+    parser.add_argument(
+        "--variants",
+        help="instead: time each '|'-separated MONO_DRAFTER_TILES variant ('' the default)",
+    )
     args = parser.parse_args(argv)
     requests = _int_list(parser, "--requests", args.requests)
     contexts = _int_list(parser, "--context", args.context)
@@ -410,6 +462,13 @@ def main(argv=None) -> int:
         parser.error(str(err))
     if args.timeline:
         timelines(requests, contexts[0], out=args.timeline)
+        return 0
+    if args.variants is not None:
+        for r in tune(args.variants.split("|"), requests, contexts):
+            cell = r.get("error") or f"R={r['requests']} context={r['context']}: " + (
+                f"{r['kernel_us']:9.1f} us {r['limit_pct']:5.1f}% of the limit"
+            )
+            print(f"[{r['tiles'] or 'default'}] {cell}", flush=True)
         return 0
     got = bench(requests, contexts, baseline=not args.no_baseline)
     print("\n".join(json.dumps(r) for r in got) if args.json else table(got))

@@ -60,6 +60,11 @@ def cache_view(cache: Any) -> Any:
     return cache
 
 
+def programs_per_cu(cfg: DrafterConfig) -> int:
+    """Programs a CU the builds of `cfg` are planned for (both builds plan alike)."""
+    return DrafterBuild(cfg, False).plan.occ
+
+
 def refusals(
     cfg: DrafterConfig,
     world: int,
@@ -77,8 +82,9 @@ def refusals(
         out.append(problem)
     if world != cfg.tp:
         out.append(f"TP size {world}: the draft config is for tp {cfg.tp}")
-    if cus is not None and programs > cus:
-        out.append(f"CU count {cus}: a grid of {programs} programs needs one CU each")
+    occ = 1 if problem else programs_per_cu(cfg)
+    if cus is not None and programs > occ * cus:
+        out.append(f"CU count {cus}: a grid of {programs} programs, more than {occ} a CU")
     r = cfg.qk_rope_head_dim
     if not isinstance(rope, torch.Tensor):
         out.append(f"rope cache: expected a tensor, got {type(rope).__name__}")
@@ -169,7 +175,7 @@ class DrafterRunner(MonoHooks):
         if self.device.type == "cuda":
             cus = torch.cuda.get_device_properties(self.device).multi_processor_count
         if programs is None:
-            programs = cus if cus is not None else 2
+            programs = programs_per_cu(cfg) * cus if cus is not None else 2
         reasons = refusals(cfg, world, caches, rope, cus, programs)
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             reasons.append("built during graph capture (the peer exchange is collective)")

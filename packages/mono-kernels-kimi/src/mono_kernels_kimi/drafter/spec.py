@@ -48,6 +48,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mono_runtime.kernel.tiles import tile_overrides
+
 from .config import DrafterConfig
 
 MAX_REQUESTS = 8  # requests of one launch (the wide build)
@@ -58,6 +60,7 @@ PAIR = 8  # bytes of a mailbox pair
 ALIGN = 256
 TPS = (1, 2, 4, 8)
 TILE = 16  # token rows of every dot tile's activation side
+TILES_ENV = "MONO_DRAFTER_TILES"  # e.g. "nsplit=32,occ=2": a benchmark's tile variant
 
 
 def p2(n: int) -> int:
@@ -197,20 +200,33 @@ class Plan:
     rb: int  # rows of a row item (norm, qkvn, post, final): a power of two dividing Q
     stages: int
     warps: int
+    occ: int  # programs an SM the runner launches (2 fits: <= 113 KB shared, 255 registers)
 
     @classmethod
     def of(cls, b: DrafterBuild) -> Plan:
         c = b.cfg
         big = c.hidden_size >= 2048  # real shapes: tiles for bandwidth; tiny: several items
         n, q = c.local_heads, c.query_len
-        qa, qbn = (64, 64) if big else (16, 16)
-        qa, qbn = min(qa, p2(c.qkv_a_rows) // 2 or 16), min(qbn, max(16, p2(c.q_b_rows) // 2))
+        t = dict(
+            qa=64 if big else 16,
+            qbn=64 if big else 16,
+            la=_step(c.kv_lora_rank, 128),
+            oc=_step(c.hidden_size, 64 if big else 16),
+            gb=_step(c.local_intermediate, 32 if big else 16),
+            nsplit=16 if big else 3,
+            nsplit_wide=4 if big else 2,
+            kc=min(c.block_size, 32),
+            kstep=128,  # K steps: 3 stages of a 64 x 128 bf16 tile and its rows in 60 KB
+            stages=3 if big else 2,
+            occ=1,
+        )
+        if big:  # a real-shape build's, for tuning
+            t = _checked(tile_overrides(TILES_ENV, t), c)
+        qa = min(t["qa"], p2(c.qkv_a_rows) // 2 or 16)
+        qbn = min(t["qbn"], max(16, p2(c.q_b_rows) // 2))
         # a head group's query rows: one 16-row tile (its fp32 [rows, L] output in registers)
         hg = max(d for d in range(1, n + 1) if n % d == 0 and d * q <= 16)
-        la = _step(c.kv_lora_rank, 128)
-        oc = _step(c.hidden_size, 64 if big else 16)
-        gb = _step(c.local_intermediate, 32 if big else 16)
-        kstep = 128  # K steps: 3 stages of a 64 x 128 bf16 tile and its rows stage in 60 KB
+        la, oc, gb, kstep = t["la"], t["oc"], t["gb"], t["kstep"]
         return cls(
             qa=qa,
             nqa=-(-c.qkv_a_rows // qa),
@@ -222,8 +238,8 @@ class Plan:
             nhg=n // hg,
             qhr=max(16, p2(hg * q)),
             rp=max(16, p2(c.qk_rope_head_dim)),
-            nsplit=(4 if b.wide else 16) if big else (2 if b.wide else 3),
-            kc=min(c.block_size, 32),
+            nsplit=t["nsplit_wide"] if b.wide else t["nsplit"],
+            kc=t["kc"],
             oc=oc,
             no=c.hidden_size // oc,
             gb=gb,
@@ -236,9 +252,33 @@ class Plan:
             rc=_step(c.hidden_size, 1024),
             qc=_step(c.q_lora_rank, 512),
             rb=1 if big else q & -q,
-            stages=3 if big else 2,
+            stages=t["stages"],
             warps=4,
+            occ=t["occ"],
         )
+
+
+def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
+    """Overridden tiles refused by name unless each is a power of two (>= 16 for a dot's
+    weight rows) dividing what it tiles, with 1..64 splits, 1..8 stages, 1 or 2 programs
+    an SM."""
+    walks = dict(
+        la=c.kv_lora_rank,
+        oc=c.hidden_size,
+        gb=c.local_intermediate,
+        kc=c.block_size,
+        kstep=c.o_proj_in,
+    )
+    for name, v in t.items():
+        least = 16 if name in ("qa", "qbn", "la", "oc", "gb", "kstep") else 1
+        whole = walks.get(name, v)
+        if name in ("nsplit", "nsplit_wide", "stages", "occ"):
+            bad = not 1 <= v <= dict(stages=8, occ=2).get(name, 64)
+        else:
+            bad = v < least or v & (v - 1) or whole % v
+        if bad:
+            raise ValueError(f"drafter tiles: {name} = {v} does not fit {c}")
+    return t
 
 
 LAYER_STAGES = (
