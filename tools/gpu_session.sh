@@ -7,8 +7,8 @@
 # tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
-# tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ, gemv,
-# upstage, router, gemvprof, profile, all.
+# tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
+# k2-tune, gemv, upstage, router, gemvprof, profile, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -150,11 +150,15 @@ if has k2perf; then
     step timeline-k2 120 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 --layers 8 \
         --timeline "$LOG/bench"
 fi
-if has k2occ; then
-    # K2's programs an SM (issue 15): the default's bf16 streams at K step 128 need 61 KB of
-    # shared memory, two programs an SM (122 KB at 256: one). Each variant's widths compile
-    # in parallel, then each is timed alone; the default with its op-by-op path last.
+if has k2occ || has k2-tune; then
+    # K2 tiles (issue 15). k2occ: programs an SM (the default's bf16 streams at K step 128
+    # need 61 KB of shared memory, two programs an SM; 122 KB at 256: one). k2-tune: the
+    # bf16 stages' row tiles (16-row shared-up and up-projection items stream at ~2.2 TB/s
+    # at one program an SM against ~4 in 64 rows: tools/stream_probe.py) and K splits. Each
+    # variant's widths compile in parallel, then each is timed alone; the default with its
+    # op-by-op path last.
     V=("" "occ=1" "obk=256,sdk=256,occ=1")
+    has k2-tune && V=("" "sb=32" "sb=64" "uc=32" "uc=64" "oc=128" "sd=128" "dks=2" "dks=8")
     for v in "${V[@]}"; do
         for s in 1 4 16; do
             step "warm-k2-$s-${v//[=,]/_}" 270 env MONO_K2_TILES="$v" \
@@ -237,9 +241,13 @@ for name in ffn k1 k2 drafter sources rest; do
 done
 for name in qualify tune-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn top-ffn-s1 top-ffn-s16 gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16 \
-    k2occ- k2occ-occ_1 k2occ-obk_256_sdk_256_occ_1; do
+    tiles-ffn top-ffn-s1 top-ffn-s16 gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
+done
+for f in "$LOG"/k2occ-*.txt; do  # each K2 tile variant's table
+    [[ -f $f ]] || continue
+    echo "== $(basename "$f" .txt)"
+    tail -6 "$f"
 done

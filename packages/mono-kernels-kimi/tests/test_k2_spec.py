@@ -129,8 +129,11 @@ def test_tile_overrides_are_checked(monkeypatch):
     monkeypatch.setenv(TILES_ENV, "obk=256,sdk=256,occ=1")
     p = K2Build(real, 1).plan
     assert (p.obk, p.sdk, p.occ, p.stages) == (256, 256, 1, 3)
+    monkeypatch.setenv(TILES_ENV, "sb=64,uc=64,oc=128,dks=2,bn=128")
+    p = K2Build(real, 1).plan
+    assert (p.sb, p.nsu, p.uc, p.oc, p.dks, p.bn, p.nc) == (64, 12, 64, 128, 2, 128, 3)
     assert K2Build(KimiK3Config.tiny(1), 1).plan.occ == 1
-    for bad in ("obk=96", "sdk=8", "occ=3", "stages=0", "nope=1", "obk=x"):
+    for bad in ("obk=96", "sdk=8", "occ=3", "stages=0", "nope=1", "obk=x", "sb=24", "dks=3"):
         monkeypatch.setenv(TILES_ENV, bad)
         with pytest.raises(ValueError, match="K2 tiles|MONO_K2_TILES"):
             _ = K2Build(real, 1).plan

@@ -192,25 +192,20 @@ class Plan:
         h, ko, lat = c.hidden_size, c.o_proj_in, c.latent_size
         ri, si = c.routed_intermediate, c.shared_intermediate
         big = h >= 2048  # real shapes: tiles for bandwidth; tiny ones: several items a stage
-        # the router, latdown and shup stages run at once on few rows (E/tp, LAT/tp, SI):
-        # split K, so that they fill the machine
-        dks = 4 if big else 2
-        oc = _step(h, 64 if big else 32)
-        rc = _step(h, 1024 if big else 32)
-        sb = 16
-        sd = _step(h, 64 if big else 32)
-        # routed up blocks of 64 rows: MXFP4 streams several times slower in fewer
-        # (MX_FAST_ROWS); H200 at S = 1: 315.5 us with 16-row blocks, 258.4 with 64 (paired)
-        bn = _step(ri, MX_FAST_ROWS if big else 16)
-        dc = _step(lat, 64 if big else 32)
-        uc = 16
-        fc = _step(h, 512 if big else 32)
-        for name, v in (("oc", oc), ("sb", sb), ("sd", sd), ("bn", bn), ("dc", dc), ("uc", uc)):
-            if v < 16:
-                raise ValueError(f"K2 tiles: {name} = {v} (< 16) for {c}")
         # two programs an SM (K steps of 128 keep the bf16 stages' shared memory near 61 KB):
         # on the H200 400 -> 316 / 860 -> 607 / 1653 -> 1082 us at S = 1 / 4 / 16
-        steps = dict(
+        t = dict(
+            # the router, latdown and shup stages run at once on few rows (E/tp, LAT/tp,
+            # SI): split K, so that they fill the machine
+            dks=4 if big else 2,
+            oc=_step(h, 64 if big else 32),
+            sb=16,
+            sd=_step(h, 64 if big else 32),
+            # routed up blocks of 64 rows: MXFP4 streams several times slower in fewer
+            # (MX_FAST_ROWS); H200 at S = 1: 315.5 us with 16-row blocks, 258.4 with 64
+            bn=_step(ri, MX_FAST_ROWS if big else 16),
+            dc=_step(lat, 64 if big else 32),
+            uc=16,
             obk=_step(ko, 128),
             sdk=_step(si, 128),
             dbk=_step(ri, 128),
@@ -218,21 +213,24 @@ class Plan:
             occ=2 if big else 1,
         )
         if big:  # a real-shape build's, for tuning
-            steps = tile_overrides(TILES_ENV, steps)
-            for name, k in (("obk", ko), ("sdk", si), ("dbk", ri)):
-                v = steps[name]
-                if v < 16 or v & (v - 1) or k % v:
-                    raise ValueError(
-                        f"K2 tiles: {name} = {v} is not a power of two >= 16 dividing {k}"
-                    )
-            if steps["occ"] not in (1, 2) or steps["stages"] < 1:
-                raise ValueError(
-                    f"K2 tiles: occ = {steps['occ']} (1 or 2), stages = {steps['stages']} (>= 1)"
-                )
+            t = tile_overrides(TILES_ENV, t)
+        walks = dict(oc=h, sb=si, sd=h, bn=ri, dc=lat, uc=c.hidden_per_rank, obk=ko, sdk=si, dbk=ri)
+        for name, k in walks.items():
+            v = t[name]
+            if v < 16 or v & (v - 1) or k % v:
+                raise ValueError(f"K2 tiles: {name} = {v} is not a power of two >= 16 dividing {k}")
+        if t["occ"] not in (1, 2) or t["stages"] < 1 or t["dks"] not in (1, 2, 4, 8):
+            raise ValueError(
+                f"K2 tiles: occ = {t['occ']} (1 or 2), stages = {t['stages']} (>= 1), "
+                f"dks = {t['dks']} (1, 2, 4 or 8)"
+            )
+        dks, oc, sb, sd, bn, dc, uc = (t[n] for n in ("dks", "oc", "sb", "sd", "bn", "dc", "uc"))
+        rc = _step(h, 1024 if big else 32)
+        fc = _step(h, 512 if big else 32)
         return cls(
             oc=oc,
             no=h // oc,
-            obk=steps["obk"],
+            obk=t["obk"],
             rc=rc,
             nch=h // rc,
             nr=-(-c.experts_per_rank // 16),
@@ -243,21 +241,21 @@ class Plan:
             nsu=si // sb,
             sd=sd,
             nsd=h // sd,
-            sdk=steps["sdk"],
+            sdk=t["sdk"],
             bn=bn,
             nc=ri // bn,
             ubk=_step(lat, 256),
             dc=dc,
             nd=lat // dc,
             ng=min(b.max_slots, 8 if big else 2),
-            dbk=steps["dbk"],
+            dbk=t["dbk"],
             uc=uc,
             nu=c.hidden_per_rank // uc,
             fc=fc,
             nf=h // fc,
-            stages=steps["stages"],
+            stages=t["stages"],
             warps=4,
-            occ=steps["occ"],
+            occ=t["occ"],
         )
 
 
