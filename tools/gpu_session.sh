@@ -223,11 +223,11 @@ if has profile; then
 fi
 if has tiles || has all; then
     # FFN tiles on the tile-major mxfp4-rot around the default (2 programs an SM, 3 stages,
-    # gate and up paired): longer up items (fewer K parts: less pipeline ramp a byte),
-    # shorter ones, 128-row down columns, one program an SM with 4 stages, a register cap
-    # of 168 (two and three programs an SM).
+    # gate and up paired, down items prefetching their rows to L2): without that prefetch
+    # (tools/stream_probe.py: an L2 bulk prefetch slowed every streaming variant on the
+    # H200), and with it off, longer and shorter up items.
     step tiles-ffn 560 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
-        --variants "|uks=2|uks=8|dc=64|occ=1,stages=4|regs=168|occ=3,stages=2,regs=168"
+        --variants "|dpf=0|dpf=0,uks=2|dpf=0,uks=8"
 fi
 cp "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null  # 8 files come back at most: PNGs in the archive
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
