@@ -293,3 +293,19 @@ def test_tile_overrides_replace_named_tiles_and_refuse_the_rest(monkeypatch):
         monkeypatch.setenv("MONO_X_TILES", bad)
         with pytest.raises(ValueError, match=r"MONO_X_TILES=.*expected name=int items of \['bn'"):
             tile_overrides("MONO_X_TILES", tiles)
+
+
+def test_check_tile_names_the_rule_a_tile_breaks():
+    from mono_runtime.kernel.tiles import check_tile
+
+    check_tile("K", "bn", 64, divides=384)
+    check_tile("K", "stages", 3, least=1, most=8, pow2=False)
+    cases = [
+        (dict(value=8), ">= 16"),
+        (dict(value=48), "a power of two"),
+        (dict(value=256, divides=384), "dividing 384"),
+        (dict(value=4, least=1, most=2), "<= 2"),
+    ]
+    for kwargs, says in cases:
+        with pytest.raises(ValueError, match=f"K tiles: bn = {kwargs['value']}: expected .*{says}"):
+            check_tile("K", "bn", **kwargs)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mono_runtime.kernel.tiles import tile_overrides
+from mono_runtime.kernel.tiles import check_tile, tile_overrides
 
 from .config import DrafterConfig
 
@@ -260,24 +260,20 @@ class Plan:
 
 def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     """Overridden tiles refused by name unless each is a power of two (>= 16 for a dot's
-    weight rows) dividing what it tiles, with 1..64 splits, 1..8 stages, 1 or 2 programs
-    an SM."""
+    side) dividing what it tiles, with 1..64 splits, 1..8 stages, 1 or 2 programs an SM."""
     walks = dict(
+        qa=None,
+        qbn=None,
         la=c.kv_lora_rank,
         oc=c.hidden_size,
         gb=c.local_intermediate,
         kc=c.block_size,
         kstep=c.o_proj_in,
     )
-    for name, v in t.items():
-        least = 16 if name in ("qa", "qbn", "la", "oc", "gb", "kstep") else 1
-        whole = walks.get(name, v)
-        if name in ("nsplit", "nsplit_wide", "stages", "occ"):
-            bad = not 1 <= v <= dict(stages=8, occ=2).get(name, 64)
-        else:
-            bad = v < least or v & (v - 1) or whole % v
-        if bad:
-            raise ValueError(f"drafter tiles: {name} = {v} does not fit {c}")
+    for name, whole in walks.items():
+        check_tile("drafter", name, t[name], divides=whole)
+    for name, most in dict(nsplit=64, nsplit_wide=64, stages=8, occ=2).items():
+        check_tile("drafter", name, t[name], least=1, most=most, pow2=False)
     return t
 
 

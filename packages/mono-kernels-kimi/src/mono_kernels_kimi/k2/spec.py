@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mono_runtime.kernel.tiles import tile_overrides
+from mono_runtime.kernel.tiles import check_tile, tile_overrides
 from mono_runtime.stream.layout import MX_FAST_ROWS
 
 from ..config import KimiK3Config
@@ -216,14 +216,10 @@ class Plan:
             t = tile_overrides(TILES_ENV, t)
         walks = dict(oc=h, sb=si, sd=h, bn=ri, dc=lat, uc=c.hidden_per_rank, obk=ko, sdk=si, dbk=ri)
         for name, k in walks.items():
-            v = t[name]
-            if v < 16 or v & (v - 1) or k % v:
-                raise ValueError(f"K2 tiles: {name} = {v} is not a power of two >= 16 dividing {k}")
-        if t["occ"] not in (1, 2) or t["stages"] < 1 or t["dks"] not in (1, 2, 4, 8):
-            raise ValueError(
-                f"K2 tiles: occ = {t['occ']} (1 or 2), stages = {t['stages']} (>= 1), "
-                f"dks = {t['dks']} (1, 2, 4 or 8)"
-            )
+            check_tile("K2", name, t[name], divides=k)
+        check_tile("K2", "occ", t["occ"], least=1, most=2)
+        check_tile("K2", "stages", t["stages"], least=1, pow2=False)
+        check_tile("K2", "dks", t["dks"], least=1, most=8)
         dks, oc, sb, sd, bn, dc, uc = (t[n] for n in ("dks", "oc", "sb", "sd", "bn", "dc", "uc"))
         rc = _step(h, 1024 if big else 32)
         fc = _step(h, 512 if big else 32)

@@ -18,3 +18,27 @@ def tile_overrides(env: str, tiles: dict[str, int]) -> dict[str, int]:
             raise ValueError(f"{env}={spec!r}: expected name=int items of {sorted(tiles)}")
         tiles[name] = int(value)
     return tiles
+
+
+def check_tile(
+    what: str,
+    name: str,
+    value: int,
+    least: int = 16,
+    divides: int | None = None,
+    most: int | None = None,
+    pow2: bool = True,
+) -> None:
+    """Refuse by name a tile that is not a power of two (unless `pow2` is False) from
+    `least` to `most` dividing `divides` (each check skipped where None): the planners'
+    one check of a tile an override may set."""
+    bad = (
+        value < least
+        or (most is not None and value > most)
+        or (pow2 and value & (value - 1))
+        or (divides is not None and divides % value)
+    )
+    if bad:
+        rules = [f">= {least}"] + [f"<= {most}"] * (most is not None)
+        rules += ["a power of two"] * pow2 + [f"dividing {divides}"] * (divides is not None)
+        raise ValueError(f"{what} tiles: {name} = {value}: expected {', '.join(rules)}")
