@@ -129,11 +129,12 @@ fi
 if has drafter-tune; then
     # Drafter tiles (MONO_DRAFTER_TILES), all compiled side by side, then timed one after
     # another: more attention splits (64 items at one request leave half the SMs idle), two
-    # programs an SM, 16-row qkv_a / q_b and gate_up items, longer K steps, 64-entry KV
+    # programs an SM (only with 16-row qkv_a / q_b items: 108 KB of shared memory, 120 KB
+    # otherwise; sm_90 compiles on a CPU), 16-row gate_up items, longer K steps, 64-entry KV
     # steps; then the default's timelines (rows as JSON beside the pictures).
     step tune-drafter 400 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 1024,8192,32768 --variants \
-        "|nsplit=32|nsplit=64|occ=2|nsplit=32,occ=2|qa=16,qbn=16|gb=16|kstep=256,stages=2|kc=64"
+        --context 1024,8192,32768 --variants "|nsplit=32|nsplit=64|qa=16,qbn=16|\
+qa=16,qbn=16,occ=2|qa=16,qbn=16,nsplit=32,occ=2|gb=16|kstep=256,stages=2|kc=64"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192 --timeline "$LOG/bench"
 fi
