@@ -403,3 +403,8 @@ def test_weights_refuse_wrong_shapes():
         w.validate(cfg.with_tp(1))  # the same model at another TP
     with pytest.raises(ValueError, match="weights.layers: 1 layers"):
         replace(w, layers=w.layers[:1]).validate(cfg)
+    q = w.layers[0].q_b_proj
+    odd = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)  # 2 bytes past 16
+    odd.copy_(q)
+    with pytest.raises(ValueError, match=r"weights.layers\[0\].q_b_proj: address .* 16-byte"):
+        replace(w, layers=(replace(w.layers[0], q_b_proj=odd), w.layers[1])).validate(cfg)

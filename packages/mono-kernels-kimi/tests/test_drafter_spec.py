@@ -123,6 +123,8 @@ def test_refusals_name_each_reason():
     ok = _caches(cfg)
     tp3 = replace(cfg, tp=3, num_attention_heads=6, intermediate_size=96)
     strided = torch.zeros(5, cfg.block_size, 2 * cfg.kv_entry, dtype=torch.bfloat16)[..., ::2]
+    odd = torch.zeros(5 * cfg.block_size * cfg.kv_entry + 1, dtype=torch.bfloat16)[1:]
+    odd = odd.view(5, cfg.block_size, cfg.kv_entry)  # contiguous, 2 bytes past 16
     assert refusals(cfg, 2, ok, rope, None, 2) == []
     assert refusals(cfg, 2, ok, rope, 132, 132) == []
     cases = [
@@ -140,6 +142,7 @@ def test_refusals_name_each_reason():
         ("KV cache 0 dtype", (replace(cfg, cache_dtype="fp8"), 2, ok, rope, None, 2)),
         ("KV cache 1: must be contiguous", (cfg, 2, [ok[0], strided], rope, None, 2)),
         ("KV cache 1: 6 blocks", (cfg, 2, [ok[0], _caches(cfg, 6)[0]], rope, None, 2)),
+        ("KV cache 1: address", (cfg, 2, [ok[0], odd], rope, None, 2)),
     ]  # fmt: skip
     for what, args in cases:
         reasons = refusals(*args)

@@ -117,6 +117,8 @@ def refusals(
             out.append(f"KV cache {i} dtype {c.dtype}: cache_dtype {cfg.cache_dtype!r} is {want}")
         elif not c.is_contiguous():
             out.append(f"KV cache {i}: must be contiguous (strides {tuple(c.stride())})")
+        elif c.data_ptr() % 16:
+            out.append(f"KV cache {i}: address {c.data_ptr():#x} is not 16-byte aligned")
         elif blocks is not None and c.shape[0] != blocks:
             out.append(f"KV cache {i}: {c.shape[0]} blocks, layer 0 has {blocks}")
         blocks = c.shape[0] if blocks is None else blocks

@@ -58,8 +58,9 @@ def _bf16(x):
 @triton.jit
 def _ptr(lw, j: tl.constexpr, DT: tl.constexpr):
     """Column j of a layer's pointer-table row as a pointer to DT, 16-byte aligned (the
-    runner checks every address it writes): without the hint Triton cannot prove the
-    alignment of a loaded address and streams weights by 2-byte loads, not async copies."""
+    runner refuses weights and caches that are not): without the hint Triton cannot prove
+    the alignment of a loaded address and streams weights by 2-byte loads, not async
+    copies."""
     return tl.multiple_of(tl.load(lw + j).to(tl.pointer_type(DT)), 16)
 
 

@@ -97,8 +97,9 @@ class DrafterWeights:
     final_norm: torch.Tensor
 
     def validate(self, cfg: DrafterConfig, device: torch.device | None = None) -> None:
-        """Raise ValueError naming the first tensor whose shape, dtype, layout or device
-        differs from what the drafter reads (another model's or another TP's weights)."""
+        """Raise ValueError naming the first tensor whose shape, dtype, layout, alignment or
+        device differs from what the drafter reads (another model's or another TP's
+        weights, or a view at an odd offset)."""
         if len(self.layers) != cfg.num_hidden_layers:
             raise ValueError(
                 f"weights.layers: {len(self.layers)} layers, expected {cfg.num_hidden_layers}"
@@ -118,6 +119,11 @@ class DrafterWeights:
                 raise ValueError(f"weights.{name}: dtype {t.dtype}, expected {dtype}")
             if not t.is_contiguous():
                 raise ValueError(f"weights.{name}: must be contiguous (strides {t.stride()})")
+            if t.data_ptr() % 16:
+                raise ValueError(
+                    f"weights.{name}: address {t.data_ptr():#x} is not 16-byte aligned (the "
+                    "kernel streams weights by 16-byte copies)"
+                )
             if device is not None and not same_device(t.device, device):
                 raise ValueError(f"weights.{name}: on {t.device}, expected {device}")
 
