@@ -47,6 +47,7 @@ it read every peer's layer-k `ar2`, which each peer pushed after it read its lay
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from mono_runtime.kernel.tiles import check_tile, tile_overrides
 
@@ -140,8 +141,10 @@ class DrafterBuild:
         """Row groups: the items of each row stage."""
         return self.rows // self.plan.rb
 
-    @property
+    @cached_property
     def plan(self) -> Plan:
+        """Computed once a build: its tile overrides are read at the first use, not again
+        at every launch that asks for the build's constexprs."""
         return Plan.of(self)
 
     def key(self) -> tuple:

@@ -53,6 +53,7 @@ K1's handshake pairs, so K1 and K2 launches of one step never overwrite each oth
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from mono_runtime.kernel.tiles import check_tile, tile_overrides
 from mono_runtime.stream.layout import MX_FAST_ROWS
@@ -123,8 +124,10 @@ class K2Build:
         """The widest union of routed experts a launch can pick."""
         return min(self.rows * self.cfg.num_experts_per_token, self.cfg.num_experts)
 
-    @property
+    @cached_property
     def plan(self) -> Plan:
+        """Computed once a build: its tile overrides are read at the first use, not again
+        at every launch that asks for the build's constexprs."""
         return Plan.of(self)
 
     def key(self) -> tuple:
@@ -192,8 +195,6 @@ class Plan:
         h, ko, lat = c.hidden_size, c.o_proj_in, c.latent_size
         ri, si = c.routed_intermediate, c.shared_intermediate
         big = h >= 2048  # real shapes: tiles for bandwidth; tiny ones: several items a stage
-        # two programs an SM (K steps of 128 keep the bf16 stages' shared memory near 61 KB):
-        # on the H200 400 -> 316 / 860 -> 607 / 1653 -> 1082 us at S = 1 / 4 / 16
         t = dict(
             # the router, latdown and shup stages run at once on few rows (E/tp, LAT/tp,
             # SI): split K, so that they fill the machine
@@ -206,6 +207,8 @@ class Plan:
             bn=_step(ri, MX_FAST_ROWS if big else 16),
             dc=_step(lat, 64 if big else 32),
             uc=16,
+            # two programs an SM (K steps of 128 keep the bf16 stages' shared memory near
+            # 61 KB): on the H200 400 -> 316 / 860 -> 607 / 1653 -> 1082 us at S = 1 / 4 / 16
             obk=_step(ko, 128),
             sdk=_step(si, 128),
             dbk=_step(ri, 128),

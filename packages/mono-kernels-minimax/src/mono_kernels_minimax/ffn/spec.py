@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from functools import cached_property
 
 from mono_runtime.kernel.tiles import tile_overrides
 
@@ -124,8 +125,10 @@ class FfnBuild:
         """Shared expert + the widest possible union of routed experts."""
         return 1 + min(self.rows * self.cfg.top_k, self.cfg.num_experts)
 
-    @property
+    @cached_property
     def plan(self) -> TaskPlan:
+        """Computed once a build: its tile overrides are read at the first use, not again
+        at every launch that asks for the build's constexprs."""
         return TaskPlan.of(self)
 
     @property
