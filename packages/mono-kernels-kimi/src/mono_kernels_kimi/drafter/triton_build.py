@@ -690,18 +690,10 @@ def _absorb(
 
 
 @triton.jit
-def _entries(
-    cache, slots, valid, col0, cols, ncols: tl.constexpr, ks, FP8: tl.constexpr,
-    ENTRY: tl.constexpr,
-):  # fmt: skip
+def _entries(cache, slots, valid, col0, cols, ncols, ks, FP8: tl.constexpr, ENTRY: tl.constexpr):
     """bf16 cache entries [len(slots), len(cols)] (rows past `valid`, columns past `ncols`
-    zero); an fp8 entry is (e4m3 -> fp32) x k_scale -> bf16, as TRITON_MLA reads it. A
-    column mask only where columns are padded: a mask that varies along a row makes Triton
-    load the row 2 bytes at a time."""
-    if ncols < cols.shape[0]:
-        m = valid[:, None] & (cols < ncols)[None, :]
-    else:
-        m = valid[:, None] & (cols >= 0)[None, :]
+    zero); an fp8 entry is (e4m3 -> fp32) x k_scale -> bf16, as TRITON_MLA reads it."""
+    m = valid[:, None] & (cols < ncols)[None, :]
     off = slots[:, None] * ENTRY + col0 + cols[None, :]
     if FP8:
         x = tl.load(cache.to(tl.pointer_type(tl.uint8)) + off, mask=m, other=0).to(tl.int32)
