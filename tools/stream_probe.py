@@ -111,6 +111,10 @@ class Variant:
     def items(self) -> int:
         return N // self.bn // (2 if self.pair else 1) * (K // self.ki)
 
+    @property
+    def grid(self) -> int:
+        return self.items if self.programs == 0 else min(self.programs, self.items)
+
 
 TILES = {  # format: (bn, bk, stages) a tile
     "bf16": [(64, 128, 4), (128, 128, 3), (64, 256, 3), (128, 64, 6)],
@@ -144,14 +148,13 @@ def variants(
     return out
 
 
-def _launch(v: Variant, w, ws, x, y, sms: int):
-    grid = v.items if v.programs == 0 else min(v.programs, v.items)
-    probe_kernel[(grid,)](
+def _launch(v: Variant, w, ws, x, y):
+    probe_kernel[(v.grid,)](
         w,
         w if ws is None else ws,
         x,
         y,
-        grid,
+        v.grid,
         N=N,
         KROW=K,
         S=x.shape[0],
@@ -180,7 +183,7 @@ def _compile(job: tuple[Variant, int]) -> str:
     w, s = weights[0]
     y = torch.empty(K // v.ki, 16, N, device="cuda")
     try:
-        _launch(v, w, s, x, y, 132)
+        _launch(v, w, s, x, y)
         torch.cuda.synchronize()
         return ""
     except Exception as e:  # noqa: BLE001 - a variant that does not compile is a row, not a crash
@@ -219,7 +222,7 @@ def main(argv=None) -> int:
 
                 def run(v=v, y=y, weights=weights, x=x):
                     for w, s in weights:
-                        _launch(v, w, s, x, y, sms)
+                        _launch(v, w, s, x, y)
 
                 run()
                 out = y[:, :rows].sum(0)
@@ -227,20 +230,19 @@ def main(argv=None) -> int:
                     ref = out.clone()
                 err = ((out - ref).norm() / ref.norm()).item()
                 us = graph_time(run, reps=10, warmup=2) * 1e6
-                grid = v.items if v.programs == 0 else min(v.programs, v.items)
                 row = dict(
                     asdict(v),
                     rows=rows,
                     us=round(us / 4, 2),
                     tbs=round(nbytes / us / 1e6, 3),
-                    gbs_program=round(nbytes / us / 1e3 / min(grid, sms * 8), 2),
+                    gbs_program=round(nbytes / us / 1e3 / min(v.grid, sms * 8), 2),
                     err=err,
                 )
                 rows_out.append(row)
                 flags = (" pf" if v.prefetch else "   ") + (" pair" if v.pair else "     ")
                 print(
                     f"S={rows} {fmt:5} bn{v.bn:3} bk{v.bk:3} st{v.stages} w{v.warps} ki{v.ki:4} "
-                    f"P={v.programs or grid:5}{flags}: "
+                    f"P={v.grid:5}{flags}: "
                     f"{row['us']:8.2f} us {row['tbs']:.2f} TB/s "
                     f"{row['gbs_program']:6.2f} GB/s a program  err {err:.1e}",
                     flush=True,
