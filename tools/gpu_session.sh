@@ -162,8 +162,7 @@ if has k2occ || has k2-tune; then
     # (sb = 64 and uc = 64 take 120 KB of shared memory: one program an SM; sm_90 on a CPU.
     # dc = 128: the routed down tile's e8m0 scales are 256 B a trip at 64 rows x 128, 2 B a
     # thread, which Triton loads synchronously each trip; 512 B at 128 rows go async)
-    has k2-tune && V=("" "sb=32" "sb=64,occ=1" "uc=32" "uc=64,occ=1" "oc=128" "sd=128" "dks=2" \
-        "dks=8" "dc=128")
+    has k2-tune && V=("" "sb=32" "uc=32" "oc=128" "sd=128" "dks=2" "dc=128")
     for v in "${V[@]}"; do
         for s in 1 4 16; do
             step "warm-k2-$s-${v//[=,]/_}" 270 env MONO_K2_TILES="$v" \

@@ -205,7 +205,10 @@ class Plan:
             # routed up blocks of 64 rows: MXFP4 streams several times slower in fewer
             # (MX_FAST_ROWS); H200 at S = 1: 315.5 us with 16-row blocks, 258.4 with 64
             bn=_step(ri, MX_FAST_ROWS if big else 16),
-            dc=_step(lat, 64 if big else 32),
+            # routed down items of 128 latent columns: a K step's e8m0 scales are then 512 B,
+            # which Triton loads asynchronously (256 B at 64 columns: a synchronous load a
+            # trip); H200: 255 / 346 / 653 -> 243 / 310 / 548 us at S = 1 / 4 / 16
+            dc=_step(lat, 128 if big else 32),
             uc=16,
             # two programs an SM (K steps of 128 keep the bf16 stages' shared memory near
             # 61 KB): on the H200 400 -> 316 / 860 -> 607 / 1653 -> 1082 us at S = 1 / 4 / 16
