@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, gemv, upstage, router, gemvprof, profile, all.
+# k2-tune, gemv, upstage, router, gemvprof, profile, profile-drafter, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -127,14 +127,15 @@ if has kimi; then
         --timeline "$LOG/bench"
 fi
 if has drafter-tune; then
-    # Drafter tiles (MONO_DRAFTER_TILES), all compiled side by side, then timed one after
-    # another: more attention splits (64 items at one request leave half the SMs idle), two
-    # programs an SM (only with 16-row qkv_a / q_b items: 108 KB of shared memory, 120 KB
-    # otherwise; sm_90 compiles on a CPU), 16-row gate_up items, longer K steps, 64-entry KV
-    # steps; then the default's timelines (rows as JSON beside the pictures).
-    step tune-drafter 400 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 1024,8192,32768 --variants "|nsplit=32|nsplit=64|qa=16,qbn=16|\
-qa=16,qbn=16,occ=2|qa=16,qbn=16,nsplit=32,occ=2|gb=16|kstep=256,stages=2|kc=64"
+    # After a drafter change: its GPU tests and K2's side by side, then drafter tiles
+    # (MONO_DRAFTER_TILES) compiled side by side and timed one after another (the items'
+    # L2 prefetch of their weight rows off, or only qkv_a's and q_b's; row items' trips of
+    # 512 columns; 16-row qkv_a / q_b items), then the default's timelines (rows as JSON).
+    tests drafter 200 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
+    tests k2 240 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "not bench" --tb=short &
+    wait
+    step tune-drafter 300 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
+        --context 1024,8192,32768 --variants "|pf=0|pf=2|rc=512|qa=16,qbn=16"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192 --timeline "$LOG/bench"
 fi
@@ -225,6 +226,19 @@ if has profile; then
         rm -f "$LOG/ffn-s$s.ncu-rep"
     done
 fi
+if has profile-drafter; then
+    # Where the drafter's warps wait (Nsight Compute, clocks left alone): one launch at one
+    # request and 8K cached tokens, each stall reason's share of the whole kernel first.
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
+    export NCU
+    step ncu-drafter 300 "$NCU" --clock-control none -k regex:drafter_kernel --launch-skip 3 \
+        --launch-count 1 --section WarpStateStats --section SchedulerStats \
+        --section SourceCounters --section InstructionStats --import-source yes \
+        -o "$LOG/drafter" -f python3 -m mono_kernels_kimi.drafter.bench --requests 1 \
+        --context 8192 --no-baseline
+    step top-drafter 100 python3 tools/ncu_top.py "$LOG/drafter.ncu-rep" --lines 40 --views sass
+    rm -f "$LOG/drafter.ncu-rep"
+fi
 if has tiles || has all; then
     # FFN tiles on the tile-major mxfp4-rot around the default (2 programs an SM, 3 stages,
     # gate and up paired, down items prefetching their rows to L2): without that prefetch
@@ -245,7 +259,7 @@ for name in ffn k1 k2 drafter sources rest; do
 done
 for name in qualify tune-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn top-ffn-s1 top-ffn-s16 gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn top-ffn-s1 top-ffn-s16 top-drafter gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"

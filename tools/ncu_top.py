@@ -48,7 +48,8 @@ def source_rows(text: str) -> list[dict]:
 
 
 def top_lines(rows: list[dict], n: int) -> list[str]:
-    """The n SASS lines with the most stall samples: address, samples, share, top reasons."""
+    """The whole kernel's share of samples by stall reason, then the n SASS lines with the
+    most stall samples: address, samples, share, top reasons."""
     cols = list(rows[0])
     total_col = next(
         (c for c in cols if "Sampling" in c and "All" in c and "Not" not in c), None
@@ -57,6 +58,10 @@ def top_lines(rows: list[dict], n: int) -> list[str]:
     reasons = [c for c in cols if ("stall" in c.lower()) and "Sampling" not in c]
     total = sum(_num(r[total_col]) for r in rows) or 1.0
     out = [f"{total:.0f} samples in column {total_col!r}"]
+    sums = sorted(((sum(_num(r[c]) for r in rows), c) for c in reasons), reverse=True)
+    out.append(
+        "whole kernel: " + ", ".join(f"{c}={100 * v / total:.1f}%" for v, c in sums[:8] if v)
+    )
     for r in sorted(rows, key=lambda r: -_num(r[total_col]))[:n]:
         why = sorted(((_num(r[c]), c) for c in reasons), reverse=True)[:3]
         text = (r.get("Source") or "").strip()

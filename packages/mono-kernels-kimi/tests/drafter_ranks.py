@@ -9,6 +9,7 @@ outputs, its caches and their distances to drafter_reference.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 from mono_kernels_kimi.drafter.config import DrafterConfig
@@ -29,12 +30,17 @@ def _runner(cfg, group, rank, caches, seed, device="cpu", **kw):
     return DrafterRunner(cfg, group, rank, device, weights, caches, rope, **kw)
 
 
-def check_steps(rank, world, group, cases, seed=0, cache_dtype="auto", device="cpu"):
+def check_steps(
+    rank, world, group, cases, seed=0, cache_dtype="auto", device="cpu", hidden_size=None
+):
     """One step per case (requests, padding, context lengths or None) on one runner, whose
     caches hold every step's blocks; per step the distances to the reference, whether the
     caches match it and what the launch left alone (the padding requests' rows 0, every
-    slot but the block's untouched). `device`: "cuda" on a GPU (test_drafter_gpu.py)."""
+    slot but the block's untouched). `device`: "cuda" on a GPU (test_drafter_gpu.py);
+    `hidden_size`: the tiny model's, changed."""
     cfg = DrafterConfig.tiny(world, cache_dtype)
+    if hidden_size is not None:
+        cfg = replace(cfg, hidden_size=hidden_size)
     weights = [random_weights(cfg, seed=seed, rank=r, device=device) for r in range(world)]
     on_cpu = random_weights(cfg, seed=seed)  # the inputs' context precompute runs on a CPU
     steps = [

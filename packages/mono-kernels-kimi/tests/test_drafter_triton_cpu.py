@@ -59,6 +59,14 @@ def test_tp1_narrow_and_wide():
 
 
 @pytest.mark.timeout(150)
+def test_tp1_hidden_not_a_power_of_two():
+    """A hidden size of 48: the row items' chunk (the row padded to 64 columns) masks its
+    last 16, as the real model's 7168 in chunks of 4096 does."""
+    (records,) = spawn(ranks.check_steps, 1, 140, [NARROW_ONE], 0, "auto", "cpu", 48, env=ENV)
+    _check(records)
+
+
+@pytest.mark.timeout(150)
 def test_tp4_ranks_bit_identical():
     """TP 4 of the tiny model: one local head, 16 intermediate columns a rank."""
     results = spawn(ranks.check_steps, 4, 140, [NARROW_ONE], 1, env=ENV)

@@ -24,7 +24,7 @@ interpreter, where programs run one after another:
     attn    REQ x NHG x NSPLIT  request r, head group g, split j of the request's KV pages:
                     non-causal latent MQA of the group's query rows over the split's pages
                     (online softmax) -> the split's partial (`po`, `pm`, `pl`)
-    comb    REQ x NHG  the splits' partials merged in split order -> latent (`lat`),
+    comb    REQ x NHG  the splits' partials merged in a fixed order -> latent (`lat`),
                     then each head's W_UV rows -> `v` (bf16)
     oproj   NO      OC columns of o_proj -> bf16 partial -> every rank's `ar1`
     post    GROUPS  row group s: the ranks' partials in rank order -> bf16, + residual -> the new
@@ -35,8 +35,8 @@ interpreter, where programs run one after another:
                     padding requests, seq_len 0)
 
 Attention over a long context is split: each (request, head group) has NSPLIT items, each
-walking a contiguous share of the request's KV pages, and one comb item merges them in
-split order, so the result does not depend on which program ran which split.
+walking a contiguous share of the request's KV pages, and one comb item merges them in a
+fixed order, so the result does not depend on which program ran which split.
 
 Tags: a launch holds `layers` consecutive tag slots; layer k's pushes carry slot0 + k's
 tag, so `ar1` and `ar2` need one copy each (a rank pushes layer k + 1's `ar1` only after
@@ -198,12 +198,16 @@ class Plan:
     vk: int  # K = local heads x v
     ik: int  # K = local intermediate
     lk: int  # K = kv_lora_rank
-    rc: int  # columns of a row item's chunk (H)
+    rc: int  # columns of a row item's chunk: H padded to a power of two, <= 4096 (masked)
     qc: int  # columns of a qkvn item's chunk (q_lora_rank)
     rb: int  # rows of a row item (norm, qkvn, post, final): a power of two dividing Q
     stages: int
     warps: int
     occ: int  # programs an SM the runner launches (2 fits: <= 113 KB shared, 255 registers)
+    # which items ask L2 for their weight rows before their wait: 0 none, 1 every
+    # projection's, 2 only qkv_a's and q_b's (a layer's MLP and o_proj rows are more than
+    # L2 holds: their requests queue ahead of every other stage's misses)
+    pf: int
 
     @classmethod
     def of(cls, b: DrafterBuild) -> Plan:
@@ -222,6 +226,8 @@ class Plan:
             kstep=128,  # K steps: 3 stages of a 64 x 128 bf16 tile and its rows in 60 KB
             stages=3 if big else 2,
             occ=1,
+            pf=1,
+            rc=1024,  # a row item's columns a trip (the last trip masked)
         )
         if big:  # a real-shape build's, for tuning
             t = _checked(tile_overrides(TILES_ENV, t), c)
@@ -252,18 +258,20 @@ class Plan:
             vk=_step(c.o_proj_in, kstep),
             ik=_step(c.local_intermediate, kstep),
             lk=_step(c.kv_lora_rank, kstep),
-            rc=_step(c.hidden_size, 1024),
+            rc=min(p2(c.hidden_size), t["rc"]),
             qc=_step(c.q_lora_rank, 512),
             rb=1 if big else q & -q,
             stages=t["stages"],
             warps=4,
             occ=t["occ"],
+            pf=t["pf"],
         )
 
 
 def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     """Overridden tiles refused by name unless each is a power of two (>= 16 for a dot's
-    side) dividing what it tiles, with 1..64 splits, 1..8 stages, 1 or 2 programs an SM."""
+    side) dividing what it tiles, with 1..64 splits, 1..8 stages, 1 or 2 programs an SM,
+    prefetch mode 0..2."""
     walks = dict(
         qa=None,
         qbn=None,
@@ -272,11 +280,13 @@ def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
         gb=c.local_intermediate,
         kc=c.block_size,
         kstep=c.o_proj_in,
+        rc=None,
     )
     for name, whole in walks.items():
         check_tile("drafter", name, t[name], divides=whole)
     for name, most in dict(nsplit=64, nsplit_wide=64, stages=8, occ=2).items():
         check_tile("drafter", name, t[name], least=1, most=most, pow2=False)
+    check_tile("drafter", "pf", t["pf"], least=0, most=2, pow2=False)
     return t
 
 

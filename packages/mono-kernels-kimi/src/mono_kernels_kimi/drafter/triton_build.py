@@ -282,6 +282,8 @@ def drafter_kernel(
     QHR: tl.constexpr,
     RP: tl.constexpr,
     NSPLIT: tl.constexpr,
+    NSP2: tl.constexpr,
+    PF: tl.constexpr,
     OC: tl.constexpr,
     GB: tl.constexpr,
     HK: tl.constexpr,
@@ -362,7 +364,8 @@ def drafter_kernel(
             u = t.to(tl.int32) - k * PER_LAYER
             lw = table + tl.minimum(k, NL - 1) * _NPTR
             tag = pt.step_tag(ctl, slot + k)  # layer k's pushes (spec: one slot a layer)
-            if ASM and not CPU:  # the item's weight rows, asked of L2 before its wait (NVIDIA)
+            if ASM and (not CPU) and (PF > 0):  # the item's weight rows, asked of L2 before
+                # its wait (NVIDIA); PF 2: only qkv_a's and q_b's (spec.Plan.pf)
                 if (k == NL) | (u < T_QKVA):
                     pass
                 elif u < T_QKVN:
@@ -373,6 +376,8 @@ def drafter_kernel(
                 elif u < T_ABSORB:
                     r0, _ = _tile(u - T_QB, NH * (P + R), QBN)
                     _prefetch(_ptr(lw, _W_QB, tl.bfloat16), r0, QL, QBN, CPU, ASM)
+                elif PF == 2:
+                    pass
                 elif (u >= T_OPROJ) & (u < T_POST):
                     _prefetch(_ptr(lw, _W_O, tl.bfloat16), (u - T_OPROJ) * OC, NH * V, OC, CPU, ASM)
                 elif (u >= T_GU) & (u < T_DOWN):
@@ -456,7 +461,7 @@ def drafter_kernel(
                 if i // NHG < nreq:
                     _comb(
                         i // NHG, i % NHG, lw, scratch, L, P, V, NH, Q, ROWSP, HG, NHG, QHR,
-                        NSPLIT, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CPU, ASM,
+                        NSPLIT, NSP2, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CPU, ASM,
                     )  # fmt: skip
             elif u < T_GU:  # oproj (post items are row stages)
                 _project_push(
@@ -487,11 +492,14 @@ def drafter_kernel(
 
 
 @triton.jit
-def _lanes(g, c, RB: tl.constexpr, RC: tl.constexpr):
+def _lanes(g, c, nrows, H: tl.constexpr, RB: tl.constexpr, RC: tl.constexpr):
     """Row group g's rows and pair columns of chunk c, as one 1-D block of RB x RC / 2 lanes
-    (polls take 1-D blocks): (row, pair column) of each lane."""
+    (polls take 1-D blocks): (row, pair column, live) of each lane; a lane is live on a
+    launch's row and inside the row (the last chunk of a row not a power of two is not)."""
     f = tl.arange(0, RB * (RC // 2))
-    return g * RB + f // (RC // 2), c * (RC // 2) + f % (RC // 2)
+    row = g * RB + f // (RC // 2)
+    p = c * (RC // 2) + f % (RC // 2)
+    return row, p, (row < nrows) & (p < H // 2)
 
 
 @triton.jit
@@ -524,14 +532,13 @@ def _normed_store(
     rstd = 1.0 / tl.sqrt_rn(ss / H + EPS)
     r = tl.reshape(tl.broadcast_to(rstd[:, None], (RB, RC // 2)), (RB * (RC // 2),))
     z = tl.reshape(tl.broadcast_to(zero[:, None], (RB, RC // 2)), (RB * (RC // 2),))
-    for c in range(0, H // RC):
-        row, p = _lanes(g, c, RB, RC)
-        live = row < nrows
+    for c in range(0, (H + RC - 1) // RC):
+        row, p, live = _lanes(g, c, nrows, H, RB, RC)
         tot = (scratch + O_TOT).to(tl.pointer_type(tl.float32)) + row * H + 2 * p
-        lo = tl.load(tot, mask=live, other=0.0, volatile=True)
-        hi = tl.load(tot + 1, mask=live, other=0.0, volatile=True)
-        wl = tl.load(w + 2 * p).to(tl.float32)
-        wh = tl.load(w + 2 * p + 1).to(tl.float32)
+        lo = tl.load(tot, mask=live, other=0.0, cache_modifier=".cg")
+        hi = tl.load(tot + 1, mask=live, other=0.0, cache_modifier=".cg")
+        wl = tl.load(w + 2 * p, mask=live, other=0.0).to(tl.float32)
+        wh = tl.load(w + 2 * p + 1, mask=live, other=0.0).to(tl.float32)
         packed = pt.bf16x2_pack(_bf16(lo * r) * wl, _bf16(hi * r) * wh)
         tl.store(dst + row * (H // 2) + p, tl.where(z, 0, packed), mask=live)
 
@@ -543,9 +550,8 @@ def _embed_norm(
 ):  # fmt: skip
     """Layer 0, row group g: the embedding is the residual; input_layernorm -> xa."""
     ss = tl.zeros((RB,), tl.float32)
-    for c in range(0, H // RC):
-        row, p = _lanes(g, c, RB, RC)
-        live = row < nrows
+    for c in range(0, (H + RC - 1) // RC):
+        row, p, live = _lanes(g, c, nrows, H, RB, RC)
         e = tl.load(embeds + row * (H // 2) + p, mask=live, other=0)
         tl.store((scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p, e,
                  mask=live)  # fmt: skip
@@ -568,9 +574,8 @@ def _add_norm(
     (poisoned where a wait gave up) -> the new residual (bf16); the sum normalized with
     `w` -> dst pairs (0 on rows where `zero`)."""
     ss = tl.zeros((RB,), tl.float32)
-    for c in range(0, H // RC):
-        row, p = _lanes(g, c, RB, RC)
-        live = row < nrows
+    for c in range(0, (H + RC - 1) // RC):
+        row, p, live = _lanes(g, c, nrows, H, RB, RC)
         lo, hi, ok = pt.reduce_bf16x2(
             src + row * (H // 2) + p, MAXROWS * (H // 2), live, tag, ctl, health, peers, rank,
             world, region, g * RB * (H // 2) + c * (RC // 2), CPU,
@@ -771,29 +776,33 @@ def _attn(
 def _comb(
     r, g, lw, scratch, L: tl.constexpr, P: tl.constexpr, V: tl.constexpr,
     NH: tl.constexpr, Q: tl.constexpr, ROWSP: tl.constexpr, HG: tl.constexpr,
-    NHG: tl.constexpr, QHR: tl.constexpr, NSPLIT: tl.constexpr, LK: tl.constexpr,
-    O_PO: tl.constexpr, O_PM: tl.constexpr, O_PL: tl.constexpr, O_LAT: tl.constexpr,
-    O_V: tl.constexpr, STAGES: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr,
+    NHG: tl.constexpr, QHR: tl.constexpr, NSPLIT: tl.constexpr, NSP2: tl.constexpr,
+    LK: tl.constexpr, O_PO: tl.constexpr, O_PM: tl.constexpr, O_PL: tl.constexpr,
+    O_LAT: tl.constexpr, O_V: tl.constexpr, STAGES: tl.constexpr, CPU: tl.constexpr,
+    ASM: tl.constexpr,
 ):  # fmt: skip
-    """Request r, head group g: the splits' partials merged in split order (a padding
+    """Request r, head group g: the splits' partials merged in a fixed order (a padding
     request's rows, seq_len 0, come out 0) -> latent (bf16); then each head's W_UV
     (kv_b_proj's v rows: the dot's wide side) -> v (bf16)."""
     i = tl.arange(0, QHR)
     li = tl.arange(0, L)
+    js = tl.arange(0, NSP2)
     part0 = (r * NHG + g) * NSPLIT
-    pm = (scratch + O_PM).to(tl.pointer_type(tl.float32)) + part0 * QHR + i
-    pl = (scratch + O_PL).to(tl.pointer_type(tl.float32)) + part0 * QHR + i
+    # the splits' max and sum at once, [NSP2, QHR] (a split past NSPLIT weighs 0); L2 loads
+    # (.cg: this SM may hold an earlier layer's lines in L1)
+    sp = (part0 + js)[:, None] * QHR + i[None, :]
+    live = (js < NSPLIT)[:, None]
+    pm = (scratch + O_PM).to(tl.pointer_type(tl.float32)) + sp
+    pl = (scratch + O_PL).to(tl.pointer_type(tl.float32)) + sp
+    mjs = tl.load(pm, mask=live, other=float("-inf"), cache_modifier=".cg")
+    big = tl.max(mjs, 0)
+    wjs = tl.where(mjs == float("-inf"), 0.0, tl.exp(mjs - big[None, :]))
+    lsum = tl.sum(wjs * tl.load(pl, mask=live, other=0.0, cache_modifier=".cg"), 0)
     po = (scratch + O_PO).to(tl.pointer_type(tl.float32)) + (part0 * QHR + i)[:, None] * L
-    big = tl.full((QHR,), float("-inf"), tl.float32)
-    for j in range(0, NSPLIT):
-        big = tl.maximum(big, tl.load(pm + j * QHR, volatile=True))
-    lsum = tl.zeros((QHR,), tl.float32)
     acc = tl.zeros((QHR, L), tl.float32)
     for j in range(0, NSPLIT):
-        mj = tl.load(pm + j * QHR, volatile=True)
-        wj = tl.where(mj == float("-inf"), 0.0, tl.exp(mj - big))
-        lsum += wj * tl.load(pl + j * QHR, volatile=True)
-        acc += wj[:, None] * tl.load(po + j * QHR * L + li[None, :], volatile=True)
+        wj = tl.sum(tl.where((js == j)[:, None], wjs, 0.0), 0)
+        acc += wj[:, None] * tl.load(po + j * QHR * L + li[None, :], cache_modifier=".cg")
     lat = tl.where(lsum[:, None] > 0, acc / lsum[:, None], 0.0)
     head = g * HG + i // Q
     tok = r * Q + i % Q
@@ -911,6 +920,8 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         QHR=p.qhr,
         RP=p.rp,
         NSPLIT=p.nsplit,
+        NSP2=p2(p.nsplit),
+        PF=p.pf,
         OC=p.oc,
         GB=p.gb,
         HK=p.hk,
