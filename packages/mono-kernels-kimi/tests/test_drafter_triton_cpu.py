@@ -215,6 +215,6 @@ def test_a_timeline_launch_stamps_every_ticket_once_in_its_stage():
     assert [r["ticket"] for r in rows] == list(range(len(m["stages"])))
     assert [r["stage"] for r in rows] == m["stages"]
     assert all(r["program"] in (0, 1) for r in rows)  # the CPU runner's 2 programs
-    assert all(r["end_us"] >= r["start_us"] >= 0 for r in rows)
+    assert all(r["end_us"] >= r["ready_us"] >= r["start_us"] >= 0 for r in rows)
     assert m["same_as_plain"]
     assert "timeline=True" in m["plain_refused"]

@@ -26,6 +26,7 @@ from mono_kernels_minimax.formats import (
     unpack_mxfp4,
 )
 from mono_runtime.stream.layout import MX_FAST_ROWS
+from mono_runtime.timeline import stamp_bytes
 
 # OCP MX v1.0, table of FP4 E2M1: code -> value (bit 3 sign, bits 2..1 exponent, bit 0 mantissa)
 OCP_E2M1 = {
@@ -113,7 +114,7 @@ def test_build_key_and_layouts():
             FfnBuild(**{"cfg": cfg, "rows": 1, "tp": 4, **bad})
     tl = FfnBuild(cfg, 16, 4, timeline=True)
     assert tl.key() != b.key() and "timeline" not in lay
-    assert scratch_layout(tl)["timeline"][1] == 32 * max_tickets(tl)
+    assert scratch_layout(tl)["timeline"][1] == stamp_bytes(max_tickets(tl))
     with pytest.raises(ValueError, match="128-aligned"):
         FfnBuild(MiniMaxM3Config.tiny(), 1, 4, WeightFormat.FP8)
 

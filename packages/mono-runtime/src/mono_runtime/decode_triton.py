@@ -15,6 +15,9 @@ import triton.language as tl
 
 from . import protocol_triton as pt
 from .stream import device as st
+from .timeline import STAMP_WORDS
+
+_STAMP_WORDS = tl.constexpr(STAMP_WORDS)
 
 # -- values -------------------------------------------------------------------------------
 
@@ -169,14 +172,27 @@ def split_k(acc, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.cons
 
 
 @triton.jit
-def stamp_item(stamps, t, t_begin, CPU: tl.constexpr):
-    """Timeline builds: item t's (program, ticket, start, end) -> stamps[t] (int64 x 4;
-    device ns, poll counts under the interpreter)."""
-    stamp = stamps + t * 4
+def ready_clock(TL: tl.constexpr, CPU: tl.constexpr):
+    """What a stage helper that waits for its own inputs returns for the timeline: the
+    clock once they are in (`stamp_item`'s ready) in a timeline build, 0 in others (no
+    clock read: timeline-off builds compile as before)."""
+    if TL:
+        return pt.clock(0, CPU)
+    else:
+        return tl.cast(0, tl.int64)
+
+
+@triton.jit
+def stamp_item(stamps, t, t_begin, t_ready, CPU: tl.constexpr):
+    """Timeline builds: item t's (program, ticket, start, ready, end) -> stamps[t]
+    (`timeline.STAMP_WORDS` int64; device ns, poll counts under the interpreter). `t_ready`:
+    when the item's done-pair waits returned (its start if it waited for none)."""
+    stamp = stamps + t * _STAMP_WORDS
     tl.store(stamp, tl.program_id(0).to(tl.int64))
     tl.store(stamp + 1, t.to(tl.int64))
     tl.store(stamp + 2, t_begin)
-    tl.store(stamp + 3, pt.clock(0, CPU))
+    tl.store(stamp + 3, t_ready)
+    tl.store(stamp + 4, pt.clock(0, CPU))
 
 
 # -- ranks --------------------------------------------------------------------------------

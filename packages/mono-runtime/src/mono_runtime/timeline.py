@@ -1,9 +1,13 @@
 """A kernel's per-item timeline, read back from a timeline build (each ticket's program,
-start and end stamped by the device clock): a per-stage table and a picture of items over
-programs, the same for every kernel, so their timelines read alike.
+start, ready and end stamped by the device clock): a per-stage table and a picture of
+items over programs, the same for every kernel, so their timelines read alike.
 
-Rows are dicts with program, stage, start_us and end_us (us from the launch's first
-stamp), in ticket order; each kernel maps its tickets to stages (`from_stamps`).
+Rows are dicts with program, stage, start_us, ready_us and end_us (us from the launch's
+first stamp), in ticket order; each kernel maps its tickets to stages (`from_stamps`).
+`ready` is when the item's (first) done-pair wait returned, so a stage's time splits into
+waiting for its inputs and its own work; inputs that come by peer polls, and the waits of
+an item that waits again between its streams (K2's and the FFN's down items, slot by
+slot), count as work.
 """
 
 from __future__ import annotations
@@ -12,9 +16,17 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+STAMP_WORDS = 5  # int64 words a ticket stamps: program, ticket, start, ready, end
+
+
+def stamp_bytes(tickets: int) -> int:
+    """Scratch bytes of a timeline build's stamps (`STAMP_WORDS` int64 a ticket)."""
+    return 8 * STAMP_WORDS * tickets
+
 
 def from_stamps(stamps: Sequence[Sequence[int]], stage_of: Callable[[int], str]) -> list[dict]:
-    """Rows from raw (program, ticket, start ns, end ns) stamps; times from the first start."""
+    """Rows from raw (program, ticket, start, ready, end) ns stamps; times from the first
+    start."""
     t0 = min(r[2] for r in stamps)
     return [
         dict(
@@ -22,22 +34,33 @@ def from_stamps(stamps: Sequence[Sequence[int]], stage_of: Callable[[int], str])
             ticket=ticket,
             stage=stage_of(ticket),
             start_us=(start - t0) / 1e3,
+            ready_us=(ready - t0) / 1e3,
             end_us=(end - t0) / 1e3,
         )
-        for prog, ticket, start, end in stamps
+        for prog, ticket, start, ready, end in stamps
     ]
 
 
 def summary(rows: list[dict]) -> str:
-    """Per stage: items, first start and last end (us from the launch's first stamp), and
-    the mean item time; then the launch's span."""
-    lines = [f"{'stage':10s} {'items':>5s} {'first us':>9s} {'last us':>8s} {'mean us':>8s}"]
+    """Per stage: items, first start and last end (us from the launch's first stamp), the
+    mean item time and its split into waiting for inputs and work, and the last item's
+    ready time; then the launch's span."""
+    lines = [
+        f"{'stage':10s} {'items':>5s} {'first us':>9s} {'last us':>8s} {'mean us':>8s} "
+        f"{'wait us':>8s} {'work us':>8s} {'ready by':>8s}"
+    ]
     for name in dict.fromkeys(r["stage"] for r in rows):  # ticket order
         got = [r for r in rows if r["stage"] == name]
+        n = len(got)
         first = min(r["start_us"] for r in got)
         last = max(r["end_us"] for r in got)
-        mean = sum(r["end_us"] - r["start_us"] for r in got) / len(got)
-        lines.append(f"{name:10s} {len(got):5d} {first:9.1f} {last:8.1f} {mean:8.2f}")
+        mean = sum(r["end_us"] - r["start_us"] for r in got) / n
+        wait = sum(r["ready_us"] - r["start_us"] for r in got) / n
+        ready = max(r["ready_us"] for r in got)
+        lines.append(
+            f"{name:10s} {n:5d} {first:9.1f} {last:8.1f} {mean:8.2f} {wait:8.2f} "
+            f"{mean - wait:8.2f} {ready:8.1f}"
+        )
     lines.append(
         f"span {max(r['end_us'] for r in rows):.1f} us over "
         f"{len({r['program'] for r in rows})} programs"
@@ -60,8 +83,8 @@ def show(rows: list[dict], heading: str, path=None, title: str = "") -> None:
 
 def plot(rows: list[dict], path, title: str = "") -> None:
     """Items as bars over programs (x: us from the launch's first stamp), one colour a stage,
-    saved at `path` (its folder made if missing). Needs matplotlib (mono-tools depends on
-    it; the kernel packages do not)."""
+    pale while the item waits for its inputs, saved at `path` (its folder made if missing).
+    Needs matplotlib (mono-tools depends on it; the kernel packages do not)."""
     try:
         import matplotlib
     except ImportError as err:
@@ -78,14 +101,19 @@ def plot(rows: list[dict], path, title: str = "") -> None:
     fig, ax = plt.subplots(figsize=(12, 6))
     for name in names:
         got = [r for r in rows if r["stage"] == name]
-        if got:
+        # the wait (start to ready) pale, the work (ready to end) solid and in the legend
+        for lo, hi, alpha, label in (
+            ("start_us", "ready_us", 0.3, None),
+            ("ready_us", "end_us", 1.0, name),
+        ):
             ax.barh(
                 [r["program"] for r in got],
-                [r["end_us"] - r["start_us"] for r in got],
-                left=[r["start_us"] for r in got],
+                [r[hi] - r[lo] for r in got],
+                left=[r[lo] for r in got],
                 height=0.9,
                 color=colours[name],
-                label=name,
+                alpha=alpha,
+                label=label,
             )
     ax.set_xlabel("us from the launch's first item")
     ax.set_ylabel("program")

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from mono_runtime.kernel.tiles import check_tile, tile_overrides
+from mono_runtime.timeline import stamp_bytes
 
 from .config import DrafterConfig
 
@@ -112,7 +113,7 @@ class DrafterBuild:
 
     cfg: DrafterConfig
     wide: bool
-    timeline: bool = False  # stamp each item's program, ticket, start and end (GPU tuning)
+    timeline: bool = False  # stamp each item's program, ticket, start, ready, end (GPU tuning)
 
     def __post_init__(self) -> None:
         problem = build_problem(self.cfg)
@@ -432,8 +433,8 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
     xm     bf16[ROWS, H]   the MLP input (post_attention_layernorm)
     mid    bf16[ROWS, I]   act_and_mul's output
     tot    fp32[ROWS, H]   a row norm's input (residual + reduced partials) between passes
-    timeline  int64[tickets, 4] (timeline builds only): each item's program, ticket,
-           start and end (device ns; poll counts under the interpreter)
+    timeline  int64[tickets, 5] (timeline builds only): each item's program, ticket,
+           start, ready and end (device ns; poll counts under the interpreter)
     """
     c, p = b.cfg, b.plan
     rows, n = b.tiles * TILE, c.local_heads
@@ -458,7 +459,7 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
             ("mid", 2 * rows * c.local_intermediate),
             ("tot", 4 * rows * h),
         ]
-        + ([("timeline", 32 * tickets(b))] if b.timeline else [])
+        + ([("timeline", stamp_bytes(tickets(b)))] if b.timeline else [])
     )
 
 

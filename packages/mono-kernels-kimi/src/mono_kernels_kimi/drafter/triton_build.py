@@ -360,6 +360,7 @@ def drafter_kernel(
         if more:
             if TL:
                 t_begin = pt.clock(0, CPU)
+                t_ready = t_begin
             k = (t // PER_LAYER).to(tl.int32)  # the layer; NL for the final norm's items
             u = t.to(tl.int32) - k * PER_LAYER
             lw = table + tl.minimum(k, NL - 1) * _NPTR
@@ -391,6 +392,8 @@ def drafter_kernel(
             )  # fmt: skip
             if n > 0:
                 _wait(done, first, n, tag0, ctl, health, peers, rank, world, W2, R_ITEMS, CPU)
+                if TL:
+                    t_ready = pt.clock(0, CPU)
             if (k == NL) | (u < T_QKVA) | ((u >= T_POST) & (u < T_GU)):
                 # a row stage: norm, post or the final norm of row group g
                 g = tl.where((k < NL) & (u >= T_POST), u - T_POST, u)
@@ -484,8 +487,9 @@ def drafter_kernel(
                 )  # fmt: skip
             if (k < NL) & ((u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN))):
                 pt.ticket_finish(done, t, tag0)
-            if TL:  # the item's (program, ticket, start, end)
-                dt.stamp_item((scratch + O_TL).to(tl.pointer_type(tl.int64)), t, t_begin, CPU)
+            if TL:  # the item's (program, ticket, start, ready, end)
+                stamps = (scratch + O_TL).to(tl.pointer_type(tl.int64))
+                dt.stamp_item(stamps, t, t_begin, t_ready, CPU)
 
 
 # -- the stages, in ticket order ---------------------------------------------------------

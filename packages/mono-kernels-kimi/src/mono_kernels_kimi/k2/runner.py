@@ -20,7 +20,7 @@ from mono_runtime.errors import MonoUnsupported
 from mono_runtime.kernel import check_tensor, same_device, target_name
 from mono_runtime.kernel.mono_layer_runner import MonoLayerRunner
 from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
-from mono_runtime.timeline import from_stamps
+from mono_runtime.timeline import STAMP_WORDS, from_stamps
 
 from ..config import KimiK3Config
 from .build import K2Triton
@@ -59,7 +59,8 @@ class K2Runner(MonoLayerRunner):
     ) -> None:
         """`cfg.tp` ranks; `pack`: stream the experts as mxfp4-rot, which `pack(weights)`
         converts them to once, in place (False: the checkpoint's mxfp4-k32 as loaded).
-        `timeline`: builds that stamp each item's program, start and end (`timeline(s)`)."""
+        `timeline`: builds that stamp each item's program, start, ready and end
+        (`timeline(s)`)."""
         self.cfg, self.rank, self.tp = cfg, rank, cfg.tp
         self._setup(device, widths, programs, scratch_offset)
         self.builds = {
@@ -110,7 +111,8 @@ class K2Runner(MonoLayerRunner):
         b = self.builds[s]
         if not b.timeline:
             raise ValueError("timeline: this runner's builds do not stamp items (timeline=True)")
-        stamps = self.region(s, "timeline").view(torch.int64).view(-1, 4).cpu().tolist()
+        stamps = self.region(s, "timeline").view(torch.int64).view(-1, STAMP_WORDS)
+        stamps = stamps.cpu().tolist()
         return from_stamps(stamps[: tickets(b, final)], lambda t: stage_of(b, t))
 
     # -- launches -------------------------------------------------------------------------

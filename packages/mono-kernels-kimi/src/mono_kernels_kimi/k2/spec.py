@@ -57,6 +57,7 @@ from functools import cached_property
 
 from mono_runtime.kernel.tiles import check_tile, tile_overrides
 from mono_runtime.stream.layout import MX_FAST_ROWS
+from mono_runtime.timeline import stamp_bytes
 
 from ..config import KimiK3Config
 
@@ -88,7 +89,7 @@ class K2Build:
     cfg: KimiK3Config
     rows: int
     packed: bool = True  # stream the experts as mxfp4-rot (False: the checkpoint's mxfp4-k32)
-    timeline: bool = False  # stamp each item's program, ticket, start and end (GPU tuning)
+    timeline: bool = False  # stamp each item's program, ticket, start, ready, end (GPU tuning)
 
     def __post_init__(self) -> None:
         c = self.cfg
@@ -406,8 +407,8 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
     kpart  fp32 their parts: [NR + NL, DKS, 16, S] then [NSU, DKS, 2 SB, S]
     dpart  fp32[ND, NG, DC, S]  the down groups' partials
     nlat   bf16[S, LAT] the normed latent the up-projection reads
-    timeline  int64[tickets, 4] (timeline builds only): each item's program, ticket,
-           start and end (device clock, ns; the poll count under the interpreter)
+    timeline  int64[tickets, 5] (timeline builds only): each item's program, ticket,
+           start, ready and end (device clock, ns; the poll count under the interpreter)
     """
     c, s, p = b.cfg, b.rows, b.plan
     h, lat, nb = c.hidden_size, c.latent_size, c.num_attn_res_blocks
@@ -429,7 +430,7 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
             ("dpart", 4 * b.plan.nd * b.plan.ng * b.plan.dc * s),
             ("nlat", 2 * s * lat),
         ]
-        + ([("timeline", 32 * tickets(b, True))] if b.timeline else [])
+        + ([("timeline", stamp_bytes(tickets(b, True)))] if b.timeline else [])
     )
 
 

@@ -225,6 +225,7 @@ def k2_kernel(
     while t < total:
         if TL:
             t_begin = pt.clock(0, CPU)
+            t_ready = t_begin
         if t < T_COL:
             _oproj(
                 t, core, o_proj, peers, rank, world, tag, S, H, KO, OC, OBK, STAGES, P_AR1, CPU, ASM
@@ -280,6 +281,8 @@ def k2_kernel(
                 R_ITEMS,
                 CPU,
             )
+            if TL:
+                t_ready = pt.clock(0, CPU)
             _mix(
                 s_,
                 (t - T_MIX) % NCH,
@@ -318,6 +321,8 @@ def k2_kernel(
                 R_ITEMS,
                 CPU,
             )
+            if TL:
+                t_ready = pt.clock(0, CPU)
             _norm(s_, (t - T_NORM) % NCH, post_norm, scratch, H, RC, NCH, O_MIX, O_SSQ2, O_X, EPS)
             pt.ticket_finish(done, t, tag)
         elif t < T_SHDOWN:
@@ -339,6 +344,8 @@ def k2_kernel(
             dt.wait_items(
                 done, T_NORM, S * NCH, SNCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
+            if TL:
+                t_ready = pt.clock(0, CPU)
             x = (scratch + O_X).to(tl.pointer_type(tl.bfloat16))
             if t < T_LATDOWN:
                 g = (t - T_ROUTER) // DKS
@@ -413,7 +420,7 @@ def k2_kernel(
                 )
                 pt.ticket_finish(done, t, tag)
         elif t < T_GATHER:
-            _shdown(
+            ready = _shdown(
                 t - T_SHDOWN,
                 shared_w2,
                 scratch,
@@ -439,7 +446,10 @@ def k2_kernel(
                 R_ITEMS,
                 CPU,
                 ASM,
+                TL,
             )
+            if TL:
+                t_ready = ready
         elif t < T_ROUTE:
             _gather(
                 t - T_GATHER,
@@ -488,6 +498,8 @@ def k2_kernel(
             pt.ticket_finish(done, t, tag)
         elif t < T_UP:
             dt.wait_items(done, T_ROUTE, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+            if TL:
+                t_ready = pt.clock(0, CPU)
             _union(
                 scratch,
                 S,
@@ -512,6 +524,8 @@ def k2_kernel(
             ok = ok & dt.wait_items(
                 done, T_GATHER, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
+            if TL:
+                t_ready = pt.clock(0, CPU)
             _up(
                 (t - T_UP) // NC,
                 (t - T_UP) % NC,
@@ -539,7 +553,7 @@ def k2_kernel(
             )
             pt.ticket_finish(done, t, tag)
         elif t < T_DSUM:
-            _down(
+            ready = _down(
                 (t - T_DOWN) // NG,
                 (t - T_DOWN) % NG,
                 w2,
@@ -574,7 +588,10 @@ def k2_kernel(
                 R_ITEMS,
                 CPU,
                 ASM,
+                TL,
             )
+            if TL:
+                t_ready = ready
             pt.ticket_finish(done, t, tag)
         elif t < T_LRED:
             dt.wait_items(
@@ -591,6 +608,8 @@ def k2_kernel(
                 R_ITEMS,
                 CPU,
             )
+            if TL:
+                t_ready = pt.clock(0, CPU)
             _dsum(t - T_DSUM, scratch, peers, rank, world, tag, S, LAT, NG, DC, O_DPART, P_RL)
         elif t < T_UPPROJ:
             _lred(
@@ -615,7 +634,7 @@ def k2_kernel(
             )
             pt.ticket_finish(done, t, tag)
         elif t < T_FINAL:
-            _upproj(
+            ready = _upproj(
                 t - T_UPPROJ,
                 up_proj,
                 scratch,
@@ -640,7 +659,10 @@ def k2_kernel(
                 R_ITEMS,
                 CPU,
                 ASM,
+                TL,
             )
+            if TL:
+                t_ready = ready
         elif t < T_HS:
             _final(
                 (t - T_FINAL) // NF,
@@ -669,9 +691,11 @@ def k2_kernel(
             dt.wait_items(
                 done, T_FINAL, S * NF, SNF2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
+            if TL:
+                t_ready = pt.clock(0, CPU)
             dt.handshake(me, peers, rank, world, P_HS // 8, 8, tag, ctl, health, R_HS, CPU)
-        if TL:  # the item's (program, ticket, start, end)
-            dt.stamp_item((scratch + O_TL).to(tl.pointer_type(tl.int64)), t, t_begin, CPU)
+        if TL:  # the item's (program, ticket, start, ready, end)
+            dt.stamp_item((scratch + O_TL).to(tl.pointer_type(tl.int64)), t, t_begin, t_ready, CPU)
         t = pt.ticket_take(counter, total)
 
 
@@ -1020,9 +1044,11 @@ def _shdown(
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
+    TL: tl.constexpr,
 ):
     """SD output columns of this rank's shared-expert partial (K = SI; its rows asked of
-    L2 before the wait for every shup item) -> bf16 -> every rank's sh[this rank].
+    L2 before the wait for every shup item) -> bf16 -> every rank's sh[this rank]; returns
+    the timeline's ready clock (`dt.ready_clock`).
 
     Every shup item means all DKS K parts of each of the SI / SB row blocks: smid's block
     is written by whichever part finishes last, so waiting for SI / SB items only covered
@@ -1032,6 +1058,7 @@ def _shdown(
     dt.wait_items(
         done, T_SHUP, (SI // SB) * DKS, SHUP2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
     )
+    ready = dt.ready_clock(TL, CPU)
     smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
     acc = st.stream_rows(
         shared_w2, shared_w2, smid, d * SD, 0, SI // SDK, SI, SD, SDK, S, 0, STAGES, CPU, ASM
@@ -1048,6 +1075,7 @@ def _shdown(
         tag,
         S,
     )
+    return ready
 
 
 @triton.jit
@@ -1270,11 +1298,15 @@ def _down(
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
+    TL: tl.constexpr,
 ):
     """Latent columns [d DC, (d + 1) DC) of this rank's routed partial over the slots of
     group q in order (ascending expert id), each as soon as its up items are done (its
-    weights asked of L2 first), weighted by wtab, in fp32 -> dpart[d, q]."""
+    weights asked of L2 first), weighted by wtab, in fp32 -> dpart[d, q]. Returns the
+    timeline's ready clock, after the wait for the route (the waits for each slot's up
+    items, between its streams, count as its work)."""
     ok = dt.wait_items(done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+    ready = dt.ready_clock(TL, CPU)
     nslots = _slot_count(scratch, O_TABLE, MAXSLOTS)
     per = (nslots + NG - 1) // NG
     j1 = tl.minimum((q + 1) * per, nslots)
@@ -1298,6 +1330,7 @@ def _down(
     n = tl.arange(0, DC)
     dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
     tl.store(dpart + ((d * NG + q) * DC + n[:, None]) * S + t[None, :], acc, mask=t[None, :] < S)
+    return ready
 
 
 @triton.jit
@@ -1404,18 +1437,22 @@ def _upproj(
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
+    TL: tl.constexpr,
 ):
     """UC of this rank's H/tp up_proj rows (its rows asked of L2 before the wait for every
-    lred item) over the normed latent -> bf16 -> every rank's upo (the column's owner)."""
+    lred item) over the normed latent -> bf16 -> every rank's upo (the column's owner);
+    returns the timeline's ready clock."""
     r0 = rank * HPR + u * UC
     dt.prefetch_rows(up_proj, r0, UC, LAT, 0, LAT, 0, CPU, ASM)
     dt.wait_items(done, T_LRED, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+    ready = dt.ready_clock(TL, CPU)
     nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.bfloat16))
     acc = st.stream_rows(
         up_proj, up_proj, nlat, r0, 0, LAT // UBK, LAT, UC, UBK, S, 0, STAGES, CPU, ASM
     )
     q = r0 // 2 + tl.arange(0, UC // 2)
     dt.push_pairs(peers, world, P_UPO // 8, H // 2, q, dt.tile_pairs(acc, UC), True, tag, S)
+    return ready
 
 
 @triton.jit

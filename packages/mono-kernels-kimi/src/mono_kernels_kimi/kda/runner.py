@@ -26,7 +26,7 @@ from mono_runtime.errors import MonoFault
 from mono_runtime.health import timeline
 from mono_runtime.kernel import LayerRunner, same_device
 from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
-from mono_runtime.timeline import from_stamps
+from mono_runtime.timeline import STAMP_WORDS, from_stamps
 
 from ..config import KimiK3Config
 from . import triton_build
@@ -133,7 +133,8 @@ class KdaRunner(LayerRunner):
     KdaRunner on it), sized by `runner_bytes`; None: a one-rank runner of its own with
     `deadline_ns`. `check_values`: slot and accepted-count values are checked before
     each launch (one device read: a sync); off for serving, on for tests. `timeline`:
-    builds that stamp each item's program, start and end (`timeline()`; GPU tuning)."""
+    builds that stamp each item's program, start, ready and end (`timeline()`; GPU
+    tuning)."""
 
     _closed_why = "its runner is closed"
 
@@ -342,7 +343,8 @@ class KdaRunner(LayerRunner):
             )
         b, final = self._last
         off, n = b.scratch_layout()["timeline"]
-        stamps = self.scratch[off : off + n].view(torch.int64).view(-1, 4).cpu().tolist()
+        stamps = self.scratch[off : off + n].view(torch.int64).view(-1, STAMP_WORDS)
+        stamps = stamps.cpu().tolist()
         return from_stamps(stamps[: b.tickets(final)], b.stage_of)
 
     def check(self) -> None:

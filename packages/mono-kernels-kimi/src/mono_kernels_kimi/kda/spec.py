@@ -27,7 +27,7 @@ build of a runner (its widths share one tiling), and are zero between launches: 
 part of a row block resets its counter.
 
 A timeline build (`timeline=True`, for GPU tuning) also stamps each ticket's program,
-start and end into its scratch; its stages there are these four, with stage 4 split into
+start, ready and end into its scratch; its stages there are these four, with stage 4 split into
 its state items ("head") and its gated-norm items ("norm"), whose costs differ by far, and
 a final launch's TP fault handshake ("handshake") (`K1Build.stage_of`).
 """
@@ -35,6 +35,8 @@ a final launch's TP fault handshake ("handshake") (`K1Build.stage_of`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+from mono_runtime.timeline import stamp_bytes
 
 from ..config import KimiK3Config
 
@@ -139,7 +141,7 @@ class K1Build:
     # stream while the AttnRes items run (0: off); keep prefetch_items x proj_item_bytes
     # well under the L2 size
     prefetch_items: int = 0
-    timeline: bool = False  # stamp each item's program, ticket, start and end (GPU tuning)
+    timeline: bool = False  # stamp each item's program, ticket, start, ready, end (GPU tuning)
 
     def __post_init__(self) -> None:
         if not 1 <= self.rows <= MAX_ROWS:
@@ -261,8 +263,8 @@ class K1Build:
             "proj": S * self.in_proj_rows * 2,
             "o": S * self.local_proj * 2,
         }
-        if self.timeline:  # int64 [tickets, 4]: program, ticket, start, end
-            sizes["timeline"] = 32 * self.tickets(True)
+        if self.timeline:  # int64 [tickets, 5]: program, ticket, start, ready, end
+            sizes["timeline"] = stamp_bytes(self.tickets(True))
         out, off = {}, 0
         for name, n in sizes.items():
             out[name] = (off, n)

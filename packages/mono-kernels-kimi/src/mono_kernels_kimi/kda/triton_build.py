@@ -16,8 +16,9 @@ hidden states, and nothing hangs. An item whose wait gave up writes NaN to its o
 nothing to the caches; every later wait of the step gives up at once (the alarm is set).
 A final launch (the step's last) ends in the TP fault handshake, so that every rank
 records the give-up in the same step; fault injection stalls a rank just before it.
-A timeline build stamps each ticket's program, start and end (mono_runtime's
-`stamp_item`, as K2 and the FFN do); other builds compile without a trace of it.
+A timeline build stamps each ticket's program, start, ready (its done-pair waits over)
+and end (mono_runtime's `stamp_item`, as K2 and the FFN do); other builds compile without
+a trace of it.
 """
 
 from __future__ import annotations
@@ -425,6 +426,7 @@ def k1_kernel(
     while t < total:
         if TL:
             t_begin = pt.clock(0, INTERPRET)
+            t_ready = t_begin
         if t < E2:
             # -- 1 ares / 2 mix: `_attn_res_kernel` (nvidia/ops/attn_res.py) per (row,
             # hidden block); the sources of the block in one load --
@@ -471,6 +473,8 @@ def k1_kernel(
                     s * C1,
                     INTERPRET,
                 )
+                if TL:
+                    t_ready = pt.clock(0, INTERPRET)
                 ci = tl.arange(0, C1P)
                 pq = part + (s * 2 * MSP + j[:, None]) * C1P + ci[None, :]
                 pm = (j <= num_blocks)[:, None] & (ci < C1)[None, :]
@@ -502,6 +506,8 @@ def k1_kernel(
             pt.wait_done(
                 done, E1, E2 - E1, N2P, tag, ctl, health, peers, rank, world, R_MIX, 0, INTERPRET
             )
+            if TL:
+                t_ready = pt.clock(0, INTERPRET)
             n = tl.arange(0, RT)
             sm = n < S
             ci = tl.arange(0, C1P)
@@ -583,6 +589,8 @@ def k1_kernel(
                     h0,
                     INTERPRET,
                 )
+                if TL:
+                    t_ready = pt.clock(0, INTERPRET)
                 dv = vc * BV + tl.arange(0, BV)
                 qch = h * D + dk
                 kch = P + h * D + dk
@@ -707,6 +715,8 @@ def k1_kernel(
                     g0,
                     INTERPRET,
                 )
+                if TL:
+                    t_ready = pt.clock(0, INTERPRET)
                 wo = tl.load(o_norm + dk).to(F32)
                 for tt in range(L):
                     s = r * L + tt
@@ -754,14 +764,17 @@ def k1_kernel(
             pt.wait_done(
                 done, E3, E4 - E3, N4P, tag, ctl, health, peers, rank, world, R_HEAD, 0, INTERPRET
             )
+            if TL:
+                t_ready = pt.clock(0, INTERPRET)
             pt.fault_stall(ctl, peers, rank, world, INTERPRET)
             i = tl.arange(0, HS_LANES)
             for dst in range(world):
                 pt.publish(pt.peer_data(peers, dst) + rank + i, i, tag, i == 0, "sys")
             me = pt.peer_data(peers, rank)
             pt.poll(me + i, i < world, tag, ctl, health, peers, rank, world, R_HS, 0, INTERPRET)
-        if TL:  # the item's (program, ticket, start, end)
-            dt.stamp_item((scratch + OFF_TL).to(tl.pointer_type(tl.int64)), t, t_begin, INTERPRET)
+        if TL:  # the item's (program, ticket, start, ready, end)
+            stamps = (scratch + OFF_TL).to(tl.pointer_type(tl.int64))
+            dt.stamp_item(stamps, t, t_begin, t_ready, INTERPRET)
         t = pt.ticket_take(counter, total)
 
 

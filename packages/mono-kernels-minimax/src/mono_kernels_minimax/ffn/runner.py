@@ -25,6 +25,7 @@ from mono_runtime.errors import MonoUnsupported
 from mono_runtime.kernel import check_tensor, target_name
 from mono_runtime.kernel.mono_layer_runner import MonoLayerRunner
 from mono_runtime.runner import MonoRunner
+from mono_runtime.timeline import STAMP_WORDS
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..config import MiniMaxM3Config
@@ -82,7 +83,7 @@ class FfnRunner(MonoLayerRunner):
         """`pack`: MXFP4 experts are streamed in the kernel's mxfp4-rot layout, which
         `pack(weights)` converts them to once, in place; False streams the checkpoint's
         mxfp4-k32 as it is (slower; for an engine whose other paths read those tensors).
-        `timeline`: builds that stamp each item's start and end (`timeline(s)`)."""
+        `timeline`: builds that stamp each item's start, ready and end (`timeline(s)`)."""
         self.cfg, self.fmt, self.tp, self.rank = cfg, WeightFormat(fmt), tp, rank
         self._setup(device, widths, programs)
         self.builds = {
@@ -138,7 +139,8 @@ class FfnRunner(MonoLayerRunner):
                 "timeline: this runner's builds do not stamp items (FfnRunner(timeline=True))"
             )
         nslots = int(self.region(s, "table")[:4].view(torch.int32)[0])
-        return items(self.region(s, "timeline").view(torch.int64).view(-1, 4), b, nslots, final)
+        stamps = self.region(s, "timeline").view(torch.int64).view(-1, STAMP_WORDS)
+        return items(stamps, b, nslots, final)
 
     # -- launches -------------------------------------------------------------------------
     def warm(self) -> None:

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from mono_runtime.kernel.tiles import tile_overrides
+from mono_runtime.timeline import stamp_bytes
 
 from ..config import MiniMaxM3Config
 from ..formats import FP8_BLOCK, WeightFormat
@@ -442,8 +443,8 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     upart  fp32 up partials: [NC, UKS0, 2, BN, S] of the shared expert, then
            [routed slots, NC, UKS, 2, BN, S] (none when UKS = 1)
     dpart  fp32 down partials [ND, NG, DC, S]
-    timeline  int64[max_tickets, 4] (timeline builds only): each item's program, ticket,
-           start and end (device clock, ns)
+    timeline  int64[max_tickets, 5] (timeline builds only): each item's program, ticket,
+           start, ready and end (device clock, ns)
     """
     c, p, s = b.cfg, b.plan, b.rows
     h, e, k = c.hidden_size, c.num_experts, c.top_k
@@ -465,7 +466,7 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
             ("upart", upart),
             ("dpart", 4 * p.down * p.ng * p.dc * s),
         ]
-        + ([("timeline", 32 * max_tickets(b))] if b.timeline else [])
+        + ([("timeline", stamp_bytes(max_tickets(b)))] if b.timeline else [])
     )
 
 

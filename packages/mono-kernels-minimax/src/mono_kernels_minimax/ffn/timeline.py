@@ -1,9 +1,10 @@
 """The per-item timeline of a `timeline=True` FFN build: which program ran which item
 when, by stage (mono_runtime.timeline tabulates and plots it).
 
-A timeline build stamps the device clock (ns) at each ticket's start and end into its
-scratch (`spec.scratch_layout`'s `timeline`); `FfnRunner.timeline(s)` reads width s's last
-launch. Stages come from the ticket order of `spec.TaskPlan` and the launch's slot count.
+A timeline build stamps the device clock (ns) at each ticket's start, ready (its waits
+over) and end into its scratch (`spec.scratch_layout`'s `timeline`); `FfnRunner.timeline(s)`
+reads width s's last launch. Stages come from the ticket order of `spec.TaskPlan` and the
+launch's slot count.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .spec import FfnBuild, stage_bounds
 
 def items(stamps: torch.Tensor, b: FfnBuild, nslots: int, final: bool) -> list[dict]:
     """One row per item of the launch (mono_runtime.timeline's rows), from the raw int64
-    [tickets, 4] stamps."""
+    [tickets, STAMP_WORDS] stamps."""
     bounds = stage_bounds(b, nslots, final)
     rows = stamps[: bounds[-1][2]].cpu().tolist()
     return from_stamps(rows, lambda t: next(name for name, lo, hi in bounds if lo <= t < hi))

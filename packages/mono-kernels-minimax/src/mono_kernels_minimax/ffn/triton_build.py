@@ -273,10 +273,13 @@ def ffn_kernel(
     while t < total:
         if TL:
             t_begin = pt.clock(0, CPU)
+            t_ready = t_begin
         if (t >= STATIC) & (routed == 0):
             nslots = _slot_count(
                 done, nslots_p, ROUTED, MAXSLOTS, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
+            if TL:  # the route (a program's first routed item waits for it)
+                t_ready = pt.clock(0, CPU)
             total = STATIC + (nslots - HAS_SHARED) * NROUTED + tail
             routed = t * 0 + 1
             dt.ticket_reset_if_last(counter, t, total)
@@ -314,6 +317,8 @@ def ffn_kernel(
             dt.wait_items(
                 done, NPUSH + s * NCH, NCH, NCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
+            if TL:
+                t_ready = pt.clock(0, CPU)
             rstd = _rstd(ssq, s, s < S, NCH, H, EPS)
             p = ch * (SC // 2) + tl.arange(0, SC // 2)
             xl = tl.load(xs + s * H + 2 * p, volatile=True)
@@ -336,6 +341,8 @@ def ffn_kernel(
             dt.wait_items(
                 done, NPUSH, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
+            if TL:
+                t_ready = pt.clock(0, CPU)
             acc = _router_part(
                 xs, ssq, norm.to(tl.pointer_type(tl.bfloat16)), router, g, part_k,
                 S, H, NCH, RK, EPS, RROWS,
@@ -383,6 +390,8 @@ def ffn_kernel(
             dt.wait_items(
                 done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
+            if TL:
+                t_ready = pt.clock(0, CPU)
             g, v = _up_item(
                 xn, sw13, sw13_scale, c, kp, H // UBK0 // UKS0, UBK0, S, H, I, BN, SFMT, STAGES,
                 PAIR, CPU,
@@ -526,10 +535,13 @@ def ffn_kernel(
                     R_ITEMS,
                     CPU,
                 )
+                if TL:
+                    t_ready = pt.clock(0, CPU)
                 dt.handshake(me, peers, rank, world, P_HS // 8, W2P, tag, ctl, health, R_HS, CPU)
         if TL:
-            if t < total:  # the item's (program, ticket, start, end) in ns
-                dt.stamp_item((scratch + O_TL).to(tl.pointer_type(tl.int64)), t, t_begin, CPU)
+            if t < total:  # the item's (program, ticket, start, ready, end) in ns
+                stamps = (scratch + O_TL).to(tl.pointer_type(tl.int64))
+                dt.stamp_item(stamps, t, t_begin, t_ready, CPU)
         if t < total:
             t = pt.ticket_take(counter, total)
     if (routed == 0) & (t >= STATIC):

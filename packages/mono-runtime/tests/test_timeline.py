@@ -1,0 +1,56 @@
+"""mono_runtime.timeline on made-up stamps: rows from raw (program, ticket, start, ready,
+end) ns, and the per-stage table that splits each stage's time into waiting and work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mono_runtime.timeline import STAMP_WORDS, from_stamps, show, stamp_bytes, summary
+
+pytestmark = pytest.mark.timeout(30)
+
+# two stages: "a" items do not wait; "b" items wait 3 us for "a", then work 1 us
+STAMPS = [
+    (0, 0, 1000, 1000, 5000),
+    (1, 1, 1000, 1000, 4000),
+    (0, 2, 5000, 8000, 9000),
+    (1, 3, 4000, 7000, 8000),
+]
+
+
+def stage_of(t: int) -> str:
+    return "a" if t < 2 else "b"
+
+
+def test_a_stamp_is_five_words():
+    assert STAMP_WORDS == 5 == len(STAMPS[0])
+    assert stamp_bytes(3) == 3 * 5 * 8
+
+
+def test_rows_are_in_us_from_the_first_start():
+    rows = from_stamps(STAMPS, stage_of)
+    assert rows[2] == dict(program=0, ticket=2, stage="b", start_us=4.0, ready_us=7.0, end_us=8.0)
+    assert [r["stage"] for r in rows] == ["a", "a", "b", "b"]
+
+
+def test_summary_splits_each_stage_into_wait_and_work():
+    lines = summary(from_stamps(STAMPS, stage_of)).splitlines()
+    assert lines[0].split() == [
+        "stage", "items", "first", "us", "last", "us", "mean", "us", "wait", "us", "work",
+        "us", "ready", "by",
+    ]  # fmt: skip
+    # a: 2 items, first 0, last 4, mean 3.5, no wait, work 3.5, ready by 0
+    assert [float(x) for x in lines[1].split()[1:]] == [2, 0.0, 4.0, 3.5, 0.0, 3.5, 0.0]
+    # b: mean 4 (4 and 4), wait 3, work 1, the last ready at 7
+    assert [float(x) for x in lines[2].split()[1:]] == [2, 3.0, 8.0, 4.0, 3.0, 1.0, 7.0]
+    assert lines[-1] == "span 8.0 us over 2 programs"
+
+
+def test_show_writes_the_rows_beside_the_picture(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    rows = from_stamps(STAMPS, stage_of)
+    show(rows, "made up", tmp_path / "t.png", "made up")
+    assert (tmp_path / "t.png").stat().st_size > 0
+    assert json.loads((tmp_path / "t.json").read_text()) == rows
+    assert "-- made up" in capsys.readouterr().out
