@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, gemv, upstage, router, gemvprof, profile, profile-drafter, all.
+# k2-tune, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -239,6 +239,10 @@ if has profile-drafter; then
     step top-drafter 100 python3 tools/ncu_top.py "$LOG/drafter.ncu-rep" --lines 40 --views sass
     rm -f "$LOG/drafter.ncu-rep"
 fi
+if has latency; then
+    # A fused kernel's small steps on an idle GPU (tools/latency_probe.py).
+    step latency 200 python3 tools/latency_probe.py --json "$LOG/bench/latency.json"
+fi
 if has tiles || has all; then
     # FFN tiles on the tile-major mxfp4-rot around the default (2 programs an SM, 3 stages,
     # gate and up paired, down items prefetching their rows to L2): without that prefetch
@@ -259,7 +263,7 @@ for name in ffn k1 k2 drafter sources rest; do
 done
 for name in qualify tune-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn top-ffn-s1 top-ffn-s16 top-drafter gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
