@@ -1,12 +1,11 @@
 """mono_runtime.timeline on made-up stamps: rows from raw (program, ticket, start, ready,
-end) ns, and the per-stage table that splits each stage's time into waiting and work."""
+end) ns, and the per-stage table that splits each stage's time into waiting and work
+(`show` and the picture: test_timing.py)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from mono_runtime.timeline import STAMP_WORDS, from_stamps, show, stamp_bytes, summary
+from mono_runtime.timeline import STAMP_WORDS, from_stamps, stamp_bytes, summary
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -45,12 +44,3 @@ def test_summary_splits_each_stage_into_wait_and_work():
     # b: mean 4 (4 and 4), wait 3, work 1, the last ready at 7
     assert [float(x) for x in lines[2].split()[1:]] == [2, 3.0, 8.0, 4.0, 3.0, 1.0, 7.0]
     assert lines[-1] == "span 8.0 us over 2 programs"
-
-
-def test_show_writes_the_rows_beside_the_picture(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
-    rows = from_stamps(STAMPS, stage_of)
-    show(rows, "made up", tmp_path / "t.png", "made up")
-    assert (tmp_path / "t.png").stat().st_size > 0
-    assert json.loads((tmp_path / "t.json").read_text()) == rows
-    assert "-- made up" in capsys.readouterr().out

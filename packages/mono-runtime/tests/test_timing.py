@@ -68,8 +68,8 @@ def test_timeline_show_writes_the_rows_beside_the_picture(tmp_path, capsys):
     from mono_runtime.timeline import show
 
     rows = [
-        dict(program=0, stage="up", start_us=0.0, end_us=2.0),
-        dict(program=1, stage="down", start_us=1.0, end_us=4.5),
+        dict(program=0, stage="up", start_us=0.0, ready_us=0.0, end_us=2.0),
+        dict(program=1, stage="down", start_us=1.0, ready_us=2.0, end_us=4.5),
     ]
     path = tmp_path / "pics" / "timeline-x.png"
     try:
