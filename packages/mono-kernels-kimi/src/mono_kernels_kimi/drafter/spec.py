@@ -15,7 +15,8 @@ interpreter, where programs run one after another:
                     residual); later layers the ranks' MLP partials (`ar2`, previous
                     layer) in rank order -> bf16, + residual -> the new residual,
                     input_layernorm -> `xa`
-    qkva    NQA     QA rows of fused_qkv_a_proj -> `qkv` (bf16)
+    qkva    NQA x QKS  QA rows of fused_qkv_a_proj over K part j -> `qkv` (bf16; fp32
+                    parts when QKS > 1)
     qkvn    GROUPS  row group s: q_a_layernorm -> `qc`; kv_a_layernorm, RoPE of k_pe -> the
                     cache entry at the row's slot (nothing for a negative slot)
     qb      NQB     QB rows of q_b_proj -> `q` (bf16)
@@ -179,7 +180,8 @@ class Plan:
     launch's row tiles."""
 
     qa: int  # fused_qkv_a rows of a qkva item (the last item's tile ends at the last row)
-    nqa: int
+    nqa: int  # row tiles of fused_qkv_a: nqa x qks qkva items
+    qks: int  # K parts of a row tile (qkvn sums the parts' fp32 outputs in part order)
     qbn: int  # q_b rows of a qb item (likewise)
     nqb: int
     la: int  # latent columns of an absorb item
@@ -229,6 +231,9 @@ class Plan:
             occ=1,
             pf=1,
             rc=1024,  # a row item's columns a trip (the last trip masked)
+            # K parts of a qkv_a row tile: 33 items of 64 rows leave 99 of 132 SMs idle;
+            # tiny builds split in 2, so that the interpreter tests the parts' sum
+            qks=1 if big else 2,
         )
         if big:  # a real-shape build's, for tuning
             t = _checked(tile_overrides(TILES_ENV, t), c)
@@ -240,6 +245,7 @@ class Plan:
         return cls(
             qa=qa,
             nqa=-(-c.qkv_a_rows // qa),
+            qks=t["qks"],
             qbn=qbn,
             nqb=-(-c.q_b_rows // qbn),
             la=la,
@@ -254,7 +260,7 @@ class Plan:
             no=c.hidden_size // oc,
             gb=gb,
             ngu=c.local_intermediate // gb,
-            hk=_step(c.hidden_size, kstep),
+            hk=_step(c.hidden_size // t["qks"], kstep),
             qk=_step(c.q_lora_rank, kstep),
             vk=_step(c.o_proj_in, kstep),
             ik=_step(c.local_intermediate, kstep),
@@ -272,7 +278,7 @@ class Plan:
 def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     """Overridden tiles refused by name unless each is a power of two (>= 16 for a dot's
     side) dividing what it tiles, with 1..64 splits, 1..8 stages, 1 or 2 programs an SM,
-    prefetch mode 0..2."""
+    prefetch mode 0..2, K parts of qkv_a leaving >= 16 columns a part."""
     walks = dict(
         qa=None,
         qbn=None,
@@ -288,6 +294,7 @@ def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     for name, most in dict(nsplit=64, nsplit_wide=64, stages=8, occ=2).items():
         check_tile("drafter", name, t[name], least=1, most=most, pow2=False)
     check_tile("drafter", "pf", t["pf"], least=0, most=2, pow2=False)
+    check_tile("drafter", "qks", t["qks"], least=1, divides=c.hidden_size // 16)
     return t
 
 
@@ -312,7 +319,7 @@ def layer_stages(b: DrafterBuild) -> list[tuple[str, int]]:
     s = b.rows // p.rb
     counts = dict(
         norm=s,
-        qkva=p.nqa,
+        qkva=p.nqa * p.qks,
         qkvn=s,
         qb=p.nqb,
         absorb=b.cfg.local_heads * p.nla,
@@ -420,7 +427,8 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
     done   pairs[tickets]: item t's (tag, 1) once it finished (tags: never zeroed)
     res    bf16[ROWS, H]   the residual
     xa     bf16[ROWS, H]   the attention input (input_layernorm)
-    qkv    bf16[ROWS, QL + L + R]  fused_qkv_a's output
+    qkv    bf16[ROWS, QL + L + R]  fused_qkv_a's output; with K parts (qks > 1) fp32[qks,
+           ROWS, QL + L + R], each part's sum
     qc     bf16[ROWS, QL]  q_a_layernorm's output
     q      bf16[ROWS, n (P + R)]  q_b's output
     qlat   bf16[n, ROWS, L]  the absorbed query
@@ -445,7 +453,7 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
             ("done", PAIR * tickets(b)),
             ("res", 2 * rows * h),
             ("xa", 2 * rows * h),
-            ("qkv", 2 * rows * c.qkv_a_rows),
+            ("qkv", (2 if p.qks == 1 else 4 * p.qks) * rows * c.qkv_a_rows),
             ("qc", 2 * rows * c.q_lora_rank),
             ("q", 2 * rows * c.q_b_rows),
             ("qlat", 2 * n * rows * lat),

@@ -105,10 +105,14 @@ def _fp8_trip(x, scale):
 
 
 @triton.jit
-def _prefetch(w, r0, K: tl.constexpr, NROWS: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr):
-    """L2 prefetch of NROWS bf16 weight rows of K columns from row r0 (mono_runtime.stream's,
-    NVIDIA only): an item asks for its weights before it waits for its inputs."""
-    st.prefetch_l2(w + r0 * K, 2 * K, 2 * K, NROWS, CPU)
+def _prefetch(
+    w, r0, c0, K: tl.constexpr, KC: tl.constexpr, NROWS: tl.constexpr, CPU: tl.constexpr,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    """L2 prefetch of NROWS rows from row r0, columns c0..c0 + KC, of a bf16 weight of K
+    columns (mono_runtime.stream's, NVIDIA only): an item asks for its weights before it
+    waits for its inputs."""
+    st.prefetch_l2(w + r0 * K + c0, 2 * K, 2 * KC, NROWS, CPU)
 
 
 @triton.jit
@@ -182,31 +186,41 @@ def _gemv_tiles(
     row0,
     keep,
     dst,
+    part,
     nrows,
     K: tl.constexpr,
+    KP: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     DST_ROW: tl.constexpr,
+    ROWSP: tl.constexpr,
     TILES: tl.constexpr,
     STAGES: tl.constexpr,
+    F32: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """bf16 dst[token, row] = W[row0 + i] . x[token] for the kept rows, every 16-row tile
-    of the launch's rows (as a bf16 GEMM leaves it)."""
+    """dst[token, row] = W[row0 + i] . x[token] over K columns part x KP.. + KP, for the kept
+    rows, every 16-row tile of the launch's rows: bf16 (as a bf16 GEMM leaves it; KP = K),
+    or (F32) the part's fp32 sum into part `part` of ROWSP x DST_ROW (`dst`: the region's
+    byte address)."""
     m = tl.arange(0, BN)
     n = tl.arange(0, 16)
     for tt in range(0, TILES):
         if tt * 16 < nrows:
             acc = st.stream_rows(
-                w, w, x + tt * 16 * K, row0, 0, K // BK, K, BN, BK, 16, 0, STAGES, CPU, ASM
-            )
+                w, w, x + tt * 16 * K, row0, part * KP, KP // BK, K, BN, BK, 16, 0, STAGES, CPU,
+                ASM,
+            )  # fmt: skip
             tok = tt * 16 + n
-            tl.store(
-                dst + tok[None, :] * DST_ROW + (row0 + m)[:, None],
-                _bf16(acc).to(tl.bfloat16),
-                mask=keep[:, None] & (tok < nrows)[None, :],
-            )
+            at = tok[None, :] * DST_ROW + (row0 + m)[:, None]
+            live = keep[:, None] & (tok < nrows)[None, :]
+            if F32:
+                out = dst.to(tl.pointer_type(tl.float32)) + part * (ROWSP * DST_ROW)
+                tl.store(out + at, acc, mask=live)
+            else:
+                tl.store(dst.to(tl.pointer_type(tl.bfloat16)) + at, _bf16(acc).to(tl.bfloat16),
+                         mask=live)  # fmt: skip
 
 
 @triton.jit
@@ -282,6 +296,7 @@ def drafter_kernel(
     QHR: tl.constexpr,
     RP: tl.constexpr,
     NSPLIT: tl.constexpr,
+    QKS: tl.constexpr,
     NSP2: tl.constexpr,
     PF: tl.constexpr,
     OC: tl.constexpr,
@@ -370,22 +385,26 @@ def drafter_kernel(
                 if (k == NL) | (u < T_QKVA):
                     pass
                 elif u < T_QKVN:
-                    r0, _ = _tile(u - T_QKVA, QL + L + R, QA)
-                    _prefetch(_ptr(lw, _W_QKVA, tl.bfloat16), r0, H, QA, CPU, ASM)
+                    r0, _ = _tile((u - T_QKVA) // QKS, QL + L + R, QA)
+                    c0 = ((u - T_QKVA) % QKS) * (H // QKS)
+                    _prefetch(_ptr(lw, _W_QKVA, tl.bfloat16), r0, c0, H, H // QKS, QA, CPU, ASM)
                 elif u < T_QB:
                     pass
                 elif u < T_ABSORB:
                     r0, _ = _tile(u - T_QB, NH * (P + R), QBN)
-                    _prefetch(_ptr(lw, _W_QB, tl.bfloat16), r0, QL, QBN, CPU, ASM)
+                    _prefetch(_ptr(lw, _W_QB, tl.bfloat16), r0, 0, QL, QL, QBN, CPU, ASM)
                 elif PF == 2:
                     pass
                 elif (u >= T_OPROJ) & (u < T_POST):
-                    _prefetch(_ptr(lw, _W_O, tl.bfloat16), (u - T_OPROJ) * OC, NH * V, OC, CPU, ASM)
+                    r0 = (u - T_OPROJ) * OC
+                    _prefetch(_ptr(lw, _W_O, tl.bfloat16), r0, 0, NH * V, NH * V, OC, CPU, ASM)
                 elif (u >= T_GU) & (u < T_DOWN):
-                    _prefetch(_ptr(lw, _W_GU, tl.bfloat16), (u - T_GU) * GB, H, GB, CPU, ASM)
-                    _prefetch(_ptr(lw, _W_GU, tl.bfloat16), IL + (u - T_GU) * GB, H, GB, CPU, ASM)
+                    r0 = (u - T_GU) * GB
+                    _prefetch(_ptr(lw, _W_GU, tl.bfloat16), r0, 0, H, H, GB, CPU, ASM)
+                    _prefetch(_ptr(lw, _W_GU, tl.bfloat16), IL + r0, 0, H, H, GB, CPU, ASM)
                 elif u >= T_DOWN:
-                    _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), (u - T_DOWN) * OC, IL, OC, CPU, ASM)
+                    r0 = (u - T_DOWN) * OC
+                    _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), r0, 0, IL, IL, OC, CPU, ASM)
             first, n = _deps(
                 k, u, ngroups, nreq, NL, PER_LAYER, NRG, NHG, NSPLIT, T_QKVA, T_QKVN, T_QB,
                 T_ABSORB, T_ATTN, T_COMB, T_OPROJ, T_POST, T_GU, T_DOWN,
@@ -426,25 +445,25 @@ def drafter_kernel(
                             rank, world, H, RC, RB, MAXROWS, O_RES, O_TOT, EPS, CPU,
                         )  # fmt: skip
             elif u < T_QKVN:
-                r0, keep = _tile(u - T_QKVA, QL + L + R, QA)
+                r0, keep = _tile((u - T_QKVA) // QKS, QL + L + R, QA)
                 _gemv_tiles(
                     _ptr(lw, _W_QKVA, tl.bfloat16),
                     (scratch + O_XA).to(tl.pointer_type(tl.bfloat16)),
-                    r0, keep, (scratch + O_QKV).to(tl.pointer_type(tl.bfloat16)), nrows,
-                    H, QA, HK, QL + L + R, TILES, STAGES, CPU, ASM,
+                    r0, keep, scratch + O_QKV, (u - T_QKVA) % QKS, nrows, H, H // QKS, QA, HK,
+                    QL + L + R, ROWSP, TILES, STAGES, QKS > 1, CPU, ASM,
                 )  # fmt: skip
             elif u < T_QB:
                 if u - T_QKVN < ngroups:
                     _qkvn(
                         u - T_QKVN, lw, positions, slot_mapping, rope, scratch, nrows,
-                        QL, L, R, QC, RB, O_QKV, O_QC, EPS, FP8,
+                        QL, L, R, QC, RB, QKS, ROWSP, O_QKV, O_QC, EPS, FP8,
                     )  # fmt: skip
             elif u < T_ABSORB:
                 r0, keep = _tile(u - T_QB, NH * (P + R), QBN)
                 _gemv_tiles(
                     _ptr(lw, _W_QB, tl.bfloat16), (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)),
-                    r0, keep, (scratch + O_Q).to(tl.pointer_type(tl.bfloat16)), nrows,
-                    QL, QBN, QK, NH * (P + R), TILES, STAGES, CPU, ASM,
+                    r0, keep, scratch + O_Q, 0, nrows, QL, QL, QBN, QK, NH * (P + R), ROWSP,
+                    TILES, STAGES, False, CPU, ASM,
                 )  # fmt: skip
             elif u < T_ATTN:
                 _absorb(
@@ -594,10 +613,26 @@ def _add_norm(
 
 
 @triton.jit
+def _qkv(qkv, at, QKS: tl.constexpr, PART: tl.constexpr):
+    """fused_qkv_a's output at element offsets `at` of its region (byte address `qkv`), as
+    fp32 of a bf16: the bf16 region's, or its QKS fp32 K parts (PART elements apart) summed
+    in part order, rounded to bf16."""
+    if QKS == 1:
+        return tl.load(qkv.to(tl.pointer_type(tl.bfloat16)) + at).to(tl.float32)
+    else:
+        p = qkv.to(tl.pointer_type(tl.float32)) + at
+        acc = tl.load(p)
+        for j in tl.static_range(1, QKS):
+            acc += tl.load(p + j * PART)
+        return _bf16(acc)
+
+
+@triton.jit
 def _qkvn(
     g, lw, positions, slot_mapping, rope, scratch, nrows, QL: tl.constexpr, L: tl.constexpr,
-    R: tl.constexpr, QC: tl.constexpr, RB: tl.constexpr, O_QKV: tl.constexpr,
-    O_QC: tl.constexpr, EPS: tl.constexpr, FP8: tl.constexpr,
+    R: tl.constexpr, QC: tl.constexpr, RB: tl.constexpr, QKS: tl.constexpr,
+    ROWSP: tl.constexpr, O_QKV: tl.constexpr, O_QC: tl.constexpr, EPS: tl.constexpr,
+    FP8: tl.constexpr,
 ):  # fmt: skip
     """Row group g: q_a_layernorm of q_c -> qc; kv_a_layernorm of kv_c and GPT-J RoPE of
     k_pe (fp32 table, fp32 math) -> the layer's cache entry at each row's slot, none for a
@@ -605,27 +640,29 @@ def _qkvn(
     x / k_scale)."""
     row = g * RB + tl.arange(0, RB)
     live = row < nrows
-    src = (scratch + O_QKV).to(tl.pointer_type(tl.bfloat16)) + row[:, None] * (QL + L + R)
+    src = row[:, None] * (QL + L + R)  # the rows' elements in qkv (`_qkv`)
+    qkv = scratch + O_QKV
+    PART: tl.constexpr = ROWSP * (QL + L + R)
     qc = (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)) + row[:, None] * QL
     qw = _ptr(lw, _W_QALN, tl.bfloat16)
     ss = tl.zeros((RB,), tl.float32)
     for c in range(0, QL // QC):
-        x = tl.load(src + c * QC + tl.arange(0, QC)[None, :]).to(tl.float32)
+        x = _qkv(qkv, src + c * QC + tl.arange(0, QC)[None, :], QKS, PART)
         ss += tl.sum(x * x, 1)
     rstd = 1.0 / tl.sqrt_rn(ss / QL + EPS)
     for c in range(0, QL // QC):
         i = c * QC + tl.arange(0, QC)[None, :]
-        x = tl.load(src + i).to(tl.float32) * rstd[:, None]
+        x = _qkv(qkv, src + i, QKS, PART) * rstd[:, None]
         tl.store(qc + i, _bf16(x * tl.load(qw + i).to(tl.float32)).to(tl.bfloat16),
                  mask=live[:, None])  # fmt: skip
     li = tl.arange(0, L)[None, :]
-    kv = tl.load(src + QL + li).to(tl.float32)
+    kv = _qkv(qkv, src + QL + li, QKS, PART)
     kstd = 1.0 / tl.sqrt_rn(tl.sum(kv * kv, 1) / L + EPS)
     kv = _bf16(kv * kstd[:, None] * tl.load(_ptr(lw, _W_KVALN, tl.bfloat16) + li).to(tl.float32))
     j = tl.arange(0, R // 2)[None, :]
     pos = tl.load(positions + row, mask=live, other=0)[:, None]
-    e = tl.load(src + QL + L + 2 * j).to(tl.float32)
-    o = tl.load(src + QL + L + 2 * j + 1).to(tl.float32)
+    e = _qkv(qkv, src + QL + L + 2 * j, QKS, PART)
+    o = _qkv(qkv, src + QL + L + 2 * j + 1, QKS, PART)
     cos = tl.load(rope + pos * R + j)
     sin = tl.load(rope + pos * R + R // 2 + j)
     pe_e = _bf16(e * cos - o * sin)
@@ -924,6 +961,7 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         QHR=p.qhr,
         RP=p.rp,
         NSPLIT=p.nsplit,
+        QKS=p.qks,
         NSP2=p2(p.nsplit),
         PF=p.pf,
         OC=p.oc,
