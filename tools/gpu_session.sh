@@ -128,14 +128,15 @@ if has kimi; then
 fi
 if has drafter-tune; then
     # After a drafter change: its GPU tests and K2's side by side, then drafter tiles
-    # (MONO_DRAFTER_TILES) compiled side by side and timed one after another (the items'
-    # L2 prefetch of their weight rows off, or only qkv_a's and q_b's; row items' trips of
-    # 512 columns; 16-row qkv_a / q_b items), then the default's timelines (rows as JSON).
+    # (MONO_DRAFTER_TILES) compiled side by side and timed one after another (qkv_a's row
+    # tiles in 2 or 4 K parts: 66 or 132 items where 33 left 99 SMs idle; the items' L2
+    # prefetch off; row items' trips of 512 columns), then the default's timelines (rows as
+    # JSON, each item's wait and work apart).
     tests drafter 200 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
     tests k2 240 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "not bench" --tb=short &
     wait
     step tune-drafter 300 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 1024,8192,32768 --variants "|pf=0|pf=2|rc=512|qa=16,qbn=16"
+        --context 1024,8192,32768 --variants "|qks=4|qks=2|qks=2,qa=32|pf=0|rc=512"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192 --timeline "$LOG/bench"
 fi
