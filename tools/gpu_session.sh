@@ -127,16 +127,13 @@ if has kimi; then
         --timeline "$LOG/bench"
 fi
 if has drafter-tune; then
-    # After a drafter change: its GPU tests and K2's side by side, then drafter tiles
-    # (MONO_DRAFTER_TILES) compiled side by side and timed one after another (qkv_a's row
-    # tiles in 2 or 4 K parts: 66 or 132 items where 33 left 99 SMs idle; the items' L2
-    # prefetch off; row items' trips of 512 columns), then the default's timelines (rows as
-    # JSON, each item's wait and work apart).
-    tests drafter 200 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
-    tests k2 240 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "not bench" --tb=short &
-    wait
-    step tune-drafter 300 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 1024,8192,32768 --variants "|qks=4|qks=2|qks=2,qa=32|pf=0|rc=512"
+    # Drafter tiles (MONO_DRAFTER_TILES) compiled side by side and timed one after another:
+    # qkv_a's and gate_up's row tiles in K parts (33 and 72 items a layer leave SMs idle at
+    # one request: 132 with qks=4, 144-576 with gks=2-8), the items' L2 prefetch off; then
+    # the default's timelines (rows as JSON, each item's wait and work apart). Its GPU
+    # tests and `mono bench drafter`: part `kimi`.
+    step tune-drafter 420 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
+        --context 1024,8192,32768 --variants "|qks=4|gks=2|gks=4|gks=8|qks=4,gks=4|pf=0"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192 --timeline "$LOG/bench"
 fi

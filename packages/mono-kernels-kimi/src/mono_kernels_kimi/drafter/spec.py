@@ -30,7 +30,8 @@ interpreter, where programs run one after another:
     oproj   NO      OC columns of o_proj -> bf16 partial -> every rank's `ar1`
     post    GROUPS  row group s: the ranks' partials in rank order -> bf16, + residual -> the new
                     residual, post_attention_layernorm -> `xm`
-    gu      NGU     GB gate + GB up rows of gate_up_proj, act_and_mul -> `mid` (bf16)
+    gu      NGU x GKS  GB gate + GB up rows of gate_up_proj over K part j; the last part
+                    to finish sums the parts, act_and_mul -> `mid` (bf16)
     down    ND      OC columns of down_proj -> bf16 partial -> every rank's `ar2`
     final   GROUPS  row group s: the last layer's `ar2` + residual, final_norm -> out (0 on
                     padding requests, seq_len 0)
@@ -195,7 +196,8 @@ class Plan:
     oc: int  # output columns of an oproj / down item
     no: int
     gb: int  # gate (and up) rows of a gu item
-    ngu: int
+    ngu: int  # row tiles of gate_up: ngu x gks gu items
+    gks: int  # K parts of a gu tile (the last part to finish activates: dt.split_k)
     hk: int  # K steps: K = H
     qk: int  # K = q_lora_rank
     vk: int  # K = local heads x v
@@ -234,6 +236,7 @@ class Plan:
             # K parts of a qkv_a row tile: 33 items of 64 rows leave 99 of 132 SMs idle;
             # tiny builds split in 2, so that the interpreter tests the parts' sum
             qks=1 if big else 2,
+            gks=1 if big else 2,  # likewise gate_up's (72 tiles of 32 + 32 rows at TP8)
         )
         if big:  # a real-shape build's, for tuning
             t = _checked(tile_overrides(TILES_ENV, t), c)
@@ -260,7 +263,8 @@ class Plan:
             no=c.hidden_size // oc,
             gb=gb,
             ngu=c.local_intermediate // gb,
-            hk=_step(c.hidden_size // t["qks"], kstep),
+            gks=t["gks"],
+            hk=_step(c.hidden_size // max(t["qks"], t["gks"]), kstep),
             qk=_step(c.q_lora_rank, kstep),
             vk=_step(c.o_proj_in, kstep),
             ik=_step(c.local_intermediate, kstep),
@@ -278,7 +282,7 @@ class Plan:
 def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     """Overridden tiles refused by name unless each is a power of two (>= 16 for a dot's
     side) dividing what it tiles, with 1..64 splits, 1..8 stages, 1 or 2 programs an SM,
-    prefetch mode 0..2, K parts of qkv_a leaving >= 16 columns a part."""
+    prefetch mode 0..2, K parts of qkv_a and gate_up leaving >= 16 columns a part."""
     walks = dict(
         qa=None,
         qbn=None,
@@ -294,7 +298,8 @@ def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     for name, most in dict(nsplit=64, nsplit_wide=64, stages=8, occ=2).items():
         check_tile("drafter", name, t[name], least=1, most=most, pow2=False)
     check_tile("drafter", "pf", t["pf"], least=0, most=2, pow2=False)
-    check_tile("drafter", "qks", t["qks"], least=1, divides=c.hidden_size // 16)
+    for name in ("qks", "gks"):
+        check_tile("drafter", name, t[name], least=1, divides=c.hidden_size // 16)
     return t
 
 
@@ -327,7 +332,7 @@ def layer_stages(b: DrafterBuild) -> list[tuple[str, int]]:
         comb=r * p.nhg,
         oproj=p.no,
         post=s,
-        gu=p.ngu,
+        gu=p.ngu * p.gks,
         down=p.no,
     )
     return [(name, counts[name]) for name in LAYER_STAGES]
@@ -440,6 +445,8 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
     v      bf16[ROWS, n V]  o_proj's input
     xm     bf16[ROWS, H]   the MLP input (post_attention_layernorm)
     mid    bf16[ROWS, I]   act_and_mul's output
+    gup    fp32[NGU, TILES, GKS, 2 GB, 16]  gate_up's K parts (none when GKS = 1)
+    gcnt   int32[NGU, TILES]  their arrival counts (dt.split_k: 0 between launches)
     tot    fp32[ROWS, H]   a row norm's input (residual + reduced partials) between passes
     timeline  int64[tickets, 5] (timeline builds only): each item's program, ticket,
            start, ready and end (device ns; poll counts under the interpreter)
@@ -465,6 +472,8 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
             ("v", 2 * rows * c.o_proj_in),
             ("xm", 2 * rows * h),
             ("mid", 2 * rows * c.local_intermediate),
+            ("gup", 4 * p.ngu * b.tiles * p.gks * 2 * p.gb * TILE if p.gks > 1 else 0),
+            ("gcnt", 4 * p.ngu * b.tiles if p.gks > 1 else 0),
             ("tot", 4 * rows * h),
         ]
         + ([("timeline", stamp_bytes(tickets(b)))] if b.timeline else [])

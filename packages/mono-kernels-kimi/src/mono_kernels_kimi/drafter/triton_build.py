@@ -297,6 +297,7 @@ def drafter_kernel(
     RP: tl.constexpr,
     NSPLIT: tl.constexpr,
     QKS: tl.constexpr,
+    GKS: tl.constexpr,
     NSP2: tl.constexpr,
     PF: tl.constexpr,
     OC: tl.constexpr,
@@ -340,6 +341,8 @@ def drafter_kernel(
     O_V: tl.constexpr,
     O_XM: tl.constexpr,
     O_MID: tl.constexpr,
+    O_GUP: tl.constexpr,
+    O_GCNT: tl.constexpr,
     O_TOT: tl.constexpr,
     P_AR1: tl.constexpr,
     P_AR2: tl.constexpr,
@@ -399,9 +402,10 @@ def drafter_kernel(
                     r0 = (u - T_OPROJ) * OC
                     _prefetch(_ptr(lw, _W_O, tl.bfloat16), r0, 0, NH * V, NH * V, OC, CPU, ASM)
                 elif (u >= T_GU) & (u < T_DOWN):
-                    r0 = (u - T_GU) * GB
-                    _prefetch(_ptr(lw, _W_GU, tl.bfloat16), r0, 0, H, H, GB, CPU, ASM)
-                    _prefetch(_ptr(lw, _W_GU, tl.bfloat16), IL + r0, 0, H, H, GB, CPU, ASM)
+                    r0 = (u - T_GU) // GKS * GB
+                    c0 = ((u - T_GU) % GKS) * (H // GKS)
+                    _prefetch(_ptr(lw, _W_GU, tl.bfloat16), r0, c0, H, H // GKS, GB, CPU, ASM)
+                    _prefetch(_ptr(lw, _W_GU, tl.bfloat16), IL + r0, c0, H, H // GKS, GB, CPU, ASM)
                 elif u >= T_DOWN:
                     r0 = (u - T_DOWN) * OC
                     _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), r0, 0, IL, IL, OC, CPU, ASM)
@@ -494,8 +498,9 @@ def drafter_kernel(
                 )  # fmt: skip
             elif u < T_DOWN:
                 _gu(
-                    u - T_GU, _ptr(lw, _W_GU, tl.bfloat16), scratch, nrows, H, IL, GB, HK,
-                    TILES, O_XM, O_MID, SITU, STAGES, CPU, ASM,
+                    (u - T_GU) // GKS, (u - T_GU) % GKS, _ptr(lw, _W_GU, tl.bfloat16), scratch,
+                    nrows, H, IL, GB, HK, GKS, TILES, O_XM, O_MID, O_GUP, O_GCNT, SITU, STAGES,
+                    CPU, ASM,
                 )  # fmt: skip
             else:
                 _project_push(
@@ -889,12 +894,15 @@ def _project_push(
 
 @triton.jit
 def _gu(
-    i, w, scratch, nrows, H: tl.constexpr, IL: tl.constexpr, GB: tl.constexpr,
-    HK: tl.constexpr, TILES: tl.constexpr, O_XM: tl.constexpr, O_MID: tl.constexpr,
-    SITU: tl.constexpr, STAGES: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr,
+    i, part, w, scratch, nrows, H: tl.constexpr, IL: tl.constexpr, GB: tl.constexpr,
+    HK: tl.constexpr, GKS: tl.constexpr, TILES: tl.constexpr, O_XM: tl.constexpr,
+    O_MID: tl.constexpr, O_GUP: tl.constexpr, O_GCNT: tl.constexpr, SITU: tl.constexpr,
+    STAGES: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
-    """GB gate + GB up rows of gate_up_proj (bf16, as its GEMM leaves them), SiluAndMul or
-    SituAndMul (beta 1, up unclipped) in fp32 -> mid (bf16)."""
+    """GB gate + GB up rows of gate_up_proj over K part `part` of GKS; in the part that
+    finishes last (all of them with one part) the sums as bf16 (as its GEMM leaves them),
+    SiluAndMul or SituAndMul (beta 1, up unclipped) in fp32 -> mid (bf16)."""
+    KP: tl.constexpr = H // GKS
     x = (scratch + O_XM).to(tl.pointer_type(tl.bfloat16))
     mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
     m = tl.arange(0, GB)
@@ -902,22 +910,35 @@ def _gu(
     for tt in range(0, TILES):
         if tt * 16 < nrows:
             xt = x + tt * 16 * H
-            g = _bf16(st.stream_rows(w, w, xt, i * GB, 0, H // HK, H, GB, HK, 16, 0, STAGES,
-                                     CPU, ASM))  # fmt: skip
-            u = _bf16(st.stream_rows(w, w, xt, IL + i * GB, 0, H // HK, H, GB, HK, 16, 0,
-                                     STAGES, CPU, ASM))  # fmt: skip
-            if SITU:
-                e = tl.exp(-2.0 * tl.abs(g))
-                th = (1.0 - e) / (1.0 + e)
-                a = tl.where(g < 0, -th, th) * tl.sigmoid(g) * u
+            g = st.stream_rows(w, w, xt, i * GB, part * KP, KP // HK, H, GB, HK, 16, 0, STAGES,
+                               CPU, ASM)  # fmt: skip
+            u = st.stream_rows(w, w, xt, IL + i * GB, part * KP, KP // HK, H, GB, HK, 16, 0,
+                               STAGES, CPU, ASM)  # fmt: skip
+            if GKS > 1:
+                gu = tl.reshape(tl.permute(tl.join(g, u), (2, 0, 1)), (2 * GB, 16))  # g, u rows
+                buf = (scratch + O_GUP).to(tl.pointer_type(tl.float32))
+                cnt = (scratch + O_GCNT).to(tl.pointer_type(tl.int32)) + i * TILES + tt
+                last, gu = dt.split_k(
+                    gu, buf + (i * TILES + tt) * (GKS * 2 * GB * 16), cnt, part, GKS, 2 * GB, 16
+                )
+                g, u = tl.split(tl.permute(tl.reshape(gu, (2, GB, 16)), (1, 2, 0)))
             else:
-                a = g * tl.sigmoid(g) * u
-            tok = tt * 16 + n
-            tl.store(
-                mid + tok[None, :] * IL + (i * GB + m)[:, None],
-                _bf16(a).to(tl.bfloat16),
-                mask=(tok < nrows)[None, :],
-            )
+                last = part == part
+            if last:
+                g = _bf16(g)
+                u = _bf16(u)
+                if SITU:
+                    e = tl.exp(-2.0 * tl.abs(g))
+                    th = (1.0 - e) / (1.0 + e)
+                    a = tl.where(g < 0, -th, th) * tl.sigmoid(g) * u
+                else:
+                    a = g * tl.sigmoid(g) * u
+                tok = tt * 16 + n
+                tl.store(
+                    mid + tok[None, :] * IL + (i * GB + m)[:, None],
+                    _bf16(a).to(tl.bfloat16),
+                    mask=(tok < nrows)[None, :],
+                )
 
 
 # -- host side ---------------------------------------------------------------------------
@@ -962,6 +983,7 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         RP=p.rp,
         NSPLIT=p.nsplit,
         QKS=p.qks,
+        GKS=p.gks,
         NSP2=p2(p.nsplit),
         PF=p.pf,
         OC=p.oc,
