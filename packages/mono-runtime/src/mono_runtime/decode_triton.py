@@ -141,11 +141,11 @@ def ticket_reset_if_last(counter, t, n_items):
 
 
 @triton.jit
-def sum_parts(base, PARTS: tl.constexpr, STRIDE: tl.constexpr, live, BN: tl.constexpr):
-    """The fp32 [BN, 16] tiles at base + q STRIDE (q < PARTS, other programs' stores),
-    summed in q order: results do not depend on which program finished when. The loads
-    are unrolled, so they fly together."""
-    total = tl.zeros((BN, 16), tl.float32)
+def sum_parts(base, PARTS: tl.constexpr, STRIDE: tl.constexpr, live):
+    """The fp32 blocks at base + q STRIDE (q < PARTS, other programs' stores; `base` a
+    block of pointers of any shape), summed in q order: results do not depend on which
+    program finished when. The loads are unrolled, so they fly together."""
+    total = tl.zeros(base.shape, tl.float32)
     for q in tl.static_range(PARTS):
         total += tl.load(base + q * STRIDE, mask=live, other=0.0, volatile=True)
     return total
@@ -167,8 +167,20 @@ def split_k(acc, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.cons
         last = last_arrival(cnt, PARTS)
         total = tl.zeros((BN, 16), tl.float32)
         if last:
-            total = sum_parts(base, PARTS, BN * S, live, BN)
+            total = sum_parts(base, PARTS, BN * S, live)
     return last, total
+
+
+@triton.jit
+def split_k_pair(g, u, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.constexpr):
+    """`split_k` of a gate and an up block (fp32 [BN, 16] each) as one [2 BN, 16] part:
+    (last, gate total, up total). One part: (True, g, u)."""
+    last = kp == kp
+    if PARTS > 1:
+        gu = tl.reshape(tl.permute(tl.join(g, u), (2, 0, 1)), (2 * BN, 16))  # gate, up rows
+        last, gu = split_k(gu, buf, cnt, kp, PARTS, 2 * BN, S)
+        g, u = tl.split(tl.permute(tl.reshape(gu, (2, BN, 16)), (1, 2, 0)))
+    return last, g, u
 
 
 @triton.jit

@@ -625,11 +625,7 @@ def _qkv(qkv, at, QKS: tl.constexpr, PART: tl.constexpr):
     if QKS == 1:
         return tl.load(qkv.to(tl.pointer_type(tl.bfloat16)) + at).to(tl.float32)
     else:
-        p = qkv.to(tl.pointer_type(tl.float32)) + at
-        acc = tl.load(p)
-        for j in tl.static_range(1, QKS):
-            acc += tl.load(p + j * PART)
-        return _bf16(acc)
+        return _bf16(dt.sum_parts(qkv.to(tl.pointer_type(tl.float32)) + at, QKS, PART, at >= 0))
 
 
 @triton.jit
@@ -914,16 +910,11 @@ def _gu(
                                CPU, ASM)  # fmt: skip
             u = st.stream_rows(w, w, xt, IL + i * GB, part * KP, KP // HK, H, GB, HK, 16, 0,
                                STAGES, CPU, ASM)  # fmt: skip
-            if GKS > 1:
-                gu = tl.reshape(tl.permute(tl.join(g, u), (2, 0, 1)), (2 * GB, 16))  # g, u rows
-                buf = (scratch + O_GUP).to(tl.pointer_type(tl.float32))
-                cnt = (scratch + O_GCNT).to(tl.pointer_type(tl.int32)) + i * TILES + tt
-                last, gu = dt.split_k(
-                    gu, buf + (i * TILES + tt) * (GKS * 2 * GB * 16), cnt, part, GKS, 2 * GB, 16
-                )
-                g, u = tl.split(tl.permute(tl.reshape(gu, (2, GB, 16)), (1, 2, 0)))
-            else:
-                last = part == part
+            buf = (scratch + O_GUP).to(tl.pointer_type(tl.float32))
+            cnt = (scratch + O_GCNT).to(tl.pointer_type(tl.int32)) + i * TILES + tt
+            last, g, u = dt.split_k_pair(
+                g, u, buf + (i * TILES + tt) * (GKS * 2 * GB * 16), cnt, part, GKS, GB, 16
+            )
             if last:
                 g = _bf16(g)
                 u = _bf16(u)

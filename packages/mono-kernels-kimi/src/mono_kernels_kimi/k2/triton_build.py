@@ -1008,10 +1008,8 @@ def _shup(
         CPU,
         ASM,
     )
-    gu = tl.reshape(tl.permute(tl.join(g, u), (2, 0, 1)), (2 * SB, 16))  # gate rows, up rows
-    last, gu = dt.split_k(gu, buf, cnt, kp, DKS, 2 * SB, S)
+    last, g, u = dt.split_k_pair(g, u, buf, cnt, kp, DKS, SB, S)
     if last:
-        g, u = tl.split(tl.permute(tl.reshape(gu, (2, SB, 16)), (1, 2, 0)))
         h = _situ(dt.bf16_round(g), dt.bf16_round(u), BETA, LBETA)
         smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
         dt.store_mid(smid, 0, c, h, S, SI, SB)
@@ -1354,7 +1352,7 @@ def _dsum(
     t = tl.arange(0, 16)
     dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
     acc = dt.sum_parts(
-        dpart + (d * NG * DC + n[:, None]) * S + t[None, :], NG, DC * S, t[None, :] < S, DC
+        dpart + (d * NG * DC + n[:, None]) * S + t[None, :], NG, DC * S, t[None, :] < S
     )
     q = d * (DC // 2) + tl.arange(0, DC // 2)
     dt.push_pairs(

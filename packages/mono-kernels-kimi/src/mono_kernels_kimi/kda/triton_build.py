@@ -157,29 +157,6 @@ def _proj_part(
 
 
 @triton.jit
-def _sum_parts(acc, buf, cnt, kp, KS: tl.constexpr, BN: tl.constexpr, S: tl.constexpr):
-    """Split K: store K part kp of a row block's fp32 [BN, 16] in buf; (last, total):
-    `last` in the item that finished the block's last part, which gets the parts summed
-    in part order (results do not depend on timing) and resets the counter."""
-    n = tl.arange(0, BN)
-    tok = tl.arange(0, ROW_TILE)
-    live = tok[None, :] < S
-    base = buf + n[:, None] * S + tok[None, :]
-    total = acc
-    last = kp == kp
-    if KS > 1:
-        tl.store(base + kp * (BN * S), acc, mask=live)
-        tl.debug_barrier()
-        last = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == KS - 1
-        total = tl.zeros((BN, ROW_TILE), F32)
-        if last:
-            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
-            for q in tl.static_range(KS):  # unrolled: the loads fly together, in order
-                total += tl.load(base + q * (BN * S), mask=live, other=0.0, volatile=True)
-    return last, total
-
-
-@triton.jit
 def _proj_ld(proj, s, ch, mask, NP: tl.constexpr):
     """in_proj's bf16 output (token row s, channels ch) in fp32, bypassing L1."""
     return tl.load(proj + s * NP + ch, mask=mask, other=0.0, cache_modifier=".cg").to(F32)
@@ -536,7 +513,7 @@ def k1_kernel(
             )
             # the row block's last K part to finish sums the parts in part order
             b = u // KS
-            last, acc = _sum_parts(acc, kparts + b * (KS * BN * S), cnt + b, kp, KS, BN, S)
+            last, acc = dt.split_k(acc, kparts + b * (KS * BN * S), cnt + b, kp, KS, BN, S)
             if last:
                 tl.store(
                     proj + n[None, :] * NP + rows[:, None],

@@ -97,8 +97,8 @@ def _finish_up(
         tl.store(base + kp * (2 * BN * S), g, mask=live)
         tl.store(base + kp * (2 * BN * S) + BN * S, u, mask=live)
         if dt.last_arrival(ucount, PARTS):
-            g = dt.sum_parts(base, PARTS, 2 * BN * S, live, BN)
-            u = dt.sum_parts(base + BN * S, PARTS, 2 * BN * S, live, BN)
+            g = dt.sum_parts(base, PARTS, 2 * BN * S, live)
+            u = dt.sum_parts(base + BN * S, PARTS, 2 * BN * S, live)
             _up_block_done(
                 g, u, j, c, scount, mid, done, slotdone, tag, S, I, BN, NC, ALPHA, BETA, LIMIT
             )
@@ -703,7 +703,7 @@ def _down_item(
     base = dpart + d * (NG * DC * S) + n[:, None] * S + t[None, :]
     tl.store(base + q * (DC * S), acc, mask=live)
     if dt.last_arrival(dcount + d, NG):
-        tot = dt.sum_parts(base, NG, DC * S, live, DC)  # in group order
+        tot = dt.sum_parts(base, NG, DC * S, live)  # in group order
         p = d * (DC // 2) + tl.arange(0, DC // 2)
         off = P_AR2 // 8 + rank * 16 * (H // 2)
         dt.push_pairs(peers, world, off, H // 2, p, dt.tile_pairs(tot, DC), True, tag, S)
