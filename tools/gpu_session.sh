@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1-tune, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -175,6 +175,26 @@ if has k2occ || has k2-tune; then
     done
     step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
 fi
+if has k1-tune; then
+    # K1 (issue 14): its item timelines at 1, 8 and 16 requests (the first ever taken on a
+    # GPU) beside each MONO_K1_TILES variant's compiles, then each variant timed alone: the
+    # recurrence's state rows an item (block_v: 16 -> 108 / 864 / 1728 head items at 1 / 8
+    # / 16 requests; 128 -> 24 / 192 / 384), in_proj's K parts and row blocks, the warps.
+    V=("" "block_v=64" "block_v=128" "split_k=4" "block_n=64" "num_warps=4")
+    step timeline-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 \
+        --timeline "$LOG/bench" &
+    for v in "${V[@]}"; do
+        step "warm-k1-${v//[=,]/_}" 240 env MONO_K1_TILES="$v" python3 -m \
+            mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 --layers 2 --no-baseline \
+            --skip-no-prefetch &
+    done
+    wait
+    for v in "${V[@]}"; do
+        step "k1tile-${v//[=,]/_}" 60 env MONO_K1_TILES="$v" python3 -m \
+            mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 --layers 8 --no-baseline \
+            --skip-no-prefetch
+    done
+fi
 if has upstage; then
     # Why the FFN's routed up items stream slower than the engine GEMV: the GEMV on one
     # routed expert's w13 (1536 x 6144) with every MXFP4 tile (the FFN's among them),
@@ -266,7 +286,7 @@ for name in qualify tune-drafter drafter-memcheck drafter-synccheck drafter-race
     echo "== $name"
     tail -40 "$LOG/$name.txt"
 done
-for f in "$LOG"/k2occ-*.txt; do  # each K2 tile variant's table
+for f in "$LOG"/k2occ-*.txt "$LOG"/k1tile-*.txt; do  # each K2 / K1 tile variant's table
     [[ -f $f ]] || continue
     echo "== $(basename "$f" .txt)"
     tail -6 "$f"

@@ -23,12 +23,14 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from mono_kernels_kimi.drafter.triton_build import _add_norm
+from mono_kernels_kimi.drafter.triton_build import _add_norm, _lanes, _normed_store, _store_tot
 from mono_runtime import protocol as P
 from mono_runtime import protocol_triton as pt
 
 H = 7168  # the Kimi-K3 drafter's hidden size: a row item's columns
 ROWS = 16  # rows a row probe's pairs hold (programs: one row each)
+# row_kernel's STEP values, in order
+ROW_STEPS = ("norm", "polls", "loads", "pass 1", "pass 2")
 
 
 @triton.jit
@@ -65,20 +67,51 @@ def wait_kernel(
 @triton.jit
 def row_kernel(
     w, dst, scratch, ctl, health, peers, out, iters, RC: tl.constexpr, H: tl.constexpr,
-    ROWS: tl.constexpr, CPU: tl.constexpr,
+    ROWS: tl.constexpr, STEP: tl.constexpr, CPU: tl.constexpr,
 ):  # fmt: skip
-    """Program g repeats row g's all-reduce + RMSNorm `iters` times (one rank's pushed pairs
-    at the head of its peer data, set before the launch). -> out[program]: ns."""
+    """Program g repeats a piece of row g's all-reduce + RMSNorm `iters` times (one rank's
+    pushed pairs at the head of its peer data, set before the launch). STEP: 0 the whole
+    `_add_norm`; 1 its polls alone; 2 plain (.cg) loads of the same pairs instead; 3 the
+    polls, the residual and the fp32 store (its first pass); 4 its second pass alone
+    (`_normed_store`). -> out[program]: ns."""
     g = tl.program_id(0)
     tag = pt.step_tag(ctl, 0)
     src = pt.peer_data(peers, 0)
     zero = tl.arange(0, 1) < 0
+    O_TOT: tl.constexpr = ROWS * H * 2
     t0 = pt.clock(0, CPU)
     for _ in range(0, iters):
-        _add_norm(
-            g, w, src, 0, dst, scratch, ROWS, zero, tag, ctl, health, peers, 0, 1, H, RC, 1,
-            ROWS, 0, ROWS * H * 2, 1e-6, CPU,
-        )  # fmt: skip
+        if STEP == 0:
+            _add_norm(
+                g, w, src, 0, dst, scratch, ROWS, zero, tag, ctl, health, peers, 0, 1, H, RC,
+                1, ROWS, 0, O_TOT, 1e-6, CPU,
+            )  # fmt: skip
+        elif STEP == 4:
+            ss = tl.full((1,), 1.0, tl.float32)
+            _normed_store(g, w, dst, scratch, ROWS, ss, zero, H, RC, 1, O_TOT, 1e-6)
+        else:
+            ss = tl.zeros((1,), tl.float32)
+            for c in range(0, (H + RC - 1) // RC):
+                row, p, live = _lanes(g, c, ROWS, H, 1, RC)
+                if STEP == 2:
+                    v = tl.load(src + row * (H // 2) + p, mask=live, other=0, cache_modifier=".cg")
+                    lo = pt.bf16x2_lo(pt.pair_payload(v))
+                    hi = pt.bf16x2_hi(pt.pair_payload(v))
+                else:
+                    lo, hi, ok = pt.reduce_bf16x2(
+                        src + row * (H // 2) + p, ROWS * (H // 2), live, tag, ctl, health, peers,
+                        0, 1, 0, g * (H // 2) + c * (RC // 2), CPU,
+                    )  # fmt: skip
+                if STEP == 3:
+                    res = scratch.to(tl.pointer_type(tl.int32)) + row * (H // 2) + p
+                    old = tl.load(res, mask=live, other=0)
+                    lo = lo + pt.bf16x2_lo(old)
+                    hi = hi + pt.bf16x2_hi(old)
+                    tl.store(res, pt.bf16x2_pack(lo, hi), mask=live)
+                    ss += _store_tot(scratch, row, p, lo, hi, live, H, 1, RC, O_TOT)
+                else:
+                    ss += tl.sum(tl.where(live, lo * lo + hi * hi, 0.0))
+            tl.store(dst + g + tl.arange(0, 1), ss.to(tl.int32, bitcast=True))
     tl.store(out + g, pt.clock(0, CPU) - t0)
 
 
@@ -141,16 +174,19 @@ def measure(iters: int, device) -> list[dict]:
     w = torch.randn(H, generator=g).to(device=device, dtype=torch.bfloat16)
     dst = torch.zeros(ROWS * H // 2, dtype=torch.int32, device=device)
     scratch = torch.zeros(ROWS * H * 2 + ROWS * H * 4, dtype=torch.uint8, device=device)
-    for rc in (512, 1024, 2048, 4096):
-        for grid in (1, ROWS):
-            out = torch.zeros(grid, dtype=torch.int64, device=device)
-            for _ in range(2):
-                row_kernel[(grid,)](
-                    w, dst, scratch, ctl, health, peers, out, iters, RC=rc, H=H, ROWS=ROWS,
-                    CPU=False, num_warps=4,
-                )  # fmt: skip
-            torch.cuda.synchronize()
-            rows.append(dict(step="row norm", columns=rc, programs=grid, us=_per_iter(out, iters)))
+    for step, what in enumerate(ROW_STEPS):
+        for rc in (512, 1024, 2048, 4096):
+            for grid in (1, ROWS):
+                out = torch.zeros(grid, dtype=torch.int64, device=device)
+                for _ in range(2):
+                    row_kernel[(grid,)](
+                        w, dst, scratch, ctl, health, peers, out, iters, RC=rc, H=H, ROWS=ROWS,
+                        STEP=step, CPU=False, num_warps=4,
+                    )  # fmt: skip
+                torch.cuda.synchronize()
+                rows.append(
+                    dict(step=f"row {what}", columns=rc, programs=grid, us=_per_iter(out, iters))
+                )
     out = torch.zeros(1, dtype=torch.int64, device=device)
     for _ in range(2):
         clock_kernel[(1,)](out, iters, CPU=False, num_warps=4)

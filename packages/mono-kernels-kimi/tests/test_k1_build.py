@@ -66,3 +66,20 @@ def test_launch_and_compile_go_through_triton_build(monkeypatch):
     with pytest.raises(ValueError, match="k1: argument 'num_blocks': expected an int"):
         k1.launch(3, **{**args, "num_blocks": 1.0})
     assert len(seen) == 2
+
+
+def test_tile_overrides_are_checked(monkeypatch):
+    """MONO_K1_TILES replaces a real-shape build's tiles (a benchmark's variant); tiny
+    builds keep theirs; explicit tiling wins; bad values are refused by name."""
+    real, tiny = KimiK3Config(), KimiK3Config.tiny(1)
+    assert K1Build.for_step(real, 16, 1).stage_items[3] == 16 * 12 * 9
+    monkeypatch.setenv(spec.TILES_ENV, "block_v=128,split_k=4,stages=3")
+    b = K1Build.for_step(real, 16, 1)
+    assert (b.block_v, b.split_k, b.stages, b.num_warps) == (128, 4, 3, 8)
+    assert b.stage_items[2:] == (200, 16 * 12 * 2)
+    assert K1Build.for_step(real, 16, 1, block_v=32).block_v == 32
+    assert K1Build.for_step(tiny, 1, 1) == K1Build.for_step(tiny, 1, 1, **spec.fit_tiling(tiny))
+    for bad in ("block_v=96", "split_k=3", "nope=1", "block_n=x"):
+        monkeypatch.setenv(spec.TILES_ENV, bad)
+        with pytest.raises(ValueError, match="MONO_K1_TILES|power of two|multiple"):
+            K1Build.for_step(real, 1, 1)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from mono_runtime.kernel.tiles import tile_overrides
 from mono_runtime.timeline import stamp_bytes
 
 from ..config import KimiK3Config
@@ -43,6 +44,7 @@ from ..config import KimiK3Config
 ROW_TILE = 16  # token rows on the narrow (N) side of every tl.dot tile (S padded up to it)
 MAX_ROWS = ROW_TILE  # S = R x L rows a launch serves: every (R, L) with R x L <= 16
 STAGE_NAMES = ("ares", "mix", "proj", "head")
+TILES_ENV = "MONO_K1_TILES"  # e.g. "block_v=64,split_k=4": a benchmark's tile variant
 ALIGN = 256
 
 # Every argument of the Triton kernel before its constexprs, in launch order.
@@ -104,6 +106,13 @@ def fit_tiling(cfg: KimiK3Config) -> dict:
         split_k=next(k for k in (8, 4, 2, 1) if cfg.hidden_size % (k * block_k) == 0),
         block_v=min(16, cfg.kda_head_dim // 2),
     )
+
+
+def tunable_tiling(cfg: KimiK3Config) -> dict:
+    """`fit_tiling` with the proj loop's depth and the warps; at real widths each one the
+    variable TILES_ENV names replaced (a benchmark's variant: GPU tuning without an edit)."""
+    t = dict(fit_tiling(cfg), stages=K1Build.stages, num_warps=K1Build.num_warps)
+    return tile_overrides(TILES_ENV, t) if cfg.hidden_size >= 2048 else t
 
 
 @dataclass(frozen=True)
@@ -193,7 +202,7 @@ class K1Build:
             spec=spec,
             delta=delta,
             write_block=write_block,
-            **{**fit_tiling(cfg), **tiling},
+            **{**tunable_tiling(cfg), **tiling},
         )
 
     # ---- derived ----------------------------------------------------------------------
