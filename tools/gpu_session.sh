@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1-tune, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tune, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -175,12 +175,27 @@ if has k2occ || has k2-tune; then
     done
     step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
 fi
+if has k1; then
+    # After a change to K1 (issue 14): all its GPU tests (tiny and full shapes, eager and
+    # graph, the give-up while serving) beside its benchmark's compiles; `mono bench kda`
+    # over R requests of one token; spec shapes (R x L) with the op-by-op path; timelines.
+    tests k1 300 $P/mono-kernels-kimi/tests/test_k1_gpu.py --tb=short &
+    step warm-kda 300 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,2x1,4x1,8x1,16x1,1x2,1x4,1x8,2x4,2x8 \
+        --layers 2 --skip-no-prefetch &
+    wait
+    step bench-kda 120 $MONO bench kda --rows 1,2,4,8,16 --out "$LOG/bench"
+    step shapes-kda 90 python3 -m mono_kernels_kimi.kda.bench --shapes 1x2,1x4,1x8,2x4,2x8 \
+        --skip-no-prefetch
+    step timeline-kda 60 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 \
+        --timeline "$LOG/bench"
+fi
 if has k1-tune; then
     # K1 (issue 14): its item timelines at 1, 8 and 16 requests (the first ever taken on a
     # GPU) beside each MONO_K1_TILES variant's compiles, then each variant timed alone: the
     # recurrence's state rows an item (block_v: 16 -> 108 / 864 / 1728 head items at 1 / 8
     # / 16 requests; 128 -> 24 / 192 / 384), in_proj's K parts and row blocks, the warps.
-    V=("" "block_v=64" "block_v=128" "split_k=4" "block_n=64" "num_warps=4")
+    V=("" "block_v=64" "block_v=128" "block_v=128,split_k=4" "split_k=4" "block_n=64"
+        "num_warps=4" "stages=3")
     step timeline-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 \
         --timeline "$LOG/bench" &
     for v in "${V[@]}"; do
@@ -279,7 +294,7 @@ for name in ffn k1 k2 drafter sources rest; do
     grep -E "^E   " "$LOG/$name.txt" | head -12
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify tune-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
+for name in qualify shapes-kda tune-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
     tiles-ffn top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue

@@ -31,11 +31,12 @@ DEFAULT_DECODE = (1, 3, 16)
 
 
 def cases():
-    """(name, R, L, spec, layer_idx, pad, pad_slot, conv_layout): every (R, L) with
-    R x L <= 8 as spec-verify, plus plain decodes, and two steps of 16 rows (the most a
-    build serves; each costs interpreter time): spec 2 x 8 and a plain decode of 16.
+    """(name, R, L, spec, layer_idx, pad, pad_slot, conv_layout, block_v): every (R, L)
+    with R x L <= 8 as spec-verify, plus plain decodes, and two steps of 16 rows (the most
+    a build serves; each costs interpreter time): spec 2 x 8 and a plain decode of 16.
     Layers cycle through the first layer (no delta), block-write layers and ordinary
-    ones; padding and conv layouts vary. Without MONO_K1_ALL_CASES=1, the subset above."""
+    ones; padding, conv layouts and head items (half a head's state rows, with norm items
+    apart, or the whole head) vary. Without MONO_K1_ALL_CASES=1, the subset above."""
     every = os.environ.get("MONO_K1_ALL_CASES", "") not in ("", "0")
     out = []
     n = 0
@@ -44,14 +45,14 @@ def cases():
             layer = (0, 1, 2, 3, 4)[n % 5]
             pad = (R - 1,) if R > 1 else ()
             if every or (R, L) in DEFAULT_SPEC:
-                out.append(
-                    (f"spec-R{R}-L{L}", R, L, True, layer, pad, (-1, 0)[n % 2], ("SD", "DS")[n % 2])
-                )
+                case = (f"spec-R{R}-L{L}", R, L, True, layer, pad, (-1, 0)[n % 2])
+                out.append((*case, ("SD", "DS")[n % 2], (8, 16)[n % 3 == 1]))
             n += 1
-    out.append(("spec-R2-L8", 2, 8, True, 2, (1,), -1, "DS"))  # 16 rows, the longest L
+    out.append(("spec-R2-L8", 2, 8, True, 2, (1,), -1, "DS", 16))  # 16 rows, the longest L
     for R in (1, 3, 8, 16):
         if every or R in DEFAULT_DECODE:
-            out.append((f"decode-R{R}", R, 1, False, 3, (0,) if R > 1 else (), -1, "SD"))
+            pad = (0,) if R > 1 else ()
+            out.append((f"decode-R{R}", R, 1, False, 3, pad, -1, "SD", (8, 16)[R == 16]))
     return out
 
 
@@ -60,7 +61,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def run_case(name, R, L, spec, layer, pad, pad_slot, layout):
+def run_case(name, R, L, spec, layer, pad, pad_slot, layout, block_v):
     cfg = KimiK3Config.tiny()
     inp = make_inputs(
         cfg,
@@ -79,7 +80,7 @@ def run_case(name, R, L, spec, layer, pad, pad_slot, layout):
     want = ref.reference()
     from mono_kernels_kimi.kda.runner import KdaRunner
 
-    runner = KdaRunner(cfg, "cpu", L, spec=spec, **TILING)
+    runner = KdaRunner(cfg, "cpu", L, spec=spec, **{**TILING, "block_v": block_v})
     runner(R, **inp.k1_kwargs())
     idx = inp.state_indices.view(R, -1).long()
     valid = [r for r in range(R) if r not in pad]

@@ -72,14 +72,32 @@ def test_tile_overrides_are_checked(monkeypatch):
     """MONO_K1_TILES replaces a real-shape build's tiles (a benchmark's variant); tiny
     builds keep theirs; explicit tiling wins; bad values are refused by name."""
     real, tiny = KimiK3Config(), KimiK3Config.tiny(1)
-    assert K1Build.for_step(real, 16, 1).stage_items[3] == 16 * 12 * 9
-    monkeypatch.setenv(spec.TILES_ENV, "block_v=128,split_k=4,stages=3")
+    assert K1Build.for_step(real, 16, 1).stage_items[2:] == (200, 16 * 12)
+    monkeypatch.setenv(spec.TILES_ENV, "block_v=32,split_k=8,stages=3")
     b = K1Build.for_step(real, 16, 1)
-    assert (b.block_v, b.split_k, b.stages, b.num_warps) == (128, 4, 3, 8)
-    assert b.stage_items[2:] == (200, 16 * 12 * 2)
-    assert K1Build.for_step(real, 16, 1, block_v=32).block_v == 32
+    assert (b.block_v, b.split_k, b.stages, b.num_warps) == (32, 8, 3, 8)
+    assert b.stage_items[2:] == (400, 16 * 12 * 5)
+    assert K1Build.for_step(real, 16, 1, block_v=64).block_v == 64
     assert K1Build.for_step(tiny, 1, 1) == K1Build.for_step(tiny, 1, 1, **spec.fit_tiling(tiny))
     for bad in ("block_v=96", "split_k=3", "nope=1", "block_n=x"):
         monkeypatch.setenv(spec.TILES_ENV, bad)
         with pytest.raises(ValueError, match="MONO_K1_TILES|power of two|multiple"):
             K1Build.for_step(real, 1, 1)
+
+
+def test_head_items_fill_the_programs_once_then_hold_whole_heads():
+    """`head_block_v`: 16 state rows an item at one request (96 items + 12 norms on 132
+    programs), twice as many rows per doubling of the requests, whole heads (each item its
+    own norm) from 8; the timeline's stages follow."""
+    real = KimiK3Config()
+    got = {r: K1Build.for_step(real, r, 1, programs=132) for r in (1, 2, 4, 8, 16)}
+    assert {r: b.block_v for r, b in got.items()} == {1: 16, 2: 32, 4: 64, 8: 128, 16: 128}
+    assert {r: b.stage_items[3] for r, b in got.items()} == {
+        1: 12 * 9, 2: 24 * 5, 4: 48 * 3, 8: 96, 16: 192
+    }  # fmt: skip
+    one, whole = got[1], got[8]
+    e3 = sum(one.stage_items[:3])
+    assert [one.stage_of(e3 + i) for i in (0, 7, 8, 9)] == ["head", "head", "norm", "head"]
+    e3 = sum(whole.stage_items[:3])
+    assert {whole.stage_of(e3 + i) for i in range(96)} == {"head"}
+    assert whole.stage_of(e3 + 96) == "handshake"

@@ -31,13 +31,13 @@ from mono_runtime.timeline import STAMP_WORDS, from_stamps
 from ..config import KimiK3Config
 from . import triton_build
 from .checks import check_args
-from .spec import ARGS, MAX_ROWS, K1Build, fit_tiling
+from .spec import ARGS, MAX_ROWS, K1Build, tunable_tiling
 
 
 def default_tiling(cfg: KimiK3Config, device: torch.device) -> dict:
-    """spec.fit_tiling's tile sizes; programs = one per SM on a GPU, and as many proj
+    """spec.tunable_tiling's tile sizes; programs = one per SM on a GPU, and as many proj
     items streaming into L2 during AttnRes as 5/8 of the L2 holds."""
-    tiling = fit_tiling(cfg)
+    tiling = tunable_tiling(cfg)
     programs = 3
     prefetch = 4  # the interpreter never prefetches (NVIDIA's bulk L2 prefetch)
     if device.type == "cuda":

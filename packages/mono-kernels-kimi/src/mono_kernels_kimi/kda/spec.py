@@ -20,7 +20,9 @@ correctly when programs execute one after another:
             conv (4) update + SiLU, l2norm, the delta rule token by token; a state per
             token to its slot; v channels' conv state), after the f_a/beta items and that
             head's items of stage 3; then one item that waits for those NVC: gated RMSNorm
-            -> core out, q/k channels' conv state (after every reader of the old window)
+            -> core out, q/k channels' conv state (after every reader of the old window).
+            An item of the whole head (NVC = 1: `head_block_v` at 8+ requests) does its
+            norm and the q/k conv state itself
 
 The split-K counters sit at the head of the scratch region, at the same offset in every
 build of a runner (its widths share one tiling), and are zero between launches: the last
@@ -94,24 +96,39 @@ def _pow2_at_most(n: int, cap: int) -> int:
 
 def fit_tiling(cfg: KimiK3Config) -> dict:
     """Tile sizes that fit the model's sizes (the defaults of `K1Build.for_step`). A TP8
-    rank of Kimi-K3 gets 28 AttnRes items a row and 400 proj items of 128 rows x 896 K
-    (3 a program on 132 SMs), 14 pipelined steps of 64 K each: 0.11 warp-instructions a
+    rank of Kimi-K3 gets 28 AttnRes items a row and 200 proj items of 128 rows x 1792 K
+    (1.5 a program on 132 SMs), 28 pipelined steps of 64 K each: 0.11 warp-instructions a
     weight value in the sm_90 loop (64-row items: 0.22; 128 K steps spill past 255
-    registers at S >= 8)."""
+    registers at S >= 8). H200 (stop 31): 8 K parts (400 items, 3 waves) 68.4 / 121.2 /
+    196.4 us at S = 1 / 8 / 16, 4 parts 58.9 / 113.2 / 188.4."""
     block_k = _pow2_at_most(cfg.hidden_size, 64)
     return dict(
         block_h=_pow2_at_most(cfg.hidden_size, 256),
         block_n=min(128, cfg.kda_head_dim),
         block_k=block_k,
-        split_k=next(k for k in (8, 4, 2, 1) if cfg.hidden_size % (k * block_k) == 0),
-        block_v=min(16, cfg.kda_head_dim // 2),
+        split_k=next(k for k in (4, 2, 1) if cfg.hidden_size % (k * block_k) == 0),
     )
 
 
+def head_block_v(cfg: KimiK3Config, requests: int, programs: int) -> int:
+    """State rows of a head item (block_v 0 in a tiling): the fewest items a step that
+    still fill the programs once (requests x heads x head_dim / block_v <= programs), whole
+    heads past that. Each item pays a latency chain (f_b's dot, q's and k's conv and
+    l2norm) however few rows it has, so 16-row items at 16 requests (1536 + 192 norm items,
+    ~12 a program) took 115 us of K1's 196; whole heads (192 items, each its own gated
+    norm) 55 (H200, stop 31)."""
+    d = cfg.kda_head_dim
+    bv = min(16, d // 2)
+    while bv < d and requests * cfg.local_heads * (d // bv) > programs:
+        bv *= 2
+    return bv
+
+
 def tunable_tiling(cfg: KimiK3Config) -> dict:
-    """`fit_tiling` with the proj loop's depth and the warps; at real widths each one the
-    variable TILES_ENV names replaced (a benchmark's variant: GPU tuning without an edit)."""
-    t = dict(fit_tiling(cfg), stages=K1Build.stages, num_warps=K1Build.num_warps)
+    """`fit_tiling` with the head items' rows (0: `head_block_v` of each width), the proj
+    loop's depth and the warps; at real widths each one the variable TILES_ENV names
+    replaced (a benchmark's variant: GPU tuning without an edit)."""
+    t = dict(fit_tiling(cfg), block_v=0, stages=K1Build.stages, num_warps=K1Build.num_warps)
     return tile_overrides(TILES_ENV, t) if cfg.hidden_size >= 2048 else t
 
 
@@ -189,6 +206,10 @@ class K1Build:
         write_block: bool = False,
         **tiling,
     ) -> K1Build:
+        tiling = {**tunable_tiling(cfg), **tiling}
+        if not tiling["block_v"]:
+            programs = tiling.get("programs", cls.programs)
+            tiling["block_v"] = head_block_v(cfg, requests, programs)
         return cls(
             hidden=cfg.hidden_size,
             heads=cfg.local_heads,
@@ -202,7 +223,7 @@ class K1Build:
             spec=spec,
             delta=delta,
             write_block=write_block,
-            **{**tunable_tiling(cfg), **tiling},
+            **tiling,
         )
 
     # ---- derived ----------------------------------------------------------------------
@@ -234,10 +255,17 @@ class K1Build:
         return self.block_n * (self.hidden // self.split_k) * 2
 
     @property
+    def head_items(self) -> int:
+        """Items of one (head, request): its state items, then its gated norm's unless one
+        item holds the whole head (it normalizes its own output then)."""
+        nvc = self.head_dim // self.block_v
+        return nvc + (nvc > 1)
+
+    @property
     def stage_items(self) -> tuple[int, ...]:
         rc = self.rows * self.slices
         blocks = self.shared_blocks + self.heads * self.head_blocks
-        head = self.requests * self.heads * (self.head_dim // self.block_v + 1)
+        head = self.requests * self.heads * self.head_items
         return (rc, rc, blocks * self.split_k, head)
 
     @property
@@ -252,10 +280,10 @@ class K1Build:
         """The timeline's stage of a ticket: the plan's, with stage 4's norm items apart."""
         if not 0 <= ticket <= self.total_items:
             raise ValueError(f"ticket {ticket}: a launch has tickets 0..{self.total_items}")
-        nvc = self.head_dim // self.block_v  # a (head, request)'s state items, then its norm
+        per = self.head_items  # a (head, request)'s state items, then its norm (if apart)
         for name, n in zip(STAGE_NAMES, self.stage_items, strict=True):
             if ticket < n:
-                return "norm" if name == "head" and ticket % (nvc + 1) == nvc else name
+                return "norm" if name == "head" and per > 1 and ticket % per == per - 1 else name
             ticket -= n
         return "handshake"
 

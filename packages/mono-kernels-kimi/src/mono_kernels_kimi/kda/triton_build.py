@@ -280,6 +280,28 @@ def _conv_state_write(
         tl.store(cp + (2 + t) * conv_pos_stride, x.to(BF16), mask=cmask)
 
 
+@triton.jit
+def _qk_conv_state_write(
+    cbase, proj, h, dk, ok, first, r, conv_dim_stride, conv_pos_stride, L: tl.constexpr,
+    NP: tl.constexpr, P: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    """Head h's q and k channels' spec conv state after the step (`_conv_state_write`),
+    once every reader of their old window is done; nothing where not `ok`."""
+    for base in tl.static_range(2):
+        _conv_state_write(
+            cbase, proj, base * P + h * D + dk, (dk < D) & ok, first, r, conv_dim_stride,
+            conv_pos_stride, L, NP,
+        )  # fmt: skip
+
+
+@triton.jit
+def _gated_norm(o, g, wo, ok, live, eps, D: tl.constexpr):
+    """FusedRMSNormGated (sigmoid) of one head's core output (bf16 values in fp32) with its
+    gate g: 0 on a request without a live slot, NaN where a wait gave up."""
+    y = o * tl.rsqrt(tl.sum(o * o, axis=0) / D + eps) * wo * tl.sigmoid(g)
+    return tl.where(ok, tl.where(live, y, 0.0), float("nan"))
+
+
 # Integers that vary per launch or per rank are never specialized (a value of 1 or a
 # multiple of 16 would otherwise compile another binary: e.g. one per rank or slot).
 @triton.jit(do_not_specialize=["slot", "final", "rank", "world"])
@@ -372,7 +394,8 @@ def k1_kernel(
 ):
     P: tl.constexpr = NH * D
     NVC: tl.constexpr = D // BV
-    HEAD_ITEMS: tl.constexpr = NVC + 1  # a (head, request)'s kda items, then its norm
+    FUSED: tl.constexpr = NVC == 1  # one item a (head, request) normalizes its own output
+    HEAD_ITEMS: tl.constexpr = NVC + (not FUSED)  # a (head, request)'s kda items, its norm
     HB: tl.constexpr = 4 * D // BN  # proj row blocks of one head
     KP: tl.constexpr = HID // KS  # K of one proj item
     RT: tl.constexpr = ROW_TILE
@@ -649,7 +672,13 @@ def k1_kernel(
                     stt = stt + val[:, None] * k[None, :]
                     o = tl.sum(stt * q[None, :], axis=1)
                     o = tl.where(ok, o, float("nan"))
-                    tl.store(obuf + s * P + h * D + dv, _bf16(o), mask=allv & live)
+                    if FUSED:
+                        g2 = _proj_ld(proj, s, G_OFF + h * D + dv, allv, NP)
+                        wo = tl.load(o_norm + dv).to(F32)
+                        y = _gated_norm(_rne(o), g2, wo, ok, live, o_norm_eps, D)
+                        tl.store(out + s * P + h * D + dv, _bf16(y))
+                    else:
+                        tl.store(obuf + s * P + h * D + dv, _bf16(o), mask=allv & live)
                     slot_t = tl.load(ibase + tt).to(tl.int64)
                     ok_t = live & ok & (slot_t > 0) & (slot_t < num_slots)
                     dst = (
@@ -672,6 +701,11 @@ def k1_kernel(
                     L,
                     NP,
                 )
+                if FUSED:  # this item was the old q/k window's only reader
+                    _qk_conv_state_write(
+                        cbase, proj, h, dk, conv_ok & ok, first, r, conv_dim_stride,
+                        conv_pos_stride, L, NP, P, D,
+                    )  # fmt: skip
             else:
                 # -- 4 norm: FusedRMSNormGated(sigmoid) of the head, after its NVC kda
                 # items; then the q/k channels' conv state (every reader of the old
@@ -699,39 +733,12 @@ def k1_kernel(
                     s = r * L + tt
                     o6 = tl.load(obuf + s * P + h * D + dk, cache_modifier=".cg").to(F32)
                     g2 = _proj_ld(proj, s, G_OFF + h * D + dk, dk < D, NP)
-                    y = (
-                        o6
-                        * tl.rsqrt(tl.sum(o6 * o6, axis=0) / D + o_norm_eps)
-                        * wo
-                        * tl.sigmoid(g2)
-                    )
-                    y = tl.where(ok, tl.where(live, y, 0.0), float("nan"))
+                    y = _gated_norm(o6, g2, wo, ok, live, o_norm_eps, D)
                     tl.store(out + s * P + h * D + dk, _bf16(y))
-                allk = (dk < D) & conv_ok & ok
-                _conv_state_write(
-                    cbase,
-                    proj,
-                    h * D + dk,
-                    allk,
-                    first,
-                    r,
-                    conv_dim_stride,
-                    conv_pos_stride,
-                    L,
-                    NP,
-                )
-                _conv_state_write(
-                    cbase,
-                    proj,
-                    P + h * D + dk,
-                    allk,
-                    first,
-                    r,
-                    conv_dim_stride,
-                    conv_pos_stride,
-                    L,
-                    NP,
-                )
+                _qk_conv_state_write(
+                    cbase, proj, h, dk, conv_ok & ok, first, r, conv_dim_stride,
+                    conv_pos_stride, L, NP, P, D,
+                )  # fmt: skip
             pt.ticket_finish(done, t, tag)
         else:
             # -- the TP fault handshake (final launches): every head item here is done;
