@@ -101,8 +101,9 @@ def test_k1_warm_compiles_every_build_and_writes_nothing():
     runner = KdaRunner(cfg, "cuda", 4)
     assert runner.layer_flags() == ((False, True), (True, False), (True, True))
     warmed = runner.warm()
+    assert runner.widths == (1, 2, 3, 4)  # 16 rows at most
     assert {(b.requests, b.delta, b.write_block) for b in warmed} == {
-        (r, d, w) for r in (1, 2) for d, w in runner.layer_flags()
+        (r, d, w) for r in runner.widths for d, w in runner.layer_flags()
     }
     runner.check()
 
