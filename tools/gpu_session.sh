@@ -190,12 +190,13 @@ if has k1; then
         --timeline "$LOG/bench"
 fi
 if has k1-tune; then
-    # K1 (issue 14): its item timelines at 1, 8 and 16 requests (the first ever taken on a
-    # GPU) beside each MONO_K1_TILES variant's compiles, then each variant timed alone: the
-    # recurrence's state rows an item (block_v: 16 -> 108 / 864 / 1728 head items at 1 / 8
-    # / 16 requests; 128 -> 24 / 192 / 384), in_proj's K parts and row blocks, the warps.
-    V=("" "block_v=64" "block_v=128" "block_v=128,split_k=4" "split_k=4" "block_n=64"
-        "num_warps=4" "stages=3")
+    # K1 (issue 14): its item timelines at 1, 8 and 16 requests beside each MONO_K1_TILES
+    # variant's compiles, then each variant timed alone. Stop 31 timed the head items'
+    # state rows (block_v), in_proj's K parts, row blocks, warps and depth (the defaults
+    # came from it); now the AttnRes items' columns (block_h: 448 + 448 items at 16
+    # requests took 36 us before proj could start) and K parts that fill the waves better
+    # (50 row blocks x 7 = 350 items: 2.65 waves of 132; x 2: 100).
+    V=("" "block_h=512" "block_h=1024" "split_k=7" "split_k=2" "block_h=512,split_k=7")
     step timeline-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 \
         --timeline "$LOG/bench" &
     for v in "${V[@]}"; do
