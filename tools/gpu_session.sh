@@ -127,13 +127,14 @@ if has kimi; then
         --timeline "$LOG/bench"
 fi
 if has drafter-tune; then
-    # Drafter tiles (MONO_DRAFTER_TILES) compiled side by side and timed one after another:
-    # qkv_a's and gate_up's row tiles in K parts (33 and 72 items a layer leave SMs idle at
-    # one request: 132 with qks=4, 144-576 with gks=2-8), the items' L2 prefetch off; then
-    # the default's timelines (rows as JSON, each item's wait and work apart). Its GPU
-    # tests and `mono bench drafter`: part `kimi`.
+    # Drafter tiles (MONO_DRAFTER_TILES) compiled side by side and timed one after another
+    # (stop 31 made qks = gks = 4 the default from this part): the KV pages of each attn
+    # split asked of L2 before its wait (apf: attn took ~50 us of a ~245 us layer at 8K,
+    # two latencies a 32-position chunk), row items in 2048-column chunks (the latency
+    # probe: 15.6 us a row norm against 17.3 at 1024), gate_up and qkv_a in 8 K parts; then
+    # the default's timelines. Its GPU tests and `mono bench drafter`: part `kimi`.
     step tune-drafter 420 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 1024,8192,32768 --variants "|qks=4|gks=2|gks=4|gks=8|qks=4,gks=4|pf=0"
+        --context 1024,8192,32768 --variants "|apf=1|rc=2048|apf=1,rc=2048|gks=8|qks=8"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192 --timeline "$LOG/bench"
 fi

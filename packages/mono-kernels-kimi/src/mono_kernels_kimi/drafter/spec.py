@@ -213,6 +213,7 @@ class Plan:
     # projection's, 2 only qkv_a's and q_b's (a layer's MLP and o_proj rows are more than
     # L2 holds: their requests queue ahead of every other stage's misses)
     pf: int
+    apf: int  # 1: head group 0's attn items ask L2 for their KV pages before their wait
 
     @classmethod
     def of(cls, b: DrafterBuild) -> Plan:
@@ -232,6 +233,7 @@ class Plan:
             stages=3 if big else 2,
             occ=1,
             pf=1,
+            apf=0,  # built, not yet timed (stop 31)
             rc=1024,  # a row item's columns a trip (the last trip masked)
             # K parts of a row tile: qkv_a's 33 items of 64 rows and gate_up's 72 of 32 + 32
             # leave SMs idle; in 4 parts each (132 and 288 items at TP8) a layer is 12-17%
@@ -278,6 +280,7 @@ class Plan:
             warps=4,
             occ=t["occ"],
             pf=t["pf"],
+            apf=t["apf"],
         )
 
 
@@ -300,6 +303,7 @@ def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     for name, most in dict(nsplit=64, nsplit_wide=64, stages=8, occ=2).items():
         check_tile("drafter", name, t[name], least=1, most=most, pow2=False)
     check_tile("drafter", "pf", t["pf"], least=0, most=2, pow2=False)
+    check_tile("drafter", "apf", t["apf"], least=0, most=1, pow2=False)
     for name in ("qks", "gks"):
         check_tile("drafter", name, t[name], least=1, divides=c.hidden_size // 16)
     return t

@@ -300,6 +300,7 @@ def drafter_kernel(
     GKS: tl.constexpr,
     NSP2: tl.constexpr,
     PF: tl.constexpr,
+    APF: tl.constexpr,
     OC: tl.constexpr,
     GB: tl.constexpr,
     HK: tl.constexpr,
@@ -409,6 +410,14 @@ def drafter_kernel(
                 elif u >= T_DOWN:
                     r0 = (u - T_DOWN) * OC
                     _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), r0, 0, IL, IL, OC, CPU, ASM)
+            if ASM and (not CPU) and (APF > 0):  # head group 0's attn items: their KV pages
+                i = u - T_ATTN
+                kv = (k < NL) & (u >= T_ATTN) & (u < T_COMB) & ((i // NSPLIT) % NHG == 0)
+                if kv & (i // (NHG * NSPLIT) < nreq):
+                    _prefetch_kv(
+                        i // (NHG * NSPLIT), i % NSPLIT, lw, block_table, seq_lens, bt_stride,
+                        L, R, BS, NSPLIT, FP8, CPU,
+                    )  # fmt: skip
             first, n = _deps(
                 k, u, ngroups, nreq, NL, PER_LAYER, NRG, NHG, NSPLIT, T_QKVA, T_QKVN, T_QB,
                 T_ABSORB, T_ATTN, T_COMB, T_OPROJ, T_POST, T_GU, T_DOWN,
@@ -749,6 +758,36 @@ def _entries(cache, slots, valid, col0, cols, ncols, ks, FP8: tl.constexpr, ENTR
 
 
 @triton.jit
+def _split_pages(seq, j, BS: tl.constexpr, NSPLIT: tl.constexpr):
+    """Split j's share of a request's KV pages (seq cached positions): pages p0..p1-1."""
+    pages = (seq + BS - 1) // BS
+    per = (pages + NSPLIT - 1) // NSPLIT
+    p0 = j * per
+    return p0, tl.minimum(p0 + per, pages)
+
+
+@triton.jit
+def _prefetch_kv(
+    r, j, lw, block_table, seq_lens, bt_stride, L: tl.constexpr, R: tl.constexpr,
+    BS: tl.constexpr, NSPLIT: tl.constexpr, FP8: tl.constexpr, CPU: tl.constexpr,
+):  # fmt: skip
+    """L2 prefetch of split j's KV pages of request r (NVIDIA only): 16 pages a trip, their
+    block-table entries in one load. L2 is the GPU's point of coherence, so pages this
+    step's qkvn items still write may be asked for early; the attn items of every head
+    group then gather from L2 rather than HBM, one chunk's latency a trip."""
+    PG: tl.constexpr = 16
+    PAGE: tl.constexpr = BS * (L + R) * (1 if FP8 else 2)
+    p0, p1 = _split_pages(tl.load(seq_lens + r), j, BS, NSPLIT)
+    lane = tl.arange(0, 128)
+    cache = _ptr(lw, _W_CACHE, tl.int8)
+    for q in range(p0, p1, PG):
+        at = q + lane // (128 // PG)
+        live = at < p1
+        blk = tl.load(block_table + r * bt_stride + at, mask=live, other=0).to(tl.int64)
+        st.prefetch_l2_rows(cache + blk * PAGE, live, PAGE, 128 // PG, CPU)
+
+
+@triton.jit
 def _attn(
     r, g, j, lw, block_table, seq_lens, scratch, bt_stride, L: tl.constexpr,
     R: tl.constexpr, Q: tl.constexpr, BS: tl.constexpr, KC: tl.constexpr,
@@ -777,10 +816,7 @@ def _attn(
     qp = tl.load(
         qpe + (head * ROWSP + tok)[:, None] * RP + ri[None, :], mask=qm[:, None], other=0.0
     )
-    pages = (seq + BS - 1) // BS
-    per = (pages + NSPLIT - 1) // NSPLIT
-    p0 = j * per
-    p1 = tl.minimum(p0 + per, pages)
+    p0, p1 = _split_pages(seq, j, BS, NSPLIT)
     cache = _ptr(lw, _W_CACHE, tl.int8)
     ks = 1.0
     if FP8:
@@ -977,6 +1013,7 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         GKS=p.gks,
         NSP2=p2(p.nsplit),
         PF=p.pf,
+        APF=p.apf,
         OC=p.oc,
         GB=p.gb,
         HK=p.hk,
