@@ -128,13 +128,14 @@ if has kimi; then
 fi
 if has drafter-tune; then
     # Drafter tiles (MONO_DRAFTER_TILES) compiled side by side and timed one after another
-    # (stop 31 made qks = gks = 4 the default from this part): the KV pages of each attn
-    # split asked of L2 before its wait (apf: attn took ~50 us of a ~245 us layer at 8K,
-    # two latencies a 32-position chunk), row items in 2048-column chunks (the latency
-    # probe: 15.6 us a row norm against 17.3 at 1024), gate_up and qkv_a in 8 K parts; then
-    # the default's timelines. Its GPU tests and `mono bench drafter`: part `kimi`.
+    # (stop 31 made qks = gks = 4 the default from this part): row items one a chunk (rs:
+    # a row norm took ~17 us of latency chunk after chunk, three a layer: the latency
+    # probe), the KV pages of each attn split asked of L2 before its wait (apf: attn took
+    # ~50 us of a ~245 us layer at 8K, two latencies a 32-position chunk), row chunks of
+    # 2048 columns, gate_up and qkv_a in 8 K parts; then the default's timelines. Its GPU
+    # tests and `mono bench drafter`: part `kimi` (with a variant: MONO_DRAFTER_TILES set).
     step tune-drafter 420 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 1024,8192,32768 --variants "|apf=1|rc=2048|apf=1,rc=2048|gks=8|qks=8"
+        --context 1024,8192,32768 --variants "|rs=1|apf=1|rs=1,apf=1|rc=2048|gks=8|qks=8"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192 --timeline "$LOG/bench"
 fi

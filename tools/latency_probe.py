@@ -2,9 +2,10 @@
 a stage boundary cost more than its data: a done-pair wait (`wait_done`: one poll, then an
 acquire atomic on every pair) against the same poll followed by one acquire fence, with
 one program or a whole grid waiting on the same pairs; a row item's all-reduce plus RMSNorm
-(the drafter's `_add_norm` over pushed peer pairs) at several chunk widths; a device clock
-read. Each figure is the mean of ITERS repeats inside one launch, timed by the device
-clock, so launch overheads do not count; every wait finds its pairs already set.
+(the drafter's `_row_item`, one item a row, over pushed peer pairs) and its pieces at
+several chunk widths; a device clock read. Each figure is the mean of ITERS repeats
+inside one launch, timed by the device clock, so launch overheads do not count; every wait
+finds its pairs already set.
 
     PYTHONPATH=... python3 tools/latency_probe.py [--iters 200] [--json FILE]
 
@@ -23,7 +24,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from mono_kernels_kimi.drafter.triton_build import _add_norm, _lanes, _normed_store, _store_tot
+from mono_kernels_kimi.drafter.triton_build import _add_chunk, _lanes, _normed_store, _row_item
 from mono_runtime import protocol as P
 from mono_runtime import protocol_triton as pt
 
@@ -71,9 +72,9 @@ def row_kernel(
 ):  # fmt: skip
     """Program g repeats a piece of row g's all-reduce + RMSNorm `iters` times (one rank's
     pushed pairs at the head of its peer data, set before the launch). STEP: 0 the whole
-    `_add_norm`; 1 its polls alone; 2 plain (.cg) loads of the same pairs instead; 3 the
-    polls, the residual and the fp32 store (its first pass); 4 its second pass alone
-    (`_normed_store`). -> out[program]: ns."""
+    `_row_item` (one item the row); 1 its polls alone; 2 plain (.cg) loads of the same
+    pairs instead; 3 its first pass (`_add_chunk`: polls, residual, fp32 store); 4 its
+    second pass alone (`_normed_store`). -> out[program]: ns."""
     g = tl.program_id(0)
     tag = pt.step_tag(ctl, 0)
     src = pt.peer_data(peers, 0)
@@ -82,9 +83,9 @@ def row_kernel(
     t0 = pt.clock(0, CPU)
     for _ in range(0, iters):
         if STEP == 0:
-            _add_norm(
-                g, w, src, 0, dst, scratch, ROWS, zero, tag, ctl, health, peers, 0, 1, H, RC,
-                1, ROWS, 0, O_TOT, 1e-6, CPU,
+            _row_item(
+                g, False, src, w, src, 0, dst, scratch, ROWS, zero, tag, ctl, health, peers, 0,
+                1, H, RC, 1, 1, ROWS, 0, O_TOT, 0, 0, 1e-6, CPU,
             )  # fmt: skip
         elif STEP == 4:
             ss = tl.full((1,), 1.0, tl.float32)
@@ -92,24 +93,24 @@ def row_kernel(
         else:
             ss = tl.zeros((1,), tl.float32)
             for c in range(0, (H + RC - 1) // RC):
-                row, p, live = _lanes(g, c, ROWS, H, 1, RC)
-                if STEP == 2:
-                    v = tl.load(src + row * (H // 2) + p, mask=live, other=0, cache_modifier=".cg")
-                    lo = pt.bf16x2_lo(pt.pair_payload(v))
-                    hi = pt.bf16x2_hi(pt.pair_payload(v))
-                else:
-                    lo, hi, ok = pt.reduce_bf16x2(
-                        src + row * (H // 2) + p, ROWS * (H // 2), live, tag, ctl, health, peers,
-                        0, 1, 0, g * (H // 2) + c * (RC // 2), CPU,
-                    )  # fmt: skip
                 if STEP == 3:
-                    res = scratch.to(tl.pointer_type(tl.int32)) + row * (H // 2) + p
-                    old = tl.load(res, mask=live, other=0)
-                    lo = lo + pt.bf16x2_lo(old)
-                    hi = hi + pt.bf16x2_hi(old)
-                    tl.store(res, pt.bf16x2_pack(lo, hi), mask=live)
-                    ss += _store_tot(scratch, row, p, lo, hi, live, H, 1, RC, O_TOT)
+                    ss += _add_chunk(
+                        g, c, src, 0, scratch, ROWS, tag, ctl, health, peers, 0, 1, H, RC, 1,
+                        ROWS, 0, O_TOT, CPU,
+                    )  # fmt: skip
                 else:
+                    row, p, live = _lanes(g, c, ROWS, H, 1, RC)
+                    if STEP == 2:
+                        v = tl.load(
+                            src + row * (H // 2) + p, mask=live, other=0, cache_modifier=".cg"
+                        )
+                        lo = pt.bf16x2_lo(pt.pair_payload(v))
+                        hi = pt.bf16x2_hi(pt.pair_payload(v))
+                    else:
+                        lo, hi, ok = pt.reduce_bf16x2(
+                            src + row * (H // 2) + p, ROWS * (H // 2), live, tag, ctl, health,
+                            peers, 0, 1, 0, g * (H // 2) + c * (RC // 2), CPU,
+                        )  # fmt: skip
                     ss += tl.sum(tl.where(live, lo * lo + hi * hi, 0.0))
             tl.store(dst + g + tl.arange(0, 1), ss.to(tl.int32, bitcast=True))
     tl.store(out + g, pt.clock(0, CPU) - t0)

@@ -56,8 +56,12 @@ def test_every_wait_names_a_smaller_ticket_and_the_plan_covers_the_shapes(b):
     assert p.no * p.oc == c.hidden_size and p.ngu * p.gb == c.local_intermediate
     assert p.nhg * p.hg == c.local_heads and p.qhr >= p.hg * c.query_len
     assert p.nla * p.la == c.kv_lora_rank and b.rows % p.rb == 0
-    assert tickets(b) == c.num_hidden_layers * per_layer(b) + b.groups
-    assert stage_of(b, tickets(b) - 1) == (c.num_hidden_layers, "final", b.groups - 1)
+    # a row group's items in each row stage: the whole row, or one a chunk of rc columns
+    assert p.ri in (1, -(-c.hidden_size // p.rc)) and dict(layer_stages(b))["post"] == (
+        b.groups * p.ri
+    )
+    assert tickets(b) == c.num_hidden_layers * per_layer(b) + b.groups * p.ri
+    assert stage_of(b, tickets(b) - 1) == (c.num_hidden_layers, "final", b.groups * p.ri - 1)
     attn = dict(layer_stages(b))["attn"]
     assert attn == b.requests * p.nhg * p.nsplit  # the long-context split
 

@@ -109,8 +109,11 @@ def _no_work(b, nreq, t):
 
     _, stage, i = stage_of(b, t)
     p = b.plan
-    if stage in ("norm", "qkvn", "post", "final"):
-        return i >= -(-nreq * b.cfg.query_len // p.rb)
+    groups = -(-nreq * b.cfg.query_len // p.rb)
+    if stage in ("norm", "post", "final"):  # a row group's p.ri items
+        return i // p.ri >= groups
+    if stage == "qkvn":
+        return i >= groups
     if stage == "attn":
         return i // (p.nhg * p.nsplit) >= nreq
     if stage == "comb":

@@ -11,7 +11,7 @@ waits only on done pairs of smaller tickets of its own launch, or on peers' push
 their items of earlier stages, so the launch finishes at any residency and under the
 interpreter, where programs run one after another:
 
-    norm    GROUPS  row group s (RB rows): layer 0 input_layernorm of the embedding (the
+    norm    GROUPS x RI  row group s (RB rows): layer 0 input_layernorm of the embedding (the
                     residual); later layers the ranks' MLP partials (`ar2`, previous
                     layer) in rank order -> bf16, + residual -> the new residual,
                     input_layernorm -> `xa`
@@ -28,13 +28,20 @@ interpreter, where programs run one after another:
     comb    REQ x NHG  the splits' partials merged in a fixed order -> latent (`lat`),
                     then each head's W_UV rows -> `v` (bf16)
     oproj   NO      OC columns of o_proj -> bf16 partial -> every rank's `ar1`
-    post    GROUPS  row group s: the ranks' partials in rank order -> bf16, + residual -> the new
-                    residual, post_attention_layernorm -> `xm`
+    post    GROUPS x RI  row group s: the ranks' partials in rank order -> bf16, + residual
+                    -> the new residual, post_attention_layernorm -> `xm`
     gu      NGU x GKS  GB gate + GB up rows of gate_up_proj over K part j; the last part
                     to finish sums the parts, act_and_mul -> `mid` (bf16)
     down    ND      OC columns of down_proj -> bf16 partial -> every rank's `ar2`
-    final   GROUPS  row group s: the last layer's `ar2` + residual, final_norm -> out (0 on
-                    padding requests, seq_len 0)
+    final   GROUPS x RI  row group s: the last layer's `ar2` + residual, final_norm -> out
+                    (0 on padding requests, seq_len 0)
+
+A row stage's group has RI items: one (the whole row, chunk after chunk, then the norm's
+second pass), or one a chunk of RC columns (tile `rs`), each that chunk's all-reduce and
+residual, the last of the group to finish (a counter) summing the chunks' squares in chunk
+order and making the second pass for the row: the same numbers, the chunks' latencies
+side by side rather than in sequence. An item of a row stage waits for all its group's
+items of the row stage before (they wrote the residual and the norm's input it rewrites).
 
 Attention over a long context is split: each (request, head group) has NSPLIT items, each
 walking a contiguous share of the request's KV pages, and one comb item merges them in a
@@ -206,6 +213,10 @@ class Plan:
     rc: int  # columns of a row item's chunk: H padded to a power of two, <= 4096 (masked)
     qc: int  # columns of a qkvn item's chunk (q_lora_rank)
     rb: int  # rows of a row item (norm, qkvn, post, final): a power of two dividing Q
+    # a row group's norm / post / final items: 1 (one item the whole row), or one a chunk
+    # of rc columns (tile rs: each its chunk's all-reduce and residual at once; the last to
+    # finish normalizes the row)
+    ri: int
     stages: int
     warps: int
     occ: int  # programs an SM the runner launches (2 fits: <= 113 KB shared, 255 registers)
@@ -234,7 +245,10 @@ class Plan:
             occ=1,
             pf=1,
             apf=0,  # built, not yet timed (stop 31)
-            rc=1024,  # a row item's columns a trip (the last trip masked)
+            rc=1024 if big else 32,  # a row item's columns a trip (the last trip masked)
+            # a row group's items its rc-column chunks: built, not yet timed at real shapes
+            # (stop 31); the tiny wide builds split, so the interpreter tests both plans
+            rs=int(not big and b.wide),
             # K parts of a row tile: qkv_a's 33 items of 64 rows and gate_up's 72 of 32 + 32
             # leave SMs idle; in 4 parts each (132 and 288 items at TP8) a layer is 12-17%
             # faster at 8 requests and 1K-8K cached tokens (stop 31). Tiny builds split in
@@ -274,6 +288,7 @@ class Plan:
             ik=_step(c.local_intermediate, kstep),
             lk=_step(c.kv_lora_rank, kstep),
             rc=min(p2(c.hidden_size), t["rc"]),
+            ri=-(-c.hidden_size // min(p2(c.hidden_size), t["rc"])) if t["rs"] else 1,
             qc=_step(c.q_lora_rank, 512),
             rb=1 if big else q & -q,
             stages=t["stages"],
@@ -304,6 +319,7 @@ def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
         check_tile("drafter", name, t[name], least=1, most=most, pow2=False)
     check_tile("drafter", "pf", t["pf"], least=0, most=2, pow2=False)
     check_tile("drafter", "apf", t["apf"], least=0, most=1, pow2=False)
+    check_tile("drafter", "rs", t["rs"], least=0, most=1, pow2=False)
     for name in ("qks", "gks"):
         check_tile("drafter", name, t[name], least=1, divides=c.hidden_size // 16)
     return t
@@ -329,7 +345,7 @@ def layer_stages(b: DrafterBuild) -> list[tuple[str, int]]:
     p, r = b.plan, b.requests
     s = b.rows // p.rb
     counts = dict(
-        norm=s,
+        norm=s * p.ri,
         qkva=p.nqa * p.qks,
         qkvn=s,
         qb=p.nqb,
@@ -337,7 +353,7 @@ def layer_stages(b: DrafterBuild) -> list[tuple[str, int]]:
         attn=r * p.nhg * p.nsplit,
         comb=r * p.nhg,
         oproj=p.no,
-        post=s,
+        post=s * p.ri,
         gu=p.ngu * p.gks,
         down=p.no,
     )
@@ -362,7 +378,7 @@ def final_start(b: DrafterBuild) -> int:
 
 
 def tickets(b: DrafterBuild) -> int:
-    return final_start(b) + b.groups
+    return final_start(b) + b.groups * b.plan.ri
 
 
 def stage_of(b: DrafterBuild, t: int) -> tuple[int, str, int]:
@@ -384,6 +400,7 @@ def waits(b: DrafterBuild) -> dict[int, list[int]]:
     p = b.plan
     st, pl, out = layer_starts(b), per_layer(b), {}
     counts = dict(layer_stages(b))
+    ri = p.ri  # a row group's items: a row stage's item waits for all of its group's
 
     def span(k: int, stage: str, first: int = 0, n: int | None = None) -> list[int]:
         n = counts[stage] if n is None else n
@@ -393,10 +410,11 @@ def waits(b: DrafterBuild) -> dict[int, list[int]]:
     for k in range(b.cfg.num_hidden_layers):
         base = k * pl
         for s in range(b.groups):
-            if k:
-                out[base + st["norm"] + s] = span(k - 1, "post", s, 1)
+            for c in range(ri):
+                if k:
+                    out[base + st["norm"] + s * ri + c] = span(k - 1, "post", s * ri, ri)
+                out[base + st["post"] + s * ri + c] = span(k, "norm", s * ri, ri)
             out[base + st["qkvn"] + s] = span(k, "qkva")
-            out[base + st["post"] + s] = span(k, "norm", s, 1)
         for stage, after in (
             ("qkva", "norm"),
             ("qb", "qkvn"),
@@ -410,8 +428,8 @@ def waits(b: DrafterBuild) -> dict[int, list[int]]:
                 out[t] = span(k, after)
         for rg in range(b.requests * p.nhg):
             out[base + st["comb"] + rg] = span(k, "attn", rg * p.nsplit, p.nsplit)
-    for s in range(b.groups):
-        out[final_start(b) + s] = span(b.cfg.num_hidden_layers - 1, "post", s, 1)
+    for s in range(b.groups * ri):
+        out[final_start(b) + s] = span(b.cfg.num_hidden_layers - 1, "post", s // ri * ri, ri)
     return out
 
 
@@ -454,6 +472,8 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
     gup    fp32[NGU, TILES, GKS, 2 GB, 16]  gate_up's K parts (none when GKS = 1)
     gcnt   int32[NGU, TILES]  their arrival counts (dt.split_k: 0 between launches)
     tot    fp32[ROWS, H]   a row norm's input (residual + reduced partials) between passes
+    rss    fp32[GROUPS, RI, RB]  a row group's chunk items' sums of squares (RI > 1 only)
+    rcnt   int32[GROUPS]   their arrival count (dt.last_arrival: 0 between launches)
     timeline  int64[tickets, 5] (timeline builds only): each item's program, ticket,
            start, ready and end (device ns; poll counts under the interpreter)
     """
@@ -481,6 +501,8 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
             ("gup", 4 * p.ngu * b.tiles * p.gks * 2 * p.gb * TILE if p.gks > 1 else 0),
             ("gcnt", 4 * p.ngu * b.tiles if p.gks > 1 else 0),
             ("tot", 4 * rows * h),
+            ("rss", 4 * b.groups * p.ri * p.rb if p.ri > 1 else 0),
+            ("rcnt", 4 * b.groups if p.ri > 1 else 0),
         ]
         + ([("timeline", stamp_bytes(tickets(b)))] if b.timeline else [])
     )

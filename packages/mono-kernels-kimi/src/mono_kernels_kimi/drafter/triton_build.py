@@ -134,24 +134,26 @@ def _wait(
 @triton.jit
 def _deps(
     k, u, ngroups, nreq, NL: tl.constexpr, PER_LAYER: tl.constexpr, NRG: tl.constexpr,
-    NHG: tl.constexpr, NSPLIT: tl.constexpr, T_QKVA: tl.constexpr, T_QKVN: tl.constexpr,
-    T_QB: tl.constexpr, T_ABSORB: tl.constexpr, T_ATTN: tl.constexpr, T_COMB: tl.constexpr,
-    T_OPROJ: tl.constexpr, T_POST: tl.constexpr, T_GU: tl.constexpr, T_DOWN: tl.constexpr,
+    RS: tl.constexpr, NHG: tl.constexpr, NSPLIT: tl.constexpr, T_QKVA: tl.constexpr,
+    T_QKVN: tl.constexpr, T_QB: tl.constexpr, T_ABSORB: tl.constexpr, T_ATTN: tl.constexpr,
+    T_COMB: tl.constexpr, T_OPROJ: tl.constexpr, T_POST: tl.constexpr, T_GU: tl.constexpr,
+    T_DOWN: tl.constexpr,
 ):  # fmt: skip
     """(first, count) of the items ticket (layer k, local u) waits for: spec.waits, and
-    nothing for an item without work (a row group or request past the launch's)."""
+    nothing for an item without work (a row group or request past the launch's). A row
+    group has RS items in each row stage; one waits for all of its group's in the last."""
     base = k * PER_LAYER
     first = base + T_GU
     n = u * 0 + (T_DOWN - T_GU)  # down
-    if k == NL:  # the final norm of group u: the last layer's post item (the residual)
-        first = base - PER_LAYER + T_POST + u
-        n = (u < ngroups).to(tl.int32)
-    elif u < T_QKVA:  # norm: the previous layer's post item of the group
-        first = base - PER_LAYER + T_POST + u
-        n = ((k > 0) & (u < ngroups)).to(tl.int32)
+    if k == NL:  # the final norm of group u // RS: the last layer's post items (residual)
+        first = base - PER_LAYER + T_POST + u // RS * RS
+        n = (u // RS < ngroups).to(tl.int32) * RS
+    elif u < T_QKVA:  # norm: the previous layer's post items of the group
+        first = base - PER_LAYER + T_POST + u // RS * RS
+        n = ((k > 0) & (u // RS < ngroups)).to(tl.int32) * RS
     elif u < T_QKVN:
         first = base
-        n = u * 0 + NRG
+        n = u * 0 + NRG * RS
     elif u < T_QB:
         first = base + T_QKVA
         n = (u - T_QKVN < ngroups).to(tl.int32) * (T_QKVN - T_QKVA)
@@ -170,12 +172,12 @@ def _deps(
     elif u < T_POST:
         first = base + T_COMB
         n = u * 0 + (T_OPROJ - T_COMB)
-    elif u < T_GU:  # post: the group's norm item (the residual)
-        first = base + u - T_POST
-        n = (u - T_POST < ngroups).to(tl.int32)
+    elif u < T_GU:  # post: the group's norm items (the residual)
+        first = base + (u - T_POST) // RS * RS
+        n = ((u - T_POST) // RS < ngroups).to(tl.int32) * RS
     elif u < T_DOWN:
         first = base + T_POST
-        n = u * 0 + NRG
+        n = u * 0 + NRG * RS
     return first, n
 
 
@@ -312,6 +314,7 @@ def drafter_kernel(
     QC: tl.constexpr,
     RB: tl.constexpr,
     NRG: tl.constexpr,
+    RS: tl.constexpr,
     W2: tl.constexpr,
     STAGES: tl.constexpr,
     PER_LAYER: tl.constexpr,
@@ -345,6 +348,8 @@ def drafter_kernel(
     O_GUP: tl.constexpr,
     O_GCNT: tl.constexpr,
     O_TOT: tl.constexpr,
+    O_RSS: tl.constexpr,
+    O_RCNT: tl.constexpr,
     P_AR1: tl.constexpr,
     P_AR2: tl.constexpr,
     R_AR1: tl.constexpr,
@@ -419,7 +424,7 @@ def drafter_kernel(
                         L, R, BS, NSPLIT, FP8, CPU,
                     )  # fmt: skip
             first, n = _deps(
-                k, u, ngroups, nreq, NL, PER_LAYER, NRG, NHG, NSPLIT, T_QKVA, T_QKVN, T_QB,
+                k, u, ngroups, nreq, NL, PER_LAYER, NRG, RS, NHG, NSPLIT, T_QKVA, T_QKVN, T_QB,
                 T_ABSORB, T_ATTN, T_COMB, T_OPROJ, T_POST, T_GU, T_DOWN,
             )  # fmt: skip
             if n > 0:
@@ -427,36 +432,32 @@ def drafter_kernel(
                 if TL:
                     t_ready = pt.clock(0, CPU)
             if (k == NL) | (u < T_QKVA) | ((u >= T_POST) & (u < T_GU)):
-                # a row stage: norm, post or the final norm of row group g
-                g = tl.where((k < NL) & (u >= T_POST), u - T_POST, u)
+                # a row stage: norm, post or the final norm, item v of row group v // RS
+                v = tl.where((k < NL) & (u >= T_POST), u - T_POST, u)
+                g = v // RS
                 if g < ngroups:
-                    if (k == 0) & (u < T_QKVA):
-                        _embed_norm(
-                            g, embeds, _ptr(lw, _W_IN, tl.bfloat16), scratch, nrows, H, RC, RB,
-                            O_RES, O_XA, O_TOT, EPS,
-                        )  # fmt: skip
-                    else:
-                        src = me + P_AR2 // 8  # norm and final: the MLP partials of layer k - 1
-                        region = u * 0 + R_AR2
-                        rtag = pt.step_tag(ctl, slot + k - 1)
-                        w = _ptr(lw, _W_IN, tl.bfloat16)
-                        dst = (scratch + O_XA).to(tl.pointer_type(tl.int32))
-                        row = g * RB + tl.arange(0, RB)
-                        zero = row < 0
-                        if (k < NL) & (u >= T_POST):  # post: the o_proj partials of layer k
-                            src = me + P_AR1 // 8
-                            region = u * 0 + R_AR1
-                            rtag = tag
-                            w = _ptr(lw, _W_POST, tl.bfloat16)
-                            dst = (scratch + O_XM).to(tl.pointer_type(tl.int32))
-                        if k == NL:  # padding requests' rows come out 0
-                            w = final_norm
-                            dst = out
-                            zero = tl.load(seq_lens + row // Q, mask=row < nrows, other=1) == 0
-                        _add_norm(
-                            g, w, src, region, dst, scratch, nrows, zero, rtag, ctl, health, peers,
-                            rank, world, H, RC, RB, MAXROWS, O_RES, O_TOT, EPS, CPU,
-                        )  # fmt: skip
+                    src = me + P_AR2 // 8  # norm and final: the MLP partials of layer k - 1
+                    region = u * 0 + R_AR2
+                    rtag = pt.step_tag(ctl, slot + k - 1)
+                    w = _ptr(lw, _W_IN, tl.bfloat16)
+                    dst = (scratch + O_XA).to(tl.pointer_type(tl.int32))
+                    row = g * RB + tl.arange(0, RB)
+                    zero = row < 0
+                    if (k < NL) & (u >= T_POST):  # post: the o_proj partials of layer k
+                        src = me + P_AR1 // 8
+                        region = u * 0 + R_AR1
+                        rtag = tag
+                        w = _ptr(lw, _W_POST, tl.bfloat16)
+                        dst = (scratch + O_XM).to(tl.pointer_type(tl.int32))
+                    if k == NL:  # padding requests' rows come out 0
+                        w = final_norm
+                        dst = out
+                        zero = tl.load(seq_lens + row // Q, mask=row < nrows, other=1) == 0
+                    _row_item(
+                        v, (k == 0) & (u < T_QKVA), embeds, w, src, region, dst, scratch, nrows,
+                        zero, rtag, ctl, health, peers, rank, world, H, RC, RB, RS, MAXROWS,
+                        O_RES, O_TOT, O_RSS, O_RCNT, EPS, CPU,
+                    )  # fmt: skip
             elif u < T_QKVN:
                 r0, keep = _tile((u - T_QKVA) // QKS, QL + L + R, QA)
                 _gemv_tiles(
@@ -581,49 +582,74 @@ def _normed_store(
 
 
 @triton.jit
-def _embed_norm(
-    g, embeds, w, scratch, nrows, H: tl.constexpr, RC: tl.constexpr, RB: tl.constexpr,
-    O_RES: tl.constexpr, O_XA: tl.constexpr, O_TOT: tl.constexpr, EPS: tl.constexpr,
+def _embed_chunk(
+    g, c, embeds, scratch, nrows, H: tl.constexpr, RC: tl.constexpr, RB: tl.constexpr,
+    O_RES: tl.constexpr, O_TOT: tl.constexpr,
 ):  # fmt: skip
-    """Layer 0, row group g: the embedding is the residual; input_layernorm -> xa."""
-    ss = tl.zeros((RB,), tl.float32)
-    for c in range(0, (H + RC - 1) // RC):
-        row, p, live = _lanes(g, c, nrows, H, RB, RC)
-        e = tl.load(embeds + row * (H // 2) + p, mask=live, other=0)
-        tl.store((scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p, e,
-                 mask=live)  # fmt: skip
-        ss += _store_tot(scratch, row, p, pt.bf16x2_lo(e), pt.bf16x2_hi(e), live, H, RB, RC,
-                         O_TOT)  # fmt: skip
-    _normed_store(
-        g, w, (scratch + O_XA).to(tl.pointer_type(tl.int32)), scratch, nrows, ss, ss != ss,
-        H, RC, RB, O_TOT, EPS,
+    """Layer 0, row group g, chunk c: the embedding is the residual; its sum of squares."""
+    row, p, live = _lanes(g, c, nrows, H, RB, RC)
+    e = tl.load(embeds + row * (H // 2) + p, mask=live, other=0)
+    tl.store((scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p, e, mask=live)
+    return _store_tot(
+        scratch, row, p, pt.bf16x2_lo(e), pt.bf16x2_hi(e), live, H, RB, RC, O_TOT
     )  # fmt: skip
 
 
 @triton.jit
-def _add_norm(
-    g, w, src, region, dst, scratch, nrows, zero, tag, ctl, health, peers, rank, world,
+def _add_chunk(
+    g, c, src, region, scratch, nrows, tag, ctl, health, peers, rank, world,
     H: tl.constexpr, RC: tl.constexpr, RB: tl.constexpr, MAXROWS: tl.constexpr,
-    O_RES: tl.constexpr, O_TOT: tl.constexpr, EPS: tl.constexpr, CPU: tl.constexpr,
+    O_RES: tl.constexpr, O_TOT: tl.constexpr, CPU: tl.constexpr,
 ):  # fmt: skip
-    """Row group g (`fused_allreduce_rms_norm`): the ranks' bf16 pairs at `src` (peer
-    region `region`, tagged `tag`) summed in rank order -> bf16, plus the residual in fp32
-    (poisoned where a wait gave up) -> the new residual (bf16); the sum normalized with
-    `w` -> dst pairs (0 on rows where `zero`)."""
+    """Row group g, chunk c (`fused_allreduce_rms_norm`'s first pass): the ranks' bf16 pairs
+    at `src` (peer region `region`, tagged `tag`) summed in rank order -> bf16, plus the
+    residual in fp32 (poisoned where a wait gave up) -> the new residual (bf16) and the
+    norm's fp32 input; its sum of squares."""
+    row, p, live = _lanes(g, c, nrows, H, RB, RC)
+    lo, hi, ok = pt.reduce_bf16x2(
+        src + row * (H // 2) + p, MAXROWS * (H // 2), live, tag, ctl, health, peers, rank,
+        world, region, g * RB * (H // 2) + c * (RC // 2), CPU,
+    )  # fmt: skip
+    res = (scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p
+    old = tl.load(res, mask=live, other=0)
+    lo = tl.where(ok, _bf16(lo) + pt.bf16x2_lo(old), float("nan"))
+    hi = tl.where(ok, _bf16(hi) + pt.bf16x2_hi(old), float("nan"))
+    tl.store(res, pt.bf16x2_pack(lo, hi), mask=live)
+    return _store_tot(scratch, row, p, lo, hi, live, H, RB, RC, O_TOT)
+
+
+@triton.jit
+def _row_item(
+    v, layer0, embeds, w, src, region, dst, scratch, nrows, zero, tag, ctl, health, peers,
+    rank, world, H: tl.constexpr, RC: tl.constexpr, RB: tl.constexpr, RS: tl.constexpr,
+    MAXROWS: tl.constexpr, O_RES: tl.constexpr, O_TOT: tl.constexpr, O_RSS: tl.constexpr,
+    O_RCNT: tl.constexpr, EPS: tl.constexpr, CPU: tl.constexpr,
+):  # fmt: skip
+    """Row item v of a row stage: row group v // RS's all-reduce (or, in layer 0, its
+    embedding) plus residual, then its RMSNorm with `w` -> dst pairs (0 on rows where
+    `zero`). RS = 1: the whole row, chunk by chunk, then the second pass. Else chunk v % RS
+    alone; the group's last chunk item to finish sums the chunks' squares in chunk order
+    (the same sum as one item's) and makes the second pass for the whole row."""
+    g = v // RS
+    NCH: tl.constexpr = (H + RC - 1) // RC
     ss = tl.zeros((RB,), tl.float32)
-    for c in range(0, (H + RC - 1) // RC):
-        row, p, live = _lanes(g, c, nrows, H, RB, RC)
-        lo, hi, ok = pt.reduce_bf16x2(
-            src + row * (H // 2) + p, MAXROWS * (H // 2), live, tag, ctl, health, peers, rank,
-            world, region, g * RB * (H // 2) + c * (RC // 2), CPU,
-        )  # fmt: skip
-        res = (scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p
-        old = tl.load(res, mask=live, other=0)
-        lo = tl.where(ok, _bf16(lo) + pt.bf16x2_lo(old), float("nan"))
-        hi = tl.where(ok, _bf16(hi) + pt.bf16x2_hi(old), float("nan"))
-        tl.store(res, pt.bf16x2_pack(lo, hi), mask=live)
-        ss += _store_tot(scratch, row, p, lo, hi, live, H, RB, RC, O_TOT)
-    _normed_store(g, w, dst, scratch, nrows, ss, zero, H, RC, RB, O_TOT, EPS)
+    for c in range(v % RS, v % RS + NCH // RS):  # every chunk (RS = 1) or chunk v % RS
+        if layer0:
+            ss += _embed_chunk(g, c, embeds, scratch, nrows, H, RC, RB, O_RES, O_TOT)
+        else:
+            ss += _add_chunk(
+                g, c, src, region, scratch, nrows, tag, ctl, health, peers, rank, world, H,
+                RC, RB, MAXROWS, O_RES, O_TOT, CPU,
+            )  # fmt: skip
+    last = v == v
+    if RS > 1:
+        rss = (scratch + O_RSS).to(tl.pointer_type(tl.float32)) + g * (RS * RB)
+        tl.store(rss + (v % RS) * RB + tl.arange(0, RB), ss)
+        last = dt.last_arrival((scratch + O_RCNT).to(tl.pointer_type(tl.int32)) + g, RS)
+        if last:
+            ss = dt.sum_parts(rss + tl.arange(0, RB), RS, RB, tl.arange(0, RB) < RB)
+    if last:
+        _normed_store(g, w, dst, scratch, nrows, ss, zero, H, RC, RB, O_TOT, EPS)
 
 
 @triton.jit
@@ -1025,6 +1051,7 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         QC=p.qc,
         RB=p.rb,
         NRG=b.rows // p.rb,
+        RS=p.ri,
         W2=p2(max(n for _, n in layer_stages(b))),
         STAGES=p.stages,
         PER_LAYER=per_layer(b),
