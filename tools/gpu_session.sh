@@ -212,6 +212,10 @@ if has k1-tune; then
             mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 --layers 8 --no-baseline \
             --skip-no-prefetch
     done
+    # the default without its in_proj L2 prefetch beside it (tools/stream_probe.py: a bulk
+    # L2 prefetch of a program's next item slowed every stream on the H200)
+    step k1tile-prefetch 90 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 \
+        --layers 8 --no-baseline
 fi
 if has upstage; then
     # Why the FFN's routed up items stream slower than the engine GEMV: the GEMV on one
