@@ -60,9 +60,11 @@ def test_tp1_narrow_and_wide():
 
 @pytest.mark.timeout(150)
 def test_tp1_hidden_not_a_power_of_two():
-    """A hidden size of 48: the row items' chunk (the row padded to 64 columns) masks its
-    last 16, as the real model's 7168 in chunks of 4096 does."""
-    (records,) = spawn(ranks.check_steps, 1, 140, [NARROW_ONE], 0, "auto", "cpu", 48, env=ENV)
+    """A hidden size of 48 in row chunks of 32: the last chunk masks its last 16 columns, as
+    the real model's 7168 in chunks of 2048 does, in a row item that walks both chunks
+    (narrow) and in the wide build's chunk items (one a chunk, the last normalizing)."""
+    steps = [NARROW_ONE, WIDE_LONG]
+    (records,) = spawn(ranks.check_steps, 1, 140, steps, 0, "auto", "cpu", 48, env=ENV)
     _check(records)
 
 
