@@ -5,7 +5,8 @@ end) ns, and the per-stage table that splits each stage's time into waiting and 
 from __future__ import annotations
 
 import pytest
-from mono_runtime.timeline import STAMP_WORDS, from_stamps, stamp_bytes, summary
+import torch
+from mono_runtime.timeline import STAMP_WORDS, from_stamps, read_stamps, stamp_bytes, summary
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -25,6 +26,11 @@ def stage_of(t: int) -> str:
 def test_a_stamp_is_five_words():
     assert STAMP_WORDS == 5 == len(STAMPS[0])
     assert stamp_bytes(3) == 3 * 5 * 8
+
+
+def test_stamps_read_from_a_scratch_region_s_bytes():
+    region = torch.tensor(STAMPS + [[9] * STAMP_WORDS], dtype=torch.int64).view(torch.uint8)
+    assert read_stamps(region, len(STAMPS)) == [list(s) for s in STAMPS]
 
 
 def test_rows_are_in_us_from_the_first_start():

@@ -16,12 +16,20 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
+
 STAMP_WORDS = 5  # int64 words a ticket stamps: program, ticket, start, ready, end
 
 
 def stamp_bytes(tickets: int) -> int:
     """Scratch bytes of a timeline build's stamps (`STAMP_WORDS` int64 a ticket)."""
     return 8 * STAMP_WORDS * tickets
+
+
+def read_stamps(region: torch.Tensor, tickets: int) -> list[list[int]]:
+    """The first `tickets` raw stamps of a timeline build's scratch region (its bytes), each
+    (program, ticket, start, ready, end), for `from_stamps`."""
+    return region.view(torch.int64).view(-1, STAMP_WORDS)[:tickets].cpu().tolist()
 
 
 def from_stamps(stamps: Sequence[Sequence[int]], stage_of: Callable[[int], str]) -> list[dict]:

@@ -24,7 +24,7 @@ from mono_runtime.kernel import same_device, target_name
 from mono_runtime.kernel.mono_layer_runner import MonoHooks
 from mono_runtime.planner import agree
 from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
-from mono_runtime.timeline import STAMP_WORDS, from_stamps
+from mono_runtime.timeline import from_stamps, read_stamps
 
 from .build import DrafterTriton
 from .config import DrafterConfig
@@ -38,6 +38,7 @@ from .spec import (
     scratch_bytes,
     scratch_layout,
     stage_of,
+    tickets,
 )
 from .weights import DrafterWeights
 
@@ -238,8 +239,7 @@ class DrafterRunner(MonoHooks):
         b = self.builds[wide]
         if not b.timeline:
             raise ValueError("timeline: this runner's builds do not stamp items (timeline=True)")
-        stamps = self.region(wide, "timeline").view(torch.int64).view(-1, STAMP_WORDS)
-        stamps = stamps.cpu().tolist()
+        stamps = read_stamps(self.region(wide, "timeline"), tickets(b))
         return from_stamps(stamps, lambda t: stage_of(b, t)[1])
 
     # -- launches -------------------------------------------------------------------------

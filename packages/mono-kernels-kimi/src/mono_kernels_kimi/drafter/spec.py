@@ -263,6 +263,7 @@ class Plan:
         # a head group's query rows: one 16-row tile (its fp32 [rows, L] output in registers)
         hg = max(d for d in range(1, n + 1) if n % d == 0 and d * q <= 16)
         la, oc, gb, kstep = t["la"], t["oc"], t["gb"], t["kstep"]
+        rc = min(p2(c.hidden_size), t["rc"])  # the last chunk masked
         return cls(
             qa=qa,
             nqa=-(-c.qkv_a_rows // qa),
@@ -287,8 +288,8 @@ class Plan:
             vk=_step(c.o_proj_in, kstep),
             ik=_step(c.local_intermediate, kstep),
             lk=_step(c.kv_lora_rank, kstep),
-            rc=min(p2(c.hidden_size), t["rc"]),
-            ri=-(-c.hidden_size // min(p2(c.hidden_size), t["rc"])) if t["rs"] else 1,
+            rc=rc,
+            ri=-(-c.hidden_size // rc) if t["rs"] else 1,
             qc=_step(c.q_lora_rank, 512),
             rb=1 if big else q & -q,
             stages=t["stages"],

@@ -20,7 +20,7 @@ from mono_runtime.errors import MonoUnsupported
 from mono_runtime.kernel import check_tensor, same_device, target_name
 from mono_runtime.kernel.mono_layer_runner import MonoLayerRunner
 from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
-from mono_runtime.timeline import STAMP_WORDS, from_stamps
+from mono_runtime.timeline import from_stamps, read_stamps
 
 from ..config import KimiK3Config
 from .build import K2Triton
@@ -111,9 +111,8 @@ class K2Runner(MonoLayerRunner):
         b = self.builds[s]
         if not b.timeline:
             raise ValueError("timeline: this runner's builds do not stamp items (timeline=True)")
-        stamps = self.region(s, "timeline").view(torch.int64).view(-1, STAMP_WORDS)
-        stamps = stamps.cpu().tolist()
-        return from_stamps(stamps[: tickets(b, final)], lambda t: stage_of(b, t))
+        stamps = read_stamps(self.region(s, "timeline"), tickets(b, final))
+        return from_stamps(stamps, lambda t: stage_of(b, t))
 
     # -- launches -------------------------------------------------------------------------
     def warm(self) -> None:

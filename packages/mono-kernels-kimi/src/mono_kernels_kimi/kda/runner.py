@@ -26,7 +26,7 @@ from mono_runtime.errors import MonoFault
 from mono_runtime.health import timeline
 from mono_runtime.kernel import LayerRunner, same_device
 from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
-from mono_runtime.timeline import STAMP_WORDS, from_stamps
+from mono_runtime.timeline import from_stamps, read_stamps
 
 from ..config import KimiK3Config
 from . import triton_build
@@ -343,9 +343,8 @@ class KdaRunner(LayerRunner):
             )
         b, final = self._last
         off, n = b.scratch_layout()["timeline"]
-        stamps = self.scratch[off : off + n].view(torch.int64).view(-1, STAMP_WORDS)
-        stamps = stamps.cpu().tolist()
-        return from_stamps(stamps[: b.tickets(final)], b.stage_of)
+        stamps = read_stamps(self.scratch[off : off + n], b.tickets(final))
+        return from_stamps(stamps, b.stage_of)
 
     def check(self) -> None:
         """Wait for the device, then raise MonoFault if any launch on the runner since its

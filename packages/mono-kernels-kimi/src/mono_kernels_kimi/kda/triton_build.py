@@ -619,6 +619,8 @@ def k1_kernel(
                 hoff = h * D * D
                 sp = state + islot * state_slot_stride + hoff + dv[:, None] * D + dk[None, :]
                 stt = tl.load(sp, mask=live, other=0.0).to(F32)
+                if FUSED:  # the gated norm's weight (this item normalizes the head)
+                    wo = tl.load(o_norm + dv).to(F32)
                 for tt in range(L):
                     s = r * L + tt
                     q = _conv_token(
@@ -674,7 +676,6 @@ def k1_kernel(
                     o = tl.where(ok, o, float("nan"))
                     if FUSED:
                         g2 = _proj_ld(proj, s, G_OFF + h * D + dv, allv, NP)
-                        wo = tl.load(o_norm + dv).to(F32)
                         y = _gated_norm(_rne(o), g2, wo, ok, live, o_norm_eps, D)
                         tl.store(out + s * P + h * D + dv, _bf16(y))
                     else:

@@ -25,7 +25,6 @@ from mono_runtime.errors import MonoUnsupported
 from mono_runtime.kernel import check_tensor, target_name
 from mono_runtime.kernel.mono_layer_runner import MonoLayerRunner
 from mono_runtime.runner import MonoRunner
-from mono_runtime.timeline import STAMP_WORDS
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..config import MiniMaxM3Config
@@ -139,8 +138,7 @@ class FfnRunner(MonoLayerRunner):
                 "timeline: this runner's builds do not stamp items (FfnRunner(timeline=True))"
             )
         nslots = int(self.region(s, "table")[:4].view(torch.int32)[0])
-        stamps = self.region(s, "timeline").view(torch.int64).view(-1, STAMP_WORDS)
-        return items(stamps, b, nslots, final)
+        return items(self.region(s, "timeline"), b, nslots, final)
 
     # -- launches -------------------------------------------------------------------------
     def warm(self) -> None:

@@ -10,14 +10,16 @@ launch's slot count.
 from __future__ import annotations
 
 import torch
-from mono_runtime.timeline import from_stamps
+from mono_runtime.timeline import from_stamps, read_stamps
 
 from .spec import FfnBuild, stage_bounds
 
 
-def items(stamps: torch.Tensor, b: FfnBuild, nslots: int, final: bool) -> list[dict]:
-    """One row per item of the launch (mono_runtime.timeline's rows), from the raw int64
-    [tickets, STAMP_WORDS] stamps."""
+def items(region: torch.Tensor, b: FfnBuild, nslots: int, final: bool) -> list[dict]:
+    """One row per item of the launch (mono_runtime.timeline's rows), from the build's
+    timeline region (its bytes)."""
     bounds = stage_bounds(b, nslots, final)
-    rows = stamps[: bounds[-1][2]].cpu().tolist()
-    return from_stamps(rows, lambda t: next(name for name, lo, hi in bounds if lo <= t < hi))
+    return from_stamps(
+        read_stamps(region, bounds[-1][2]),
+        lambda t: next(name for name, lo, hi in bounds if lo <= t < hi),
+    )
