@@ -128,14 +128,13 @@ if has kimi; then
 fi
 if has drafter-tune; then
     # Drafter tiles (MONO_DRAFTER_TILES) compiled side by side and timed one after another
-    # (stop 31 made qks = gks = 4 the default from this part): row items one a chunk (rs:
-    # a row norm took ~17 us of latency chunk after chunk, three a layer: the latency
-    # probe), the KV pages of each attn split asked of L2 before its wait (apf: attn took
-    # ~50 us of a ~245 us layer at 8K, two latencies a 32-position chunk), row chunks of
-    # 2048 columns, gate_up and qkv_a in 8 K parts; then the default's timelines. Its GPU
+    # (stop 32 made rc = 2048, rs = 1 at 1-2 requests and gks = 8 at 3-8 the defaults from
+    # this part): an attn item's KV chunk loop software-pipelined (ast: a 32-entry chunk
+    # cost two latencies, ~1.4 us, so 8 requests' items of 2K positions took 160 us), and
+    # each of stop 32's choices taken back alone; then the default's timelines. Its GPU
     # tests and `mono bench drafter`: part `kimi` (with a variant: MONO_DRAFTER_TILES set).
     step tune-drafter 420 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 1024,8192,32768 --variants "|rs=1|apf=1|rs=1,apf=1|rc=2048|gks=8|qks=8"
+        --context 1024,8192,32768 --variants "|ast=2|ast=3|rs=0|gks=4|rc=1024"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192 --timeline "$LOG/bench"
 fi
@@ -194,11 +193,11 @@ fi
 if has k1-tune; then
     # K1 (issue 14): its item timelines at 1, 8 and 16 requests beside each MONO_K1_TILES
     # variant's compiles, then each variant timed alone. Stop 31 timed the head items'
-    # state rows (block_v), in_proj's K parts, row blocks, warps and depth (the defaults
-    # came from it); now the AttnRes items' columns (block_h: 448 + 448 items at 16
-    # requests took 36 us before proj could start) and K parts that fill the waves better
-    # (50 row blocks x 7 = 350 items: 2.65 waves of 132; x 2: 100).
-    V=("" "block_h=512" "block_h=1024" "split_k=7" "split_k=2" "block_h=512,split_k=7")
+    # state rows, in_proj's K parts, row blocks, warps and depth; stop 32 the AttnRes
+    # items' columns (now `ares_block_h` of each width: 256 / 512 / 1024 at 1 / 8 / 16
+    # rows) and 2 or 7 K parts (2: 7% faster at one request). Now each width's block_h
+    # against fixed ones, and 2 K parts with it.
+    V=("" "split_k=2" "block_h=256" "block_h=512" "block_h=1024")
     step timeline-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 \
         --timeline "$LOG/bench" &
     for v in "${V[@]}"; do

@@ -85,6 +85,18 @@ def test_tile_overrides_are_checked(monkeypatch):
             K1Build.for_step(real, 1, 1)
 
 
+def test_ares_items_fill_the_programs_once():
+    """`ares_block_h`: 256 columns an AttnRes item (28 a row) while a stage's items fit 132
+    programs, 512 at 8 rows (112 items), 1024 at 16 (112), never more; an explicit
+    block_h stays."""
+    real = KimiK3Config()
+    got = {r: K1Build.for_step(real, r, 1, programs=132).block_h for r in (1, 2, 4, 8, 16)}
+    assert got == {1: 256, 2: 256, 4: 256, 8: 512, 16: 1024}
+    assert K1Build.for_step(real, 2, 8, programs=132).block_h == 1024  # rows = R x L
+    assert K1Build.for_step(real, 16, 1, block_h=256).block_h == 256
+    assert K1Build.for_step(real, 16, 1, programs=8).block_h == 1024  # the cap
+
+
 def test_head_items_fill_the_programs_once_then_hold_whole_heads():
     """`head_block_v`: 16 state rows an item at one request (96 items + 12 norms on 132
     programs), twice as many rows per doubling of the requests, whole heads (each item its

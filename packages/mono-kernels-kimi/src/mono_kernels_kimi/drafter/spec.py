@@ -224,7 +224,7 @@ class Plan:
     # projection's, 2 only qkv_a's and q_b's (a layer's MLP and o_proj rows are more than
     # L2 holds: their requests queue ahead of every other stage's misses)
     pf: int
-    apf: int  # 1: head group 0's attn items ask L2 for their KV pages before their wait
+    ast: int  # software-pipeline depth of an attn item's loop over its KV chunks (1: none)
 
     @classmethod
     def of(cls, b: DrafterBuild) -> Plan:
@@ -244,17 +244,25 @@ class Plan:
             stages=3 if big else 2,
             occ=1,
             pf=1,
-            apf=0,  # built, not yet timed (stop 31)
-            rc=1024 if big else 32,  # a row item's columns a trip (the last trip masked)
-            # a row group's items its rc-column chunks: built, not yet timed at real shapes
-            # (stop 31); the tiny wide builds split, so the interpreter tests both plans
-            rs=int(not big and b.wide),
+            # an attn item's KV chunks: a 32-entry chunk costs two latencies (its block-table
+            # entry, then its rows), ~1.4 us, so an item of 8 requests' 2K positions took
+            # 160 us (H200, stop 32); asking L2 for a split's pages first was no better
+            # (-1..+3% over 1 and 8 requests at 1K-32K)
+            ast=1,
+            # a row item's columns a trip (the last trip masked): 2048 is 2.5-7% faster
+            # than 1024 at 1 and 8 requests, 1K-32K cached tokens (stop 32)
+            rc=2048 if big else 32,
+            # a row group's items its rc-column chunks: 2-4% faster at 1 request, 1-4%
+            # slower at 8 (stop 32, rc 1024); the tiny wide builds split too, so the
+            # interpreter tests both plans
+            rs=int(not b.wide) if big else int(b.wide),
             # K parts of a row tile: qkv_a's 33 items of 64 rows and gate_up's 72 of 32 + 32
             # leave SMs idle; in 4 parts each (132 and 288 items at TP8) a layer is 12-17%
-            # faster at 8 requests and 1K-8K cached tokens (stop 31). Tiny builds split in
-            # 2, so that the interpreter tests the parts' sums
+            # faster at 8 requests and 1K-8K cached tokens (stop 31); gate_up in 8 parts
+            # 3-4% faster again at 8 requests, 2-6% slower at 1 (stop 32). Tiny builds
+            # split in 2, so that the interpreter tests the parts' sums
             qks=4 if big else 2,
-            gks=4 if big else 2,
+            gks=(8 if b.wide else 4) if big else 2,
         )
         if big:  # a real-shape build's, for tuning
             t = _checked(tile_overrides(TILES_ENV, t), c)
@@ -296,7 +304,7 @@ class Plan:
             warps=4,
             occ=t["occ"],
             pf=t["pf"],
-            apf=t["apf"],
+            ast=t["ast"],
         )
 
 
@@ -319,7 +327,7 @@ def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     for name, most in dict(nsplit=64, nsplit_wide=64, stages=8, occ=2).items():
         check_tile("drafter", name, t[name], least=1, most=most, pow2=False)
     check_tile("drafter", "pf", t["pf"], least=0, most=2, pow2=False)
-    check_tile("drafter", "apf", t["apf"], least=0, most=1, pow2=False)
+    check_tile("drafter", "ast", t["ast"], least=1, most=4, pow2=False)
     check_tile("drafter", "rs", t["rs"], least=0, most=1, pow2=False)
     for name in ("qks", "gks"):
         check_tile("drafter", name, t[name], least=1, divides=c.hidden_size // 16)

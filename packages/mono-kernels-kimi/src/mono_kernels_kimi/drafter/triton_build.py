@@ -302,7 +302,7 @@ def drafter_kernel(
     GKS: tl.constexpr,
     NSP2: tl.constexpr,
     PF: tl.constexpr,
-    APF: tl.constexpr,
+    AST: tl.constexpr,
     OC: tl.constexpr,
     GB: tl.constexpr,
     HK: tl.constexpr,
@@ -415,14 +415,6 @@ def drafter_kernel(
                 elif u >= T_DOWN:
                     r0 = (u - T_DOWN) * OC
                     _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), r0, 0, IL, IL, OC, CPU, ASM)
-            if ASM and (not CPU) and (APF > 0):  # head group 0's attn items: their KV pages
-                i = u - T_ATTN
-                kv = (k < NL) & (u >= T_ATTN) & (u < T_COMB) & ((i // NSPLIT) % NHG == 0)
-                if kv & (i // (NHG * NSPLIT) < nreq):
-                    _prefetch_kv(
-                        i // (NHG * NSPLIT), i % NSPLIT, lw, block_table, seq_lens, bt_stride,
-                        L, R, BS, NSPLIT, FP8, CPU,
-                    )  # fmt: skip
             first, n = _deps(
                 k, u, ngroups, nreq, NL, PER_LAYER, NRG, RS, NHG, NSPLIT, T_QKVA, T_QKVN, T_QB,
                 T_ABSORB, T_ATTN, T_COMB, T_OPROJ, T_POST, T_GU, T_DOWN,
@@ -490,7 +482,7 @@ def drafter_kernel(
                     _attn(
                         i // (NHG * NSPLIT), (i // NSPLIT) % NHG, i % NSPLIT, lw, block_table,
                         seq_lens, scratch, bt_stride, L, R, Q, BS, KC, ROWSP, HG, NHG, QHR, RP,
-                        NSPLIT, O_QLAT, O_QPE, O_PO, O_PM, O_PL, SCALE, FP8, CPU,
+                        NSPLIT, O_QLAT, O_QPE, O_PO, O_PM, O_PL, SCALE, FP8, AST, CPU,
                     )  # fmt: skip
             elif u < T_OPROJ:
                 i = u - T_COMB
@@ -793,34 +785,13 @@ def _split_pages(seq, j, BS: tl.constexpr, NSPLIT: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_kv(
-    r, j, lw, block_table, seq_lens, bt_stride, L: tl.constexpr, R: tl.constexpr,
-    BS: tl.constexpr, NSPLIT: tl.constexpr, FP8: tl.constexpr, CPU: tl.constexpr,
-):  # fmt: skip
-    """L2 prefetch of split j's KV pages of request r (NVIDIA only): 16 pages a trip, their
-    block-table entries in one load. L2 is the GPU's point of coherence, so pages this
-    step's qkvn items still write may be asked for early; the attn items of every head
-    group then gather from L2 rather than HBM, one chunk's latency a trip."""
-    PG: tl.constexpr = 16
-    PAGE: tl.constexpr = BS * (L + R) * (1 if FP8 else 2)
-    p0, p1 = _split_pages(tl.load(seq_lens + r), j, BS, NSPLIT)
-    lane = tl.arange(0, 128)
-    cache = _ptr(lw, _W_CACHE, tl.int8)
-    for q in range(p0, p1, PG):
-        at = q + lane // (128 // PG)
-        live = at < p1
-        blk = tl.load(block_table + r * bt_stride + at, mask=live, other=0).to(tl.int64)
-        st.prefetch_l2_rows(cache + blk * PAGE, live, PAGE, 128 // PG, CPU)
-
-
-@triton.jit
 def _attn(
     r, g, j, lw, block_table, seq_lens, scratch, bt_stride, L: tl.constexpr,
     R: tl.constexpr, Q: tl.constexpr, BS: tl.constexpr, KC: tl.constexpr,
     ROWSP: tl.constexpr, HG: tl.constexpr, NHG: tl.constexpr, QHR: tl.constexpr,
     RP: tl.constexpr, NSPLIT: tl.constexpr, O_QLAT: tl.constexpr, O_QPE: tl.constexpr,
     O_PO: tl.constexpr, O_PM: tl.constexpr, O_PL: tl.constexpr, SCALE: tl.constexpr,
-    FP8: tl.constexpr, CPU: tl.constexpr,
+    FP8: tl.constexpr, AST: tl.constexpr, CPU: tl.constexpr,
 ):  # fmt: skip
     """Request r, head group g, split j: the group's query rows (HG heads x Q tokens) over
     the split's share of the request's KV pages (non-causal: every row reads positions
@@ -851,7 +822,9 @@ def _attn(
     m = tl.full((QHR,), float("-inf"), tl.float32)
     lsum = tl.zeros((QHR,), tl.float32)
     acc = tl.zeros((QHR, L), tl.float32)
-    for ch in range(p0 * (BS // KC), p1 * (BS // KC)):  # KC entries of a page at a time
+    # KC entries of a page a trip; AST > 1: the next trips' block-table entries and rows
+    # are loaded while this one's dots run
+    for ch in tl.range(p0 * (BS // KC), p1 * (BS // KC), num_stages=AST):
         pg = ch // (BS // KC)
         blk = tl.load(block_table + r * bt_stride + pg).to(tl.int64)
         pos = ch * KC + e
@@ -1039,7 +1012,7 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         GKS=p.gks,
         NSP2=p2(p.nsplit),
         PF=p.pf,
-        APF=p.apf,
+        AST=p.ast,
         OC=p.oc,
         GB=p.gb,
         HK=p.hk,
