@@ -140,7 +140,8 @@ def test_scratch_regions_disjoint_and_items_cover_the_work(R, L):
     for (o1, n1), (o2, _) in zip(regions, regions[1:], strict=False):
         assert o1 + n1 <= o2 and o2 % 256 == 0
     ares, mix, proj, head = b.stage_items
-    assert ares == mix == R * L * 28  # (row, 256 columns of 7168)
+    assert ares == mix == R * L * 7168 // b.block_h  # (row, block_h columns of 7168)
+    assert ares <= 132 or b.block_h == 1024  # one wave of AttnRes items (spec.ares_block_h)
     assert proj == 200 and b.split_k == 4  # 50 blocks of 128 rows x 4 K parts
     assert b.shared_blocks * 128 >= cfg.in_proj_rows - 4 * 1536 > (b.shared_blocks - 1) * 128
     nvc = 128 // b.block_v  # a (head, request): its kda items, then its norm if apart
