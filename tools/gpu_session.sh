@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tune, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-drafter, k1-tune, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -49,7 +49,7 @@ if has check+bench || has all; then
     step qualify 270 $MONO qualify --ranks 1 --json "$LOG/qualify.json" &
     step warm-ffn 270 python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4 --layers 2 &
     step warm-k2 270 python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 2 --no-baseline &
-    step warm-kda 270 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1,2x8 --layers 2 --skip-no-prefetch &
+    step warm-kda 270 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1,2x8 --layers 2 &
     wait
     # Phase 2, one at a time.
     step bench-ffn 130 $MONO bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
@@ -182,39 +182,46 @@ if has k1; then
     # over R requests of one token; spec shapes (R x L) with the op-by-op path; timelines.
     tests k1 300 $P/mono-kernels-kimi/tests/test_k1_gpu.py --tb=short &
     step warm-kda 300 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,2x1,4x1,8x1,16x1,1x2,1x4,1x8,2x4,2x8 \
-        --layers 2 --skip-no-prefetch &
+        --layers 2 &
     wait
     step bench-kda 120 $MONO bench kda --rows 1,2,4,8,16 --out "$LOG/bench"
-    step shapes-kda 90 python3 -m mono_kernels_kimi.kda.bench --shapes 1x2,1x4,1x8,2x4,2x8 \
-        --skip-no-prefetch
+    step shapes-kda 90 python3 -m mono_kernels_kimi.kda.bench --shapes 1x2,1x4,1x8,2x4,2x8
     step timeline-kda 60 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 \
+        --timeline "$LOG/bench"
+fi
+if has k1-drafter; then
+    # After a change to K1 and the drafter together: both kernels' GPU tests beside K1's
+    # benchmark compiles, then `mono bench kda` and `mono bench drafter` on a quiet GPU,
+    # then K1's timelines.
+    tests k1 300 $P/mono-kernels-kimi/tests/test_k1_gpu.py --tb=short &
+    tests drafter 200 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
+    step warm-kda 300 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,2x1,4x1,8x1,16x1 \
+        --layers 2 &
+    wait
+    step bench-kda 120 $MONO bench kda --rows 1,2,4,8,16 --out "$LOG/bench"
+    step bench-drafter 160 $MONO bench drafter --rows 1,2,4,8 --out "$LOG/bench"
+    step timeline-kda 60 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,16x1 \
         --timeline "$LOG/bench"
 fi
 if has k1-tune; then
     # K1 (issue 14): its item timelines at 1, 8 and 16 requests beside each MONO_K1_TILES
     # variant's compiles, then each variant timed alone. Stop 31 timed the head items'
     # state rows, in_proj's K parts, row blocks, warps and depth; stop 32 the AttnRes
-    # items' columns (now `ares_block_h` of each width: 256 / 512 / 1024 at 1 / 8 / 16
-    # rows) and 2 or 7 K parts (2: 7% faster at one request). Now each width's block_h
-    # against fixed ones, and 2 K parts with it.
-    V=("" "split_k=2" "block_h=256" "block_h=512" "block_h=1024")
+    # items' columns and the K parts (now chosen per width: `ares_block_h`,
+    # `proj_split_k`), and the in_proj L2 prefetch (removed: 0.5-6% slower). Variants
+    # here: each per-width choice fixed, and deeper / narrower proj loops.
+    V=("" "split_k=2" "split_k=4" "block_h=512" "stages=3" "block_k=32")
     step timeline-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 \
         --timeline "$LOG/bench" &
     for v in "${V[@]}"; do
         step "warm-k1-${v//[=,]/_}" 240 env MONO_K1_TILES="$v" python3 -m \
-            mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 --layers 2 --no-baseline \
-            --skip-no-prefetch &
+            mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 --layers 2 --no-baseline &
     done
     wait
     for v in "${V[@]}"; do
         step "k1tile-${v//[=,]/_}" 60 env MONO_K1_TILES="$v" python3 -m \
-            mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 --layers 8 --no-baseline \
-            --skip-no-prefetch
+            mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 --layers 8 --no-baseline
     done
-    # the default without its in_proj L2 prefetch beside it (tools/stream_probe.py: a bulk
-    # L2 prefetch of a program's next item slowed every stream on the H200)
-    step k1tile-prefetch 90 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 \
-        --layers 8 --no-baseline
 fi
 if has upstage; then
     # Why the FFN's routed up items stream slower than the engine GEMV: the GEMV on one

@@ -32,8 +32,8 @@ def _fake_module(monkeypatch, name: str, **functions):
 def test_bench_kda_table_json_and_plot(monkeypatch, tmp_path, capsys, on_a_gpu):
     seen = {}
 
-    def rows(shapes, no_prefetch=True):
-        seen["shapes"], seen["no_prefetch"] = shapes, no_prefetch
+    def rows(shapes):
+        seen["shapes"] = shapes
         return [
             dict(
                 R=r,
@@ -51,7 +51,7 @@ def test_bench_kda_table_json_and_plot(monkeypatch, tmp_path, capsys, on_a_gpu):
 
     _fake_module(monkeypatch, "mono_kernels_kimi.kda.bench", rows=rows)
     assert main(["bench", "kda", "--rows", "1,2", "--out", str(tmp_path)]) == 0
-    assert seen == {"shapes": [(1, 1), (2, 1)], "no_prefetch": False}  # one compile a shape
+    assert seen == {"shapes": [(1, 1), (2, 1)]}
     data = json.loads((tmp_path / "bench-kda.json").read_text())
     assert data["settings"]["layers a timed graph"] == 8
     assert data["settings"]["graph reads / L2 (least)"] == 6.0

@@ -16,9 +16,7 @@ import torch
 from mono_kernels_kimi.config import KimiK3Config
 from mono_kernels_kimi.kda.inputs import make_inputs
 
-TILING = dict(
-    programs=3, block_h=32, block_n=16, block_k=32, split_k=2, block_v=8, prefetch_items=4
-)
+TILING = dict(programs=3, block_h=32, block_n=16, block_k=32, split_k=2, block_v=8)
 
 
 # The (R, L) spec-verify shapes run by default: every R at L = 1 would cost 25 interpreter

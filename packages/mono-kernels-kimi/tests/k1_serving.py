@@ -14,9 +14,7 @@ import torch
 from mono_kernels_kimi.config import KimiK3Config
 from mono_kernels_kimi.kda.inputs import make_inputs
 
-TILING = dict(
-    programs=3, block_h=32, block_n=16, block_k=32, split_k=2, block_v=8, prefetch_items=4
-)
+TILING = dict(programs=3, block_h=32, block_n=16, block_k=32, split_k=2, block_v=8)
 LAYERS = (3, 4)  # a delta layer and a block-write layer of the tiny model
 
 

@@ -62,10 +62,9 @@ def test_table():
         floor_us=23.2,
         pct_of_floor=58.0,
         l2_x=12.7,
-        k1_no_prefetch_us=None,
     )
     text = table([{**row, "op_by_op_error": "boom"}, {**row, "op_by_op_us": 120.0, "speedup": 3.0}])
     lines = text.splitlines()
-    assert lines[1].split() == ["8", "1", "40.0", "-", "9.5e+07", "23.2", "58.0", "12.7", "-", "-"]
+    assert lines[1].split() == ["8", "1", "40.0", "9.5e+07", "23.2", "58.0", "12.7", "-", "-"]
     assert lines[2].split()[-2:] == ["120.0", "3.00"]
     assert "4100.0 GB/s; 8 layers" in text and "8x1: op-by-op failed: boom" in text

@@ -85,7 +85,7 @@ def test_tile_overrides_are_checked(monkeypatch):
             K1Build.for_step(real, 1, 1)
 
 
-def test_ares_items_fill_the_programs_once():
+def test_ares_items_fill_the_programs_once_and_proj_parts_by_width():
     """`ares_block_h`: 256 columns an AttnRes item (28 a row) while a stage's items fit 132
     programs, 512 at 8 rows (112 items), 1024 at 16 (112), never more; an explicit
     block_h stays."""
@@ -95,6 +95,8 @@ def test_ares_items_fill_the_programs_once():
     assert K1Build.for_step(real, 2, 8, programs=132).block_h == 1024  # rows = R x L
     assert K1Build.for_step(real, 16, 1, block_h=256).block_h == 256
     assert K1Build.for_step(real, 16, 1, programs=8).block_h == 1024  # the cap
+    parts = {r: K1Build.for_step(real, r, 1).split_k for r in (1, 8, 9, 16)}
+    assert parts == {1: 2, 8: 2, 9: 4, 16: 4}  # spec.proj_split_k
 
 
 def test_head_items_fill_the_programs_once_then_hold_whole_heads():

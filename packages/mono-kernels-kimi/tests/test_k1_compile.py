@@ -14,7 +14,7 @@ from mono_kernels_kimi.config import KimiK3Config
 from mono_kernels_kimi.kda.spec import K1Build
 from mono_kernels_kimi.kda.triton_build import compile_for
 target, R, L = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-b = K1Build.for_step(KimiK3Config(), R, L, write_block=True, prefetch_items=64)
+b = K1Build.for_step(KimiK3Config(), R, L, write_block=True)
 k = compile_for(b, target)
 out = {"shared": k.metadata.shared}
 if target == "sm90":

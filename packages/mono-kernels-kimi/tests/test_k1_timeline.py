@@ -20,9 +20,7 @@ from mono_kernels_kimi.kda.spec import K1Build
 from mono_peer.testing import child_json
 from mono_runtime.timeline import stamp_bytes
 
-TILING = dict(
-    programs=3, block_h=32, block_n=16, block_k=32, split_k=2, block_v=8, prefetch_items=4
-)
+TILING = dict(programs=3, block_h=32, block_n=16, block_k=32, split_k=2, block_v=8)
 # (R, L, final) of the launches the child stamps: both shapes, both ends of a step, in two
 # launches (each is two interpreter runs: a timeline runner and a plain one)
 LAUNCHES = ((2, 2, False), (3, 1, True))

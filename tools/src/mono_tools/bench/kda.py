@@ -15,8 +15,7 @@ BASELINE = "op-by-op (cuBLAS + torch.compile)"
 def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
     from mono_kernels_kimi.kda import bench
 
-    # r requests, one token each; the no-prefetch variant is not reported here: no compile
-    rows = bench.rows(shapes=[(r, 1) for r in args.rows], no_prefetch=False)
+    rows = bench.rows(shapes=[(r, 1) for r in args.rows])  # r requests, one token each
     return BenchResult(
         kernel="kda",
         kernel_label="mono K1 (triton)",

@@ -244,25 +244,26 @@ class Plan:
             stages=3 if big else 2,
             occ=1,
             pf=1,
-            # an attn item's KV chunks: a 32-entry chunk costs two latencies (its block-table
+            # an attn item's KV chunks: a 32-entry chunk cost two latencies (its block-table
             # entry, then its rows), ~1.4 us, so an item of 8 requests' 2K positions took
-            # 160 us (H200, stop 32); asking L2 for a split's pages first was no better
-            # (-1..+3% over 1 and 8 requests at 1K-32K)
-            ast=1,
+            # 160-220 us. Pipelined two deep, the drafter is 7% / 16% faster at 1 request
+            # and 8K / 32K cached tokens, 13% / 22% at 8 requests (H200, stop 32; three
+            # deep 1-2% less); asking L2 for a split's pages first was no better (-1..+3%)
+            ast=2,
             # a row item's columns a trip (the last trip masked): 2048 is 2.5-7% faster
             # than 1024 at 1 and 8 requests, 1K-32K cached tokens (stop 32)
             rc=2048 if big else 32,
-            # a row group's items its rc-column chunks: 2-4% faster at 1 request, 1-4%
-            # slower at 8 (stop 32, rc 1024); the tiny wide builds split too, so the
-            # interpreter tests both plans
+            # a row group's items its rc-column chunks: 2-5% faster at 1 request, 1-4%
+            # slower at 8 (stop 32); the tiny wide builds split too, so the interpreter
+            # tests both plans
             rs=int(not b.wide) if big else int(b.wide),
             # K parts of a row tile: qkv_a's 33 items of 64 rows and gate_up's 72 of 32 + 32
             # leave SMs idle; in 4 parts each (132 and 288 items at TP8) a layer is 12-17%
             # faster at 8 requests and 1K-8K cached tokens (stop 31); gate_up in 8 parts
-            # 3-4% faster again at 8 requests, 2-6% slower at 1 (stop 32). Tiny builds
-            # split in 2, so that the interpreter tests the parts' sums
+            # within 3% either way at 8 requests in two calls, 2-6% slower at 1 (stop 32).
+            # Tiny builds split in 2, so that the interpreter tests the parts' sums
             qks=4 if big else 2,
-            gks=(8 if b.wide else 4) if big else 2,
+            gks=4 if big else 2,
         )
         if big:  # a real-shape build's, for tuning
             t = _checked(tile_overrides(TILES_ENV, t), c)

@@ -144,11 +144,9 @@ def rows(
     layer_idx: int = 13,
     baseline: bool = True,
     layers: int = 8,
-    no_prefetch: bool = True,
 ) -> list[dict]:
     """One dict per (R, L): k1_us, bytes, floor_us, pct_of_floor (floor / k1), l2_x (bytes
-    one graph reads over the L2 size; under ~4 the cache flatters K1), with `no_prefetch`
-    k1_no_prefetch_us (K1 without its in_proj L2 prefetch), and with `baseline`
+    one graph reads over the L2 size; under ~4 the cache flatters K1), and with `baseline`
     op_by_op_us and speedup (op_by_op / k1). Times are medians over `iters` replays."""
     shapes = check_shapes(shapes, layers)
     cfg = KimiK3Config()
@@ -178,13 +176,7 @@ def rows(
             floor_us=round(floor_us, 2),
             pct_of_floor=round(100 * floor_us / k1_us, 1),
             l2_x=round(layers * nbytes / l2, 1) if l2 else None,
-            k1_no_prefetch_us=None,
         )
-        if no_prefetch:
-            plain = KdaRunner(cfg, "cuda", L, prefetch_items=0)
-            us = _per_launch_us(lambda x, plain=plain: plain(x.R, **x.k1_kwargs()), each, iters)
-            plain.check()
-            row["k1_no_prefetch_us"] = round(us, 2)
         if baseline:
             try:
                 base_us = _per_launch_us(_op_by_op(cfg, each[0]), each, iters)
@@ -246,7 +238,6 @@ COLUMNS = (
     ("R", "{}"),
     ("L", "{}"),
     ("k1_us", "{:.1f}"),
-    ("k1_no_prefetch_us", "{:.1f}"),
     ("bytes", "{:.3g}"),
     ("floor_us", "{:.1f}"),
     ("pct_of_floor", "{:.1f}"),
@@ -288,11 +279,6 @@ def main(argv=None) -> int:
         help="distinct layers' weights and caches a timed graph rotates over",
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the op-by-op path")
-    parser.add_argument(
-        "--skip-no-prefetch",
-        action="store_true",
-        help="skip K1 without its in_proj L2 prefetch (one compile less a shape)",
-    )
     parser.add_argument("--json", action="store_true", help="one JSON row a line")
     parser.add_argument(
         "--timeline", metavar="DIR", help="instead: each shape's item timeline, pictures in DIR"
@@ -317,7 +303,6 @@ def main(argv=None) -> int:
         iters=args.iters,
         baseline=not args.no_baseline,
         layers=args.layers,
-        no_prefetch=not args.skip_no_prefetch,
     )
     print("\n".join(json.dumps(r) for r in got) if args.json else table(got))
     return 0

@@ -35,23 +35,15 @@ from .spec import ARGS, MAX_ROWS, K1Build, tunable_tiling
 
 
 def default_tiling(cfg: KimiK3Config, device: torch.device) -> dict:
-    """spec.tunable_tiling's tile sizes; programs = one per SM on a GPU, and as many proj
-    items streaming into L2 during AttnRes as 5/8 of the L2 holds."""
-    tiling = tunable_tiling(cfg)
+    """spec.tunable_tiling's tile sizes; programs = one per SM on a GPU."""
     programs = 3
-    prefetch = 4  # the interpreter never prefetches (NVIDIA's bulk L2 prefetch)
     if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        programs = props.multi_processor_count
-        l2 = getattr(props, "L2_cache_size", 0) or 50 << 20
-        item = tiling["block_n"] * (cfg.hidden_size // tiling["split_k"]) * 2
-        prefetch = (l2 * 5 // 8) // item
-    return dict(programs=programs, prefetch_items=prefetch, **tiling)
+        programs = torch.cuda.get_device_properties(device).multi_processor_count
+    return dict(programs=programs, **tunable_tiling(cfg))
 
 
 TILING_MIN = {
     "programs": 1,
-    "prefetch_items": 0,
     "block_h": 1,
     "block_n": 1,
     "block_k": 1,

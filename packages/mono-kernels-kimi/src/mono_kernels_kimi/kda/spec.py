@@ -137,14 +137,25 @@ def ares_block_h(cfg: KimiK3Config, rows: int, programs: int) -> int:
     return bh
 
 
+def proj_split_k(cfg: KimiK3Config, rows: int) -> int:
+    """K parts of an in_proj row block (split_k 0 in a tiling): 2 up to 8 rows (100 items
+    of 3584 K), 4 past (200 of 1792), where each item's dot of 16 rows is longer and more
+    items fill the programs better; `fit_tiling`'s where it allows fewer. H200 (stop 32,
+    each width's block_h, us at 1 / 8 / 16 rows): 2 parts 53.9 / 66.6 / 82.5, 4 parts
+    58.4 / 69.1 / 76.9."""
+    return min(2 if rows <= 8 else 4, fit_tiling(cfg)["split_k"])
+
+
 def tunable_tiling(cfg: KimiK3Config) -> dict:
-    """`fit_tiling` with the AttnRes items' columns and the head items' rows (0:
-    `ares_block_h` and `head_block_v` of each width), the proj loop's depth and the warps;
+    """`fit_tiling` with the AttnRes items' columns, the proj items' K parts and the head
+    items' rows (0: `ares_block_h`, `proj_split_k` and `head_block_v` of each width), the
+    proj loop's depth and the warps;
     at real widths each one the variable TILES_ENV names replaced (a benchmark's variant:
     GPU tuning without an edit)."""
     t = dict(
         fit_tiling(cfg),
         block_h=0,
+        split_k=0,
         block_v=0,
         stages=K1Build.stages,
         num_warps=K1Build.num_warps,
@@ -183,10 +194,6 @@ class K1Build:
     stages: int = 4  # software-pipeline depth of the proj loop
     block_v: int = 16
     num_warps: int = 8
-    # proj items (the first ones) whose rows the programs ask L2 for at launch, so they
-    # stream while the AttnRes items run (0: off); keep prefetch_items x proj_item_bytes
-    # well under the L2 size
-    prefetch_items: int = 0
     timeline: bool = False  # stamp each item's program, ticket, start, ready, end (GPU tuning)
 
     def __post_init__(self) -> None:
@@ -203,8 +210,8 @@ class K1Build:
         if self.head_dim < 16 or self.f_a_dim < 16:
             raise ValueError("head_dim and f_a_dim must be >= 16 (dot tiles)")
         if self.block_n > min(self.head_dim, 128):
-            # a proj item's rows lie in one head's q, k, v or g (per-head hand-off) and
-            # are one L2 prefetch each (128 lanes)
+            # a proj item's rows lie in one head's q, k, v or g (per-head hand-off), in
+            # one 128-row dot tile
             raise ValueError(f"block_n = {self.block_n} must be <= min(head_dim, 128)")
         if self.split_k < 1 or self.hidden % (self.split_k * self.block_k):
             raise ValueError(
@@ -230,6 +237,8 @@ class K1Build:
         programs = tiling.get("programs", cls.programs)
         if not tiling["block_h"]:
             tiling["block_h"] = ares_block_h(cfg, requests * L, programs)
+        if not tiling["split_k"]:
+            tiling["split_k"] = proj_split_k(cfg, requests * L)
         if not tiling["block_v"]:
             tiling["block_v"] = head_block_v(cfg, requests, programs)
         return cls(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 
-import torch
 import triton
 import triton.language as tl
 from mono_runtime import decode_triton as dt
@@ -33,7 +32,6 @@ from mono_runtime import protocol as P
 from mono_runtime import protocol_triton as pt
 from mono_runtime.kernel import RUNTIME_ARGS
 from mono_runtime.protocol import region_id
-from mono_runtime.stream import device as st
 
 from . import spec
 from .spec import ALIGN, K1Build
@@ -388,8 +386,6 @@ def k1_kernel(
     OFF_DONE: tl.constexpr,
     TL: tl.constexpr,
     OFF_TL: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    NV: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     P: tl.constexpr = NH * D
@@ -407,17 +403,6 @@ def k1_kernel(
     cnt = (scratch + OFF_CNT).to(tl.pointer_type(tl.int32))
     proj = (scratch + OFF_PROJ).to(tl.pointer_type(BF16))
     obuf = (scratch + OFF_O).to(tl.pointer_type(BF16))
-
-    if NV:
-        # weights do not depend on activations: at launch every program asks L2 for its
-        # share of the first PREFETCH proj items' rows, which stream in while the AttnRes
-        # items run (full blocks only: no read past in_proj; the engine's bulk prefetch
-        # is NVIDIA's)
-        for item in range(tl.program_id(0), PREFETCH, tl.num_programs(0)):
-            first_row = _proj_block_row(item // KS, NH, D, BN, NSH)
-            if first_row + BN <= NP:
-                w0 = in_proj + first_row * HID + (item % KS) * KP
-                st.prefetch_l2(w0, 2 * HID, 2 * KP, BN, INTERPRET)
 
     tag = pt.step_tag(ctl, slot)
     counter = tickets + slot
@@ -837,8 +822,6 @@ def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
         OFF_DONE=build.scratch_bytes,
         TL=build.timeline,
         OFF_TL=lay["timeline"][0] if build.timeline else 0,
-        PREFETCH=min(build.prefetch_items, items[2]),
-        NV=torch.version.hip is None and not interpret,
         INTERPRET=interpret,
     )
 
@@ -904,7 +887,6 @@ def compile_for(build: K1Build, target: str):
 
     consts = constexprs(build, offsets(build))
     consts["INTERPRET"] = False
-    consts["NV"] = target.startswith("sm")
     return compile_kernel(
         k1_kernel,
         {**kernel_types(), **RUNTIME_TYPES},
