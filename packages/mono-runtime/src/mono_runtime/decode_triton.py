@@ -153,11 +153,11 @@ def sum_parts(base, PARTS: tl.constexpr, STRIDE: tl.constexpr, live):
 
 @triton.jit
 def split_k(acc, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.constexpr):
-    """Split K: store this item's K part kp of a [BN, 16] fp32 sum in buf ([PARTS, BN, S]);
-    (last, total): `last` in the item that finished the last part, which gets the parts
-    summed in part order (`sum_parts`). One part: (True, acc)."""
+    """Split K: store this item's K part kp of a [BN, NT] fp32 sum (its first S columns)
+    in buf ([PARTS, BN, S]); (last, total): `last` in the item that finished the last part,
+    which gets the parts summed in part order (`sum_parts`). One part: (True, acc)."""
     n = tl.arange(0, BN)
-    t = tl.arange(0, 16)
+    t = tl.arange(0, acc.shape[1])
     live = t[None, :] < S
     base = buf + n[:, None] * S + t[None, :]
     total = acc
@@ -165,7 +165,7 @@ def split_k(acc, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.cons
     if PARTS > 1:
         tl.store(base + kp * (BN * S), acc, mask=live)
         last = last_arrival(cnt, PARTS)
-        total = tl.zeros((BN, 16), tl.float32)
+        total = tl.zeros((BN, acc.shape[1]), tl.float32)
         if last:
             total = sum_parts(base, PARTS, BN * S, live)
     return last, total
@@ -173,13 +173,14 @@ def split_k(acc, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.cons
 
 @triton.jit
 def split_k_pair(g, u, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.constexpr):
-    """`split_k` of a gate and an up block (fp32 [BN, 16] each) as one [2 BN, 16] part:
+    """`split_k` of a gate and an up block (fp32 [BN, NT] each) as one [2 BN, NT] part:
     (last, gate total, up total). One part: (True, g, u)."""
     last = kp == kp
+    NT: tl.constexpr = g.shape[1]
     if PARTS > 1:
-        gu = tl.reshape(tl.permute(tl.join(g, u), (2, 0, 1)), (2 * BN, 16))  # gate, up rows
+        gu = tl.reshape(tl.permute(tl.join(g, u), (2, 0, 1)), (2 * BN, NT))  # gate, up rows
         last, gu = split_k(gu, buf, cnt, kp, PARTS, 2 * BN, S)
-        g, u = tl.split(tl.permute(tl.reshape(gu, (2, BN, 16)), (1, 2, 0)))
+        g, u = tl.split(tl.permute(tl.reshape(gu, (2, BN, NT)), (1, 2, 0)))
     return last, g, u
 
 

@@ -4,7 +4,8 @@ and the final norm for up to 8 requests of one step on one TP rank.
 A grid of programs takes tickets from the runtime's per-slot counter; ticket t's item is
 fixed by spec.layer_stages (static counts), and the kernel reads top to bottom as one
 function per stage. Projections are streamed by mono_runtime.stream's `stream_rows`,
-weight rows as the dot's wide operand against 16-row tiles of the launch's rows. The
+weight rows as the dot's wide operand against all the launch's rows at once (16, or 64 in
+the wide build: each weight streams once a step, however many requests read it). The
 layers' weights and KV caches are reached through a device table of addresses (one row a
 layer), so one binary serves every layer. bf16 activations travel between ranks as int32
 pairs (column 2i in the low half), exactly a mailbox payload; rank sums add in rank order
@@ -196,33 +197,28 @@ def _gemv_tiles(
     BK: tl.constexpr,
     DST_ROW: tl.constexpr,
     ROWSP: tl.constexpr,
-    TILES: tl.constexpr,
     STAGES: tl.constexpr,
     F32: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
     """dst[token, row] = W[row0 + i] . x[token] over K columns part x KP.. + KP, for the kept
-    rows, every 16-row tile of the launch's rows: bf16 (as a bf16 GEMM leaves it; KP = K),
-    or (F32) the part's fp32 sum into part `part` of ROWSP x DST_ROW (`dst`: the region's
-    byte address)."""
+    rows, every one of the launch's ROWSP padded rows in one pass over the weights: bf16
+    (as a bf16 GEMM leaves it; KP = K), or (F32) the part's fp32 sum into part `part` of
+    ROWSP x DST_ROW (`dst`: the region's byte address)."""
     m = tl.arange(0, BN)
-    n = tl.arange(0, 16)
-    for tt in range(0, TILES):
-        if tt * 16 < nrows:
-            acc = st.stream_rows(
-                w, w, x + tt * 16 * K, row0, part * KP, KP // BK, K, BN, BK, 16, 0, STAGES, CPU,
-                ASM,
-            )  # fmt: skip
-            tok = tt * 16 + n
-            at = tok[None, :] * DST_ROW + (row0 + m)[:, None]
-            live = keep[:, None] & (tok < nrows)[None, :]
-            if F32:
-                out = dst.to(tl.pointer_type(tl.float32)) + part * (ROWSP * DST_ROW)
-                tl.store(out + at, acc, mask=live)
-            else:
-                tl.store(dst.to(tl.pointer_type(tl.bfloat16)) + at, _bf16(acc).to(tl.bfloat16),
-                         mask=live)  # fmt: skip
+    tok = tl.arange(0, ROWSP)
+    acc = st.stream_rows(
+        w, w, x, row0, part * KP, KP // BK, K, BN, BK, ROWSP, 0, STAGES, CPU, ASM,
+    )  # fmt: skip
+    at = tok[None, :] * DST_ROW + (row0 + m)[:, None]
+    live = keep[:, None] & (tok < nrows)[None, :]
+    if F32:
+        out = dst.to(tl.pointer_type(tl.float32)) + part * (ROWSP * DST_ROW)
+        tl.store(out + at, acc, mask=live)
+    else:
+        tl.store(dst.to(tl.pointer_type(tl.bfloat16)) + at, _bf16(acc).to(tl.bfloat16),
+                 mask=live)  # fmt: skip
 
 
 @triton.jit
@@ -456,7 +452,7 @@ def drafter_kernel(
                     _ptr(lw, _W_QKVA, tl.bfloat16),
                     (scratch + O_XA).to(tl.pointer_type(tl.bfloat16)),
                     r0, keep, scratch + O_QKV, (u - T_QKVA) % QKS, nrows, H, H // QKS, QA, HK,
-                    QL + L + R, ROWSP, TILES, STAGES, QKS > 1, CPU, ASM,
+                    QL + L + R, ROWSP, STAGES, QKS > 1, CPU, ASM,
                 )  # fmt: skip
             elif u < T_QB:
                 if u - T_QKVN < ngroups:
@@ -469,7 +465,7 @@ def drafter_kernel(
                 _gemv_tiles(
                     _ptr(lw, _W_QB, tl.bfloat16), (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)),
                     r0, keep, scratch + O_Q, 0, nrows, QL, QL, QBN, QK, NH * (P + R), ROWSP,
-                    TILES, STAGES, False, CPU, ASM,
+                    STAGES, False, CPU, ASM,
                 )  # fmt: skip
             elif u < T_ATTN:
                 _absorb(
@@ -495,20 +491,20 @@ def drafter_kernel(
                 _project_push(
                     u - T_OPROJ, _ptr(lw, _W_O, tl.bfloat16),
                     (scratch + O_V).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
-                    P_AR1 // 8 + rank * MAXROWS * (H // 2), tag, NH * V, VK, H, OC, TILES,
+                    P_AR1 // 8 + rank * MAXROWS * (H // 2), tag, NH * V, VK, H, OC, ROWSP,
                     STAGES, CPU, ASM,
                 )  # fmt: skip
             elif u < T_DOWN:
                 _gu(
                     (u - T_GU) // GKS, (u - T_GU) % GKS, _ptr(lw, _W_GU, tl.bfloat16), scratch,
-                    nrows, H, IL, GB, HK, GKS, TILES, O_XM, O_MID, O_GUP, O_GCNT, SITU, STAGES,
+                    nrows, H, IL, GB, HK, GKS, ROWSP, O_XM, O_MID, O_GUP, O_GCNT, SITU, STAGES,
                     CPU, ASM,
                 )  # fmt: skip
             else:
                 _project_push(
                     u - T_DOWN, _ptr(lw, _W_DOWN, tl.bfloat16),
                     (scratch + O_MID).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
-                    P_AR2 // 8 + rank * MAXROWS * (H // 2), tag, IL, IK, H, OC, TILES, STAGES,
+                    P_AR2 // 8 + rank * MAXROWS * (H // 2), tag, IL, IK, H, OC, ROWSP, STAGES,
                     CPU, ASM,
                 )  # fmt: skip
             if (k < NL) & ((u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN))):
@@ -910,23 +906,20 @@ def _comb(
 @triton.jit
 def _project_push(
     i, w, x, nrows, peers, world, off, tag, K: tl.constexpr, BK: tl.constexpr,
-    H: tl.constexpr, OC: tl.constexpr, TILES: tl.constexpr, STAGES: tl.constexpr,
+    H: tl.constexpr, OC: tl.constexpr, ROWSP: tl.constexpr, STAGES: tl.constexpr,
     CPU: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
-    """OC output columns of a row-parallel projection (o_proj, down_proj): this rank's
-    bf16 partial -> every rank's reduction region (pairs at `off`)."""
-    n = tl.arange(0, 16)
-    for tt in range(0, TILES):
-        if tt * 16 < nrows:
-            acc = st.stream_rows(w, w, x + tt * 16 * K, i * OC, 0, K // BK, K, OC, BK, 16,
-                                 0, STAGES, CPU, ASM)  # fmt: skip
-            _push(peers, world, off, tt * 16 + n, nrows, acc, OC, i * (OC // 2), tag, H // 2)
+    """OC output columns of a row-parallel projection (o_proj, down_proj) over the launch's
+    ROWSP padded rows in one pass: this rank's bf16 partial -> every rank's reduction
+    region (pairs at `off`)."""
+    acc = st.stream_rows(w, w, x, i * OC, 0, K // BK, K, OC, BK, ROWSP, 0, STAGES, CPU, ASM)
+    _push(peers, world, off, tl.arange(0, ROWSP), nrows, acc, OC, i * (OC // 2), tag, H // 2)
 
 
 @triton.jit
 def _gu(
     i, part, w, scratch, nrows, H: tl.constexpr, IL: tl.constexpr, GB: tl.constexpr,
-    HK: tl.constexpr, GKS: tl.constexpr, TILES: tl.constexpr, O_XM: tl.constexpr,
+    HK: tl.constexpr, GKS: tl.constexpr, ROWSP: tl.constexpr, O_XM: tl.constexpr,
     O_MID: tl.constexpr, O_GUP: tl.constexpr, O_GCNT: tl.constexpr, SITU: tl.constexpr,
     STAGES: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
@@ -937,34 +930,28 @@ def _gu(
     x = (scratch + O_XM).to(tl.pointer_type(tl.bfloat16))
     mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
     m = tl.arange(0, GB)
-    n = tl.arange(0, 16)
-    for tt in range(0, TILES):
-        if tt * 16 < nrows:
-            xt = x + tt * 16 * H
-            g = st.stream_rows(w, w, xt, i * GB, part * KP, KP // HK, H, GB, HK, 16, 0, STAGES,
-                               CPU, ASM)  # fmt: skip
-            u = st.stream_rows(w, w, xt, IL + i * GB, part * KP, KP // HK, H, GB, HK, 16, 0,
-                               STAGES, CPU, ASM)  # fmt: skip
-            buf = (scratch + O_GUP).to(tl.pointer_type(tl.float32))
-            cnt = (scratch + O_GCNT).to(tl.pointer_type(tl.int32)) + i * TILES + tt
-            last, g, u = dt.split_k_pair(
-                g, u, buf + (i * TILES + tt) * (GKS * 2 * GB * 16), cnt, part, GKS, GB, 16
-            )
-            if last:
-                g = _bf16(g)
-                u = _bf16(u)
-                if SITU:
-                    e = tl.exp(-2.0 * tl.abs(g))
-                    th = (1.0 - e) / (1.0 + e)
-                    a = tl.where(g < 0, -th, th) * tl.sigmoid(g) * u
-                else:
-                    a = g * tl.sigmoid(g) * u
-                tok = tt * 16 + n
-                tl.store(
-                    mid + tok[None, :] * IL + (i * GB + m)[:, None],
-                    _bf16(a).to(tl.bfloat16),
-                    mask=(tok < nrows)[None, :],
-                )
+    tok = tl.arange(0, ROWSP)
+    g = st.stream_rows(w, w, x, i * GB, part * KP, KP // HK, H, GB, HK, ROWSP, 0, STAGES, CPU,
+                       ASM)  # fmt: skip
+    u = st.stream_rows(w, w, x, IL + i * GB, part * KP, KP // HK, H, GB, HK, ROWSP, 0, STAGES,
+                       CPU, ASM)  # fmt: skip
+    buf = (scratch + O_GUP).to(tl.pointer_type(tl.float32)) + i * (GKS * 2 * GB * ROWSP)
+    cnt = (scratch + O_GCNT).to(tl.pointer_type(tl.int32)) + i
+    last, g, u = dt.split_k_pair(g, u, buf, cnt, part, GKS, GB, ROWSP)
+    if last:
+        g = _bf16(g)
+        u = _bf16(u)
+        if SITU:
+            e = tl.exp(-2.0 * tl.abs(g))
+            th = (1.0 - e) / (1.0 + e)
+            a = tl.where(g < 0, -th, th) * tl.sigmoid(g) * u
+        else:
+            a = g * tl.sigmoid(g) * u
+        tl.store(
+            mid + tok[None, :] * IL + (i * GB + m)[:, None],
+            _bf16(a).to(tl.bfloat16),
+            mask=(tok < nrows)[None, :],
+        )
 
 
 # -- host side ---------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """Device half of the weight-streaming engine (Triton).
 
 `stream_rows` is the one loop every kernel streams weights with: BN weight rows (the wide
-M operand of each dot) against the <= 16 token rows of an activation (the narrow N
-operand), over NSTEP fixed K steps that Triton software-pipelines (`tl.range`, STAGES
-deep). FMT is a `layout.StreamFormat` code. The result is fp32 ``[BN, 16]``: weight row
-by token row.
+M operand of each dot) against the S <= 64 token rows of an activation (the narrow N
+operand, padded to 16, 32 or 64), over NSTEP fixed K steps that Triton software-pipelines
+(`tl.range`, STAGES deep). FMT is a `layout.StreamFormat` code. The result is fp32
+``[BN, 16]`` (``[BN, 32]``, ``[BN, 64]`` past 16 and 32 rows): weight row by token row.
+Every row a kernel has goes through one pass: the weights stream once however many
+tokens read them.
 
 MXFP4 decode (``mxfp4-rot``, see `layout`): a 32-bit word of eight codes gives four bf16
 pairs, each a rotation and a mask (the last two of each), which are the e2m1 values times
@@ -146,10 +148,10 @@ def mx_scale(s, CPU: tl.constexpr):
 
 @triton.jit
 def _mma(acc, w, x, k0, KROW: tl.constexpr, BK: tl.constexpr, S: tl.constexpr, CPU: tl.constexpr):
-    """acc [BN, 16] + the weight tile w [BN, BK] (the dot's M side) times activation
+    """acc [BN, NT] + the weight tile w [BN, BK] (the dot's M side) times activation
     columns k0.. (rows >= S as zero). bf16 operands, fp32 sums; fp32 operands under the
     interpreter, which mis-reads bf16 dot operands."""
-    n = tl.arange(0, 16)
+    n = tl.arange(0, acc.shape[1])
     k = k0 + tl.arange(0, BK)
     xt = tl.load(x + n[None, :] * KROW + k[:, None], mask=n[None, :] < S, other=0.0)
     if CPU:
@@ -173,7 +175,7 @@ def stream_step(
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """acc [BN, 16] + W[row0 : row0 + BN, k0 : k0 + BK] @ X[:, k0 : k0 + BK]^T."""
+    """acc [BN, NT] + W[row0 : row0 + BN, k0 : k0 + BK] @ X[:, k0 : k0 + BK]^T."""
     r = row0 + tl.arange(0, BN)
     if FMT == 1:
         t = mx_rot_tile(w, ws, row0, k0, KROW, BN, BK, CPU, ASM)
@@ -182,7 +184,7 @@ def stream_step(
         byte = tl.load(w + r[:, None] * (KROW // 2) + (k0 // 2 + tl.arange(0, BK // 2))[None, :])
         g = k0 // 32 + tl.arange(0, BK // 32)
         sc = tl.load(ws + r[:, None] * (KROW // 32) + g[None, :])
-        n = tl.arange(0, 16)
+        n = tl.arange(0, acc.shape[1])
         k = k0 + tl.arange(0, BK)
         xt = tl.load(x + n[None, :] * KROW + k[:, None], mask=n[None, :] < S, other=0.0)
         acc = tl.dot_scaled(byte, sc, "e2m1", xt, None, "bf16", acc, fast_math=True)
@@ -215,10 +217,12 @@ def stream_rows(
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """fp32 [BN, 16]: weight rows row0.. of W (KROW logical columns, layout FMT) times the
-    activation rows X[:16, k_begin : k_begin + NSTEP * BK] (bf16, row stride KROW), over a
-    fixed-count, software-pipelined loop. FP8 tiles must not straddle a 128-row block."""
-    acc = tl.zeros((BN, 16), tl.float32)
+    """fp32 [BN, NT]: weight rows row0.. of W (KROW logical columns, layout FMT) times the
+    activation rows X[:S, k_begin : k_begin + NSTEP * BK] (bf16, row stride KROW; NT = S
+    padded to 16, 32 or 64), over a fixed-count, software-pipelined loop. FP8 tiles must
+    not straddle a 128-row block."""
+    NT: tl.constexpr = 16 if S <= 16 else (32 if S <= 32 else 64)
+    acc = tl.zeros((BN, NT), tl.float32)
     for i in tl.range(0, NSTEP, num_stages=STAGES):
         acc = stream_step(acc, w, ws, x, row0, k_begin + i * BK, KROW, BN, BK, S, FMT, CPU, ASM)
     if FMT == 1:
@@ -248,8 +252,9 @@ def stream_row_pair(
     one pipelined loop: each K step issues both tiles' loads and two independent dot
     chains, so an item keeps twice the bytes in flight and ramps its pipeline once, not
     twice. Each result is bit-identical to its own `stream_rows`."""
-    acc_a = tl.zeros((BN, 16), tl.float32)
-    acc_b = tl.zeros((BN, 16), tl.float32)
+    NT: tl.constexpr = 16 if S <= 16 else (32 if S <= 32 else 64)
+    acc_a = tl.zeros((BN, NT), tl.float32)
+    acc_b = tl.zeros((BN, NT), tl.float32)
     for i in tl.range(0, NSTEP, num_stages=STAGES):
         k0 = k_begin + i * BK
         acc_a = stream_step(acc_a, w, ws, x, row_a, k0, KROW, BN, BK, S, FMT, CPU, ASM)
