@@ -204,23 +204,24 @@ if has k1-drafter; then
         --timeline "$LOG/bench"
 fi
 if has k1-tune; then
-    # K1 (issue 14): its item timelines at 1, 8 and 16 requests beside each MONO_K1_TILES
+    # K1 (issue 14): its item timelines at 1, 4, 8 and 16 requests beside each MONO_K1_TILES
     # variant's compiles, then each variant timed alone. Stop 31 timed the head items'
     # state rows, in_proj's K parts, row blocks, warps and depth; stop 32 the AttnRes
     # items' columns and the K parts (now chosen per width: `ares_block_h`,
-    # `proj_split_k`), and the in_proj L2 prefetch (removed: 0.5-6% slower). Variants
-    # here: each per-width choice fixed, and deeper / narrower proj loops.
+    # `proj_split_k`), and the in_proj L2 prefetch (removed: 0.5-6% slower); 4 requests
+    # (67.7 us, slower than 8's 63.4) were never among the shapes. Variants here: each
+    # per-width choice fixed, and deeper / narrower proj loops.
     V=("" "split_k=2" "split_k=4" "block_h=512" "stages=3" "block_k=32")
-    step timeline-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 \
+    step timeline-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 \
         --timeline "$LOG/bench" &
     for v in "${V[@]}"; do
         step "warm-k1-${v//[=,]/_}" 240 env MONO_K1_TILES="$v" python3 -m \
-            mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 --layers 2 --no-baseline &
+            mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 2 --no-baseline &
     done
     wait
     for v in "${V[@]}"; do
         step "k1tile-${v//[=,]/_}" 60 env MONO_K1_TILES="$v" python3 -m \
-            mono_kernels_kimi.kda.bench --shapes 1x1,8x1,16x1 --layers 8 --no-baseline
+            mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 8 --no-baseline
     done
 fi
 if has upstage; then
