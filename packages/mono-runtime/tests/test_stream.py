@@ -54,7 +54,7 @@ def check_gemv(fmt, bk, s):
     assert ((y.double() - ref).abs() <= 1e-5 * terms).all()
     # stream_row_pair: rows 0.. and 64.. in one loop, each bit for bit its own stream_rows
     one = gemv(w, ws, x, fmt, GemvTiles(bn=64, bk=bk, split=1))
-    pair = torch.empty(2, 16, 64)
+    pair = torch.empty(2, max(16, triton.next_power_of_2(s)), 64)
     _pair_kernel[(1,)](
         w, w if ws is None else ws, x, pair, KROW=k, S=s, BN=64, BK=bk, FMT=int(fmt), CPU=True
     )
@@ -66,9 +66,9 @@ def _pair_kernel(w, ws, x, y, KROW: tl.constexpr, S: tl.constexpr, BN: tl.conste
                  BK: tl.constexpr, FMT: tl.constexpr, CPU: tl.constexpr):  # fmt: skip
     a, b = stream_row_pair(w, ws, x, 0, BN, 0, KROW // BK, KROW, BN, BK, S, FMT, 2, CPU, False)
     n = tl.arange(0, BN)
-    t = tl.arange(0, 16)
+    t = tl.arange(0, a.shape[1])
     tl.store(y + t[None, :] * BN + n[:, None], a)
-    tl.store(y + 16 * BN + t[None, :] * BN + n[:, None], b)
+    tl.store(y + a.shape[1] * BN + t[None, :] * BN + n[:, None], b)
 
 
 GEMV_CASES = [
@@ -80,7 +80,7 @@ GEMV_CASES = [
         (L.MXFP4_ROT, 32),
         (L.MXFP4_K32, 64),
     ]
-    for s in (1, 5)
+    for s in (1, 5, 40)  # 40: 64 token rows in one pass, the last 24 masked
 ]
 
 
@@ -226,8 +226,11 @@ def test_bad_tiles_and_layouts_are_refused():
     w = torch.zeros(128, 256, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="must divide"):
         gemv(w, None, torch.zeros(1, 256, dtype=torch.bfloat16), L.BF16, GemvTiles(bn=96))
-    with pytest.raises(ValueError, match="S <= 16"):
-        gemv(w, None, torch.zeros(17, 256, dtype=torch.bfloat16), L.BF16, GemvTiles(bn=64))
+    with pytest.raises(ValueError, match="S <= 64"):
+        gemv(w, None, torch.zeros(65, 256, dtype=torch.bfloat16), L.BF16, GemvTiles(bn=64))
+    x = torch.zeros(17, 256, dtype=torch.bfloat16)  # 17 rows: a 32-row stream
+    with pytest.raises(ValueError, match=r"partials: expected fp32 \(1, 32, 128\)"):
+        gemv(w, None, x, L.BF16, GemvTiles(bn=64), torch.empty(1, 16, 128))
     with pytest.raises(ValueError, match="fp8-b128"):
         GemvTiles(bn=256, bk=128).check(L.FP8_B128, 256, 256)
     with pytest.raises(ValueError, match="mxfp4-rot needs bn a multiple of 16"):

@@ -201,6 +201,13 @@ def stream_step(
 
 
 @triton.jit
+def _acc(BN: tl.constexpr, S: tl.constexpr):
+    """fp32 zeros [BN, NT]: a stream's sums, S token rows padded to NT = 16, 32 or 64 (the
+    dot's N side)."""
+    return tl.zeros((BN, 16 if S <= 16 else (32 if S <= 32 else 64)), tl.float32)
+
+
+@triton.jit
 def stream_rows(
     w,
     ws,
@@ -221,8 +228,7 @@ def stream_rows(
     activation rows X[:S, k_begin : k_begin + NSTEP * BK] (bf16, row stride KROW; NT = S
     padded to 16, 32 or 64), over a fixed-count, software-pipelined loop. FP8 tiles must
     not straddle a 128-row block."""
-    NT: tl.constexpr = 16 if S <= 16 else (32 if S <= 32 else 64)
-    acc = tl.zeros((BN, NT), tl.float32)
+    acc = _acc(BN, S)
     for i in tl.range(0, NSTEP, num_stages=STAGES):
         acc = stream_step(acc, w, ws, x, row0, k_begin + i * BK, KROW, BN, BK, S, FMT, CPU, ASM)
     if FMT == 1:
@@ -252,9 +258,8 @@ def stream_row_pair(
     one pipelined loop: each K step issues both tiles' loads and two independent dot
     chains, so an item keeps twice the bytes in flight and ramps its pipeline once, not
     twice. Each result is bit-identical to its own `stream_rows`."""
-    NT: tl.constexpr = 16 if S <= 16 else (32 if S <= 32 else 64)
-    acc_a = tl.zeros((BN, NT), tl.float32)
-    acc_b = tl.zeros((BN, NT), tl.float32)
+    acc_a = _acc(BN, S)
+    acc_b = _acc(BN, S)
     for i in tl.range(0, NSTEP, num_stages=STAGES):
         k0 = k_begin + i * BK
         acc_a = stream_step(acc_a, w, ws, x, row_a, k0, KROW, BN, BK, S, FMT, CPU, ASM)

@@ -65,8 +65,8 @@ def gemv_kernel(
         w, ws, x, rb * BN, part * (NSTEP * BK), NSTEP, KROW, BN, BK, S, FMT, STAGES, CPU, ASM
     )
     n = rb * BN + tl.arange(0, BN)
-    t = tl.arange(0, 16)
-    tl.store(y + part * (16 * N) + t[None, :] * N + n[:, None], acc, mask=t[None, :] < S)
+    t = tl.arange(0, acc.shape[1])
+    tl.store(y + part * (acc.shape[1] * N) + t[None, :] * N + n[:, None], acc, mask=t[None, :] < S)
 
 
 def gemv(
@@ -77,18 +77,24 @@ def gemv(
     tiles: GemvTiles = GemvTiles(),
     partials: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """fp32 [S, N]: x (bf16 [S, K], S <= 16) times W in `fmt`'s layout."""
+    """fp32 [S, N]: x (bf16 [S, K], S <= 64) times W in `fmt`'s layout."""
     fmt = StreamFormat(fmt)
     s, k = x.shape
     n = w.shape[0]
-    if not 1 <= s <= 16 or x.dtype != torch.bfloat16 or not x.is_contiguous():
+    if not 1 <= s <= 64 or x.dtype != torch.bfloat16 or not x.is_contiguous():
         raise ValueError(
-            f"x: expected contiguous bf16 [S <= 16, K], got {x.dtype} {tuple(x.shape)}"
+            f"x: expected contiguous bf16 [S <= 64, K], got {x.dtype} {tuple(x.shape)}"
         )
     tiles.check(fmt, n, k)
     cpu = x.device.type == "cpu"
+    nt = max(16, triton.next_power_of_2(s))  # the stream's token rows (device._acc)
     if partials is None:
-        partials = torch.empty(tiles.split, 16, n, dtype=torch.float32, device=x.device)
+        partials = torch.empty(tiles.split, nt, n, dtype=torch.float32, device=x.device)
+    elif tuple(partials.shape) != (tiles.split, nt, n) or partials.dtype != torch.float32:
+        raise ValueError(
+            f"partials: expected fp32 {(tiles.split, nt, n)}, got {partials.dtype} "
+            f"{tuple(partials.shape)}"
+        )
     gemv_kernel[(n // tiles.bn * tiles.split,)](
         w,
         w if ws is None else ws,
