@@ -128,13 +128,13 @@ if has kimi; then
 fi
 if has drafter-tune; then
     # Drafter tiles (MONO_DRAFTER_TILES) compiled side by side and timed one after another
-    # (stop 32 made rc = 2048, rs = 1 at 1-2 requests and gks = 8 at 3-8 the defaults from
-    # this part): an attn item's KV chunk loop software-pipelined (ast: a 32-entry chunk
-    # cost two latencies, ~1.4 us, so 8 requests' items of 2K positions took 160 us), and
-    # each of stop 32's choices taken back alone; then the default's timelines. Its GPU
-    # tests and `mono bench drafter`: part `kimi` (with a variant: MONO_DRAFTER_TILES set).
+    # (stop 32 made rc = 2048, rs = 1 at 1-2 requests and ast = 2 the defaults from this
+    # part). Now the attention's splits with its chunk loop pipelined: fewer, longer
+    # splits (comb merged 16 in ~30 us at one request) or more, and 64-entry chunks; then
+    # the default's timelines. Its GPU tests and `mono bench drafter`: part `drafter` or
+    # `kimi` (with a variant: MONO_DRAFTER_TILES set).
     step tune-drafter 420 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 1024,8192,32768 --variants "|ast=2|ast=3|rs=0|gks=4|rc=1024"
+        --context 1024,8192,32768 --variants "|nsplit=8|nsplit=32|nsplit_wide=8|kc=64"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192 --timeline "$LOG/bench"
 fi
