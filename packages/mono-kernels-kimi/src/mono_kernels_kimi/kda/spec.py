@@ -12,8 +12,7 @@ correctly when programs execute one after another:
     3 proj  per (BN in_proj rows, K part): weights the dot's wide operand in a pipelined
             fixed-count loop; x = the input RMSNorm of the mix, made in the loader (bf16,
             as `_attn_res_kernel` stores it). Items run head by head (f_a and beta rows
-            first, then each head's q, k, v, g rows); the first ones' rows stream into
-            L2 from launch, while stages 1-2 run. Each K part writes fp32 partials; the
+            first, then each head's q, k, v, g rows). Each K part writes fp32 partials; the
             last part of a row block to finish (a counter) sums them in part order ->
             bf16 proj (readers load it once, as the stock GEMM's output).
     4 head  per (head, request): NVC items of BV state rows each (f_b + lower-bound gate,
