@@ -31,16 +31,26 @@ def _runner(cfg, group, rank, caches, seed, device="cpu", **kw):
 
 
 def check_steps(
-    rank, world, group, cases, seed=0, cache_dtype="auto", device="cpu", hidden_size=None
+    rank,
+    world,
+    group,
+    cases,
+    seed=0,
+    cache_dtype="auto",
+    device="cpu",
+    hidden_size=None,
+    speculative=None,
 ):
     """One step per case (requests, padding, context lengths or None) on one runner, whose
     caches hold every step's blocks; per step the distances to the reference, whether the
     caches match it and what the launch left alone (the padding requests' rows 0, every
     slot but the block's untouched). `device`: "cuda" on a GPU (test_drafter_gpu.py);
-    `hidden_size`: the tiny model's, changed."""
+    `hidden_size`, `speculative` (num_speculative_tokens): the tiny model's, changed."""
     cfg = DrafterConfig.tiny(world, cache_dtype)
     if hidden_size is not None:
         cfg = replace(cfg, hidden_size=hidden_size)
+    if speculative is not None:
+        cfg = replace(cfg, num_speculative_tokens=speculative)
     weights = [random_weights(cfg, seed=seed, rank=r, device=device) for r in range(world)]
     on_cpu = random_weights(cfg, seed=seed)  # the inputs' context precompute runs on a CPU
     steps = [

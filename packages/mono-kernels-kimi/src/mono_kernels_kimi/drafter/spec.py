@@ -143,8 +143,16 @@ class DrafterBuild:
 
     @property
     def tiles(self) -> int:
-        """16-row tiles of the activation side (row regions are padded to them)."""
-        return -(-self.rows // TILE)
+        """16-row tiles of the activation side (row regions are padded to them): 1, 2 or 4,
+        so that a projection streams its weights once for all rows (`stream_rows` of up to
+        64), then whole 64-row passes (a query_len past 8 at 8 requests)."""
+        t = -(-self.rows // TILE)
+        return 1 << (t - 1).bit_length() if t <= 4 else -(-t // 4) * 4
+
+    @property
+    def pass_rows(self) -> int:
+        """Rows of one stream over a projection's weights (its dot's N side)."""
+        return min(self.tiles, 4) * TILE
 
     @property
     def groups(self) -> int:
@@ -479,8 +487,8 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
     v      bf16[ROWS, n V]  o_proj's input
     xm     bf16[ROWS, H]   the MLP input (post_attention_layernorm)
     mid    bf16[ROWS, I]   act_and_mul's output
-    gup    fp32[NGU, GKS, 2 GB, ROWS]  gate_up's K parts (none when GKS = 1)
-    gcnt   int32[NGU]      their arrival counts (dt.split_k: 0 between launches)
+    gup    fp32[NGU, PASSES, GKS, 2 GB, PASS]  gate_up's K parts (none when GKS = 1)
+    gcnt   int32[NGU, PASSES]  their arrival counts (dt.split_k: 0 between launches)
     tot    fp32[ROWS, H]   a row norm's input (residual + reduced partials) between passes
     rss    fp32[GROUPS, RI, RB]  a row group's chunk items' sums of squares (RI > 1 only)
     rcnt   int32[GROUPS]   their arrival count (dt.last_arrival: 0 between launches)
@@ -509,7 +517,7 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
             ("xm", 2 * rows * h),
             ("mid", 2 * rows * c.local_intermediate),
             ("gup", 4 * p.ngu * b.tiles * p.gks * 2 * p.gb * TILE if p.gks > 1 else 0),
-            ("gcnt", 4 * p.ngu if p.gks > 1 else 0),
+            ("gcnt", 4 * p.ngu * rows // b.pass_rows if p.gks > 1 else 0),
             ("tot", 4 * rows * h),
             ("rss", 4 * b.groups * p.ri * p.rb if p.ri > 1 else 0),
             ("rcnt", 4 * b.groups if p.ri > 1 else 0),

@@ -197,28 +197,32 @@ def _gemv_tiles(
     BK: tl.constexpr,
     DST_ROW: tl.constexpr,
     ROWSP: tl.constexpr,
+    RPASS: tl.constexpr,
     STAGES: tl.constexpr,
     F32: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
     """dst[token, row] = W[row0 + i] . x[token] over K columns part x KP.. + KP, for the kept
-    rows, every one of the launch's ROWSP padded rows in one pass over the weights: bf16
-    (as a bf16 GEMM leaves it; KP = K), or (F32) the part's fp32 sum into part `part` of
-    ROWSP x DST_ROW (`dst`: the region's byte address)."""
+    rows, the launch's ROWSP padded rows RPASS at a time (one pass over the weights up to
+    64 rows): bf16 (as a bf16 GEMM leaves it; KP = K), or (F32) the part's fp32 sum into
+    part `part` of ROWSP x DST_ROW (`dst`: the region's byte address)."""
     m = tl.arange(0, BN)
-    tok = tl.arange(0, ROWSP)
-    acc = st.stream_rows(
-        w, w, x, row0, part * KP, KP // BK, K, BN, BK, ROWSP, 0, STAGES, CPU, ASM,
-    )  # fmt: skip
-    at = tok[None, :] * DST_ROW + (row0 + m)[:, None]
-    live = keep[:, None] & (tok < nrows)[None, :]
-    if F32:
-        out = dst.to(tl.pointer_type(tl.float32)) + part * (ROWSP * DST_ROW)
-        tl.store(out + at, acc, mask=live)
-    else:
-        tl.store(dst.to(tl.pointer_type(tl.bfloat16)) + at, _bf16(acc).to(tl.bfloat16),
-                 mask=live)  # fmt: skip
+    for p in range(0, ROWSP // RPASS):
+        if p * RPASS < nrows:
+            acc = st.stream_rows(
+                w, w, x + p * RPASS * K, row0, part * KP, KP // BK, K, BN, BK, RPASS, 0,
+                STAGES, CPU, ASM,
+            )  # fmt: skip
+            tok = p * RPASS + tl.arange(0, RPASS)
+            at = tok[None, :] * DST_ROW + (row0 + m)[:, None]
+            live = keep[:, None] & (tok < nrows)[None, :]
+            if F32:
+                out = dst.to(tl.pointer_type(tl.float32)) + part * (ROWSP * DST_ROW)
+                tl.store(out + at, acc, mask=live)
+            else:
+                tl.store(dst.to(tl.pointer_type(tl.bfloat16)) + at, _bf16(acc).to(tl.bfloat16),
+                         mask=live)  # fmt: skip
 
 
 @triton.jit
@@ -283,6 +287,7 @@ def drafter_kernel(
     NL: tl.constexpr,
     ROWS: tl.constexpr,
     ROWSP: tl.constexpr,
+    RPASS: tl.constexpr,
     TILES: tl.constexpr,
     MAXROWS: tl.constexpr,
     QA: tl.constexpr,
@@ -452,7 +457,7 @@ def drafter_kernel(
                     _ptr(lw, _W_QKVA, tl.bfloat16),
                     (scratch + O_XA).to(tl.pointer_type(tl.bfloat16)),
                     r0, keep, scratch + O_QKV, (u - T_QKVA) % QKS, nrows, H, H // QKS, QA, HK,
-                    QL + L + R, ROWSP, STAGES, QKS > 1, CPU, ASM,
+                    QL + L + R, ROWSP, RPASS, STAGES, QKS > 1, CPU, ASM,
                 )  # fmt: skip
             elif u < T_QB:
                 if u - T_QKVN < ngroups:
@@ -465,7 +470,7 @@ def drafter_kernel(
                 _gemv_tiles(
                     _ptr(lw, _W_QB, tl.bfloat16), (scratch + O_QC).to(tl.pointer_type(tl.bfloat16)),
                     r0, keep, scratch + O_Q, 0, nrows, QL, QL, QBN, QK, NH * (P + R), ROWSP,
-                    STAGES, False, CPU, ASM,
+                    RPASS, STAGES, False, CPU, ASM,
                 )  # fmt: skip
             elif u < T_ATTN:
                 _absorb(
@@ -492,19 +497,21 @@ def drafter_kernel(
                     u - T_OPROJ, _ptr(lw, _W_O, tl.bfloat16),
                     (scratch + O_V).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
                     P_AR1 // 8 + rank * MAXROWS * (H // 2), tag, NH * V, VK, H, OC, ROWSP,
-                    STAGES, CPU, ASM,
+                    RPASS, STAGES, CPU, ASM,
                 )  # fmt: skip
             elif u < T_DOWN:
                 _gu(
                     (u - T_GU) // GKS, (u - T_GU) % GKS, _ptr(lw, _W_GU, tl.bfloat16), scratch,
-                    nrows, H, IL, GB, HK, GKS, ROWSP, O_XM, O_MID, O_GUP, O_GCNT, SITU, STAGES,
+                    nrows, H, IL, GB, HK, GKS, ROWSP, RPASS, O_XM, O_MID, O_GUP, O_GCNT, SITU,
+                    STAGES,
                     CPU, ASM,
                 )  # fmt: skip
             else:
                 _project_push(
                     u - T_DOWN, _ptr(lw, _W_DOWN, tl.bfloat16),
                     (scratch + O_MID).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
-                    P_AR2 // 8 + rank * MAXROWS * (H // 2), tag, IL, IK, H, OC, ROWSP, STAGES,
+                    P_AR2 // 8 + rank * MAXROWS * (H // 2), tag, IL, IK, H, OC, ROWSP, RPASS,
+                    STAGES,
                     CPU, ASM,
                 )  # fmt: skip
             if (k < NL) & ((u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN))):
@@ -906,20 +913,25 @@ def _comb(
 @triton.jit
 def _project_push(
     i, w, x, nrows, peers, world, off, tag, K: tl.constexpr, BK: tl.constexpr,
-    H: tl.constexpr, OC: tl.constexpr, ROWSP: tl.constexpr, STAGES: tl.constexpr,
-    CPU: tl.constexpr, ASM: tl.constexpr,
+    H: tl.constexpr, OC: tl.constexpr, ROWSP: tl.constexpr, RPASS: tl.constexpr,
+    STAGES: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """OC output columns of a row-parallel projection (o_proj, down_proj) over the launch's
-    ROWSP padded rows in one pass: this rank's bf16 partial -> every rank's reduction
-    region (pairs at `off`)."""
-    acc = st.stream_rows(w, w, x, i * OC, 0, K // BK, K, OC, BK, ROWSP, 0, STAGES, CPU, ASM)
-    _push(peers, world, off, tl.arange(0, ROWSP), nrows, acc, OC, i * (OC // 2), tag, H // 2)
+    ROWSP padded rows, RPASS a pass over the weights: this rank's bf16 partial -> every
+    rank's reduction region (pairs at `off`)."""
+    for p in range(0, ROWSP // RPASS):
+        if p * RPASS < nrows:
+            acc = st.stream_rows(w, w, x + p * RPASS * K, i * OC, 0, K // BK, K, OC, BK, RPASS,
+                                 0, STAGES, CPU, ASM)  # fmt: skip
+            tok = p * RPASS + tl.arange(0, RPASS)
+            _push(peers, world, off, tok, nrows, acc, OC, i * (OC // 2), tag, H // 2)
 
 
 @triton.jit
 def _gu(
     i, part, w, scratch, nrows, H: tl.constexpr, IL: tl.constexpr, GB: tl.constexpr,
-    HK: tl.constexpr, GKS: tl.constexpr, ROWSP: tl.constexpr, O_XM: tl.constexpr,
+    HK: tl.constexpr, GKS: tl.constexpr, ROWSP: tl.constexpr, RPASS: tl.constexpr,
+    O_XM: tl.constexpr,
     O_MID: tl.constexpr, O_GUP: tl.constexpr, O_GCNT: tl.constexpr, SITU: tl.constexpr,
     STAGES: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
@@ -930,28 +942,33 @@ def _gu(
     x = (scratch + O_XM).to(tl.pointer_type(tl.bfloat16))
     mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
     m = tl.arange(0, GB)
-    tok = tl.arange(0, ROWSP)
-    g = st.stream_rows(w, w, x, i * GB, part * KP, KP // HK, H, GB, HK, ROWSP, 0, STAGES, CPU,
-                       ASM)  # fmt: skip
-    u = st.stream_rows(w, w, x, IL + i * GB, part * KP, KP // HK, H, GB, HK, ROWSP, 0, STAGES,
-                       CPU, ASM)  # fmt: skip
-    buf = (scratch + O_GUP).to(tl.pointer_type(tl.float32)) + i * (GKS * 2 * GB * ROWSP)
-    cnt = (scratch + O_GCNT).to(tl.pointer_type(tl.int32)) + i
-    last, g, u = dt.split_k_pair(g, u, buf, cnt, part, GKS, GB, ROWSP)
-    if last:
-        g = _bf16(g)
-        u = _bf16(u)
-        if SITU:
-            e = tl.exp(-2.0 * tl.abs(g))
-            th = (1.0 - e) / (1.0 + e)
-            a = tl.where(g < 0, -th, th) * tl.sigmoid(g) * u
-        else:
-            a = g * tl.sigmoid(g) * u
-        tl.store(
-            mid + tok[None, :] * IL + (i * GB + m)[:, None],
-            _bf16(a).to(tl.bfloat16),
-            mask=(tok < nrows)[None, :],
-        )
+    NP: tl.constexpr = ROWSP // RPASS
+    for p in range(0, NP):
+        if p * RPASS < nrows:
+            xp = x + p * RPASS * H
+            g = st.stream_rows(w, w, xp, i * GB, part * KP, KP // HK, H, GB, HK, RPASS, 0,
+                               STAGES, CPU, ASM)  # fmt: skip
+            u = st.stream_rows(w, w, xp, IL + i * GB, part * KP, KP // HK, H, GB, HK, RPASS, 0,
+                               STAGES, CPU, ASM)  # fmt: skip
+            j = i * NP + p  # the (row tile, pass)'s K parts and their count
+            buf = (scratch + O_GUP).to(tl.pointer_type(tl.float32)) + j * (GKS * 2 * GB * RPASS)
+            cnt = (scratch + O_GCNT).to(tl.pointer_type(tl.int32)) + j
+            last, g, u = dt.split_k_pair(g, u, buf, cnt, part, GKS, GB, RPASS)
+            if last:
+                g = _bf16(g)
+                u = _bf16(u)
+                if SITU:
+                    e = tl.exp(-2.0 * tl.abs(g))
+                    th = (1.0 - e) / (1.0 + e)
+                    a = tl.where(g < 0, -th, th) * tl.sigmoid(g) * u
+                else:
+                    a = g * tl.sigmoid(g) * u
+                tok = p * RPASS + tl.arange(0, RPASS)
+                tl.store(
+                    mid + tok[None, :] * IL + (i * GB + m)[:, None],
+                    _bf16(a).to(tl.bfloat16),
+                    mask=(tok < nrows)[None, :],
+                )
 
 
 # -- host side ---------------------------------------------------------------------------
@@ -984,6 +1001,7 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         NL=c.num_hidden_layers,
         ROWS=b.rows,
         ROWSP=b.tiles * spec.TILE,
+        RPASS=b.pass_rows,
         TILES=b.tiles,
         MAXROWS=MAX_REQUESTS * c.query_len,
         QA=p.qa,

@@ -204,6 +204,7 @@ def stream_step(
 def _acc(BN: tl.constexpr, S: tl.constexpr):
     """fp32 zeros [BN, NT]: a stream's sums, S token rows padded to NT = 16, 32 or 64 (the
     dot's N side)."""
+    tl.static_assert(S <= 64, "a weight stream takes at most 64 token rows")
     return tl.zeros((BN, 16 if S <= 16 else (32 if S <= 32 else 64)), tl.float32)
 
 
