@@ -210,8 +210,9 @@ if has k1-tune; then
     # items' columns and the K parts (now chosen per width: `ares_block_h`,
     # `proj_split_k`), and the in_proj L2 prefetch (removed: 0.5-6% slower); 4 requests
     # (67.7 us, slower than 8's 63.4) were never among the shapes. Variants here: each
-    # per-width choice fixed, and deeper / narrower proj loops.
-    V=("" "split_k=2" "split_k=4" "block_h=512" "stages=3" "block_k=32")
+    # per-width choice fixed, proj items of 64 rows (198 at one request, against 100 on
+    # 132 programs), and deeper / narrower proj loops.
+    V=("" "split_k=2" "split_k=4" "block_h=512" "block_n=64" "stages=3" "block_k=32")
     step timeline-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 \
         --timeline "$LOG/bench" &
     for v in "${V[@]}"; do
