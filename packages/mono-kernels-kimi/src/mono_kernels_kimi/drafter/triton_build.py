@@ -303,6 +303,7 @@ def drafter_kernel(
     GKS: tl.constexpr,
     NSP2: tl.constexpr,
     PF: tl.constexpr,
+    GPAIR: tl.constexpr,
     AST: tl.constexpr,
     OC: tl.constexpr,
     GB: tl.constexpr,
@@ -503,8 +504,7 @@ def drafter_kernel(
                 _gu(
                     (u - T_GU) // GKS, (u - T_GU) % GKS, _ptr(lw, _W_GU, tl.bfloat16), scratch,
                     nrows, H, IL, GB, HK, GKS, ROWSP, RPASS, O_XM, O_MID, O_GUP, O_GCNT, SITU,
-                    STAGES,
-                    CPU, ASM,
+                    GPAIR, STAGES, CPU, ASM,
                 )  # fmt: skip
             else:
                 _project_push(
@@ -931,9 +931,9 @@ def _project_push(
 def _gu(
     i, part, w, scratch, nrows, H: tl.constexpr, IL: tl.constexpr, GB: tl.constexpr,
     HK: tl.constexpr, GKS: tl.constexpr, ROWSP: tl.constexpr, RPASS: tl.constexpr,
-    O_XM: tl.constexpr,
-    O_MID: tl.constexpr, O_GUP: tl.constexpr, O_GCNT: tl.constexpr, SITU: tl.constexpr,
-    STAGES: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr,
+    O_XM: tl.constexpr, O_MID: tl.constexpr, O_GUP: tl.constexpr, O_GCNT: tl.constexpr,
+    SITU: tl.constexpr, GPAIR: tl.constexpr, STAGES: tl.constexpr, CPU: tl.constexpr,
+    ASM: tl.constexpr,
 ):  # fmt: skip
     """GB gate + GB up rows of gate_up_proj over K part `part` of GKS; in the part that
     finishes last (all of them with one part) the sums as bf16 (as its GEMM leaves them),
@@ -946,10 +946,14 @@ def _gu(
     for p in range(0, NP):
         if p * RPASS < nrows:
             xp = x + p * RPASS * H
-            g = st.stream_rows(w, w, xp, i * GB, part * KP, KP // HK, H, GB, HK, RPASS, 0,
-                               STAGES, CPU, ASM)  # fmt: skip
-            u = st.stream_rows(w, w, xp, IL + i * GB, part * KP, KP // HK, H, GB, HK, RPASS, 0,
-                               STAGES, CPU, ASM)  # fmt: skip
+            if GPAIR:
+                g, u = st.stream_row_pair(w, w, xp, i * GB, IL + i * GB, part * KP, KP // HK, H,
+                                          GB, HK, RPASS, 0, STAGES, CPU, ASM)  # fmt: skip
+            else:
+                g = st.stream_rows(w, w, xp, i * GB, part * KP, KP // HK, H, GB, HK, RPASS, 0,
+                                   STAGES, CPU, ASM)  # fmt: skip
+                u = st.stream_rows(w, w, xp, IL + i * GB, part * KP, KP // HK, H, GB, HK, RPASS,
+                                   0, STAGES, CPU, ASM)  # fmt: skip
             j = i * NP + p  # the (row tile, pass)'s K parts and their count
             buf = (scratch + O_GUP).to(tl.pointer_type(tl.float32)) + j * (GKS * 2 * GB * RPASS)
             cnt = (scratch + O_GCNT).to(tl.pointer_type(tl.int32)) + j
@@ -1017,6 +1021,7 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         GKS=p.gks,
         NSP2=p2(p.nsplit),
         PF=p.pf,
+        GPAIR=p.gpair,
         AST=p.ast,
         OC=p.oc,
         GB=p.gb,
