@@ -129,13 +129,14 @@ fi
 if has drafter-tune; then
     # Drafter tiles (MONO_DRAFTER_TILES) compiled side by side and timed one after another
     # (stop 32 made rc = 2048, rs = 1 at 1-2 requests and ast = 2 the defaults from this
-    # part). Now gate_up's gate and up rows in one loop (gpair), the attention's splits
-    # with its chunk loop pipelined: fewer, longer splits (comb merged 16 in ~30 us at one
-    # request) or more, and 64-entry chunks; then the default's timelines. Its GPU tests
+    # part). Now gate_up's gate and up rows in one loop (gpair), comb's merge pipelined
+    # (cst), the attention's splits with its chunk loop pipelined: fewer, longer splits
+    # (comb merged 16 in ~30 us at one request) or more, and 64-entry chunks; then the
+    # default's timelines. Its GPU tests
     # and `mono bench drafter`: part `drafter` or `kimi` (with a variant:
     # MONO_DRAFTER_TILES set).
     step tune-drafter 420 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 1024,8192,32768 --variants "|gpair=1|nsplit=8|nsplit=32|nsplit_wide=8|kc=64"
+        --context 1024,8192,32768 --variants "|gpair=1|cst=2|nsplit=8|nsplit=32|nsplit_wide=8|kc=64"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192 --timeline "$LOG/bench"
 fi

@@ -173,12 +173,12 @@ def test_tile_overrides_are_checked(monkeypatch):
     caches = _caches(real, blocks=2)
     assert refusals(real, 1, caches, rope, 132, 264)  # one program an SM by default
     monkeypatch.setenv(
-        TILES_ENV, "nsplit=32,nsplit_wide=8,qa=16,gb=16,kstep=256,occ=2,ast=3,gpair=1"
+        TILES_ENV, "nsplit=32,nsplit_wide=8,qa=16,gb=16,kstep=256,occ=2,ast=3,gpair=1,cst=2"
     )
     narrow, wide = DrafterBuild(real, False).plan, DrafterBuild(real, True).plan
     assert (narrow.nsplit, wide.nsplit, narrow.qa, narrow.nqa) == (32, 8, 16, 132)
     assert (narrow.gb, narrow.ngu, narrow.hk, narrow.occ, narrow.ast) == (16, 144, 256, 2, 3)
-    assert narrow.gpair == wide.gpair == 1
+    assert (narrow.gpair, wide.gpair, narrow.cst, wide.cst) == (1, 1, 2, 2)
     assert refusals(real, 1, caches, rope, 132, 264) == []
     assert DrafterBuild(DrafterConfig.tiny(2), False).plan.occ == 1
     bads = (
@@ -190,6 +190,7 @@ def test_tile_overrides_are_checked(monkeypatch):
         "stages=9",
         "ast=0",
         "gpair=2",
+        "cst=5",
         "nope=1",
         "qa=x",
     )

@@ -234,6 +234,7 @@ class Plan:
     pf: int
     gpair: int  # 1: a gu item streams its gate and up rows in one loop (stream_row_pair)
     ast: int  # software-pipeline depth of an attn item's loop over its KV chunks (1: none)
+    cst: int  # software-pipeline depth of a comb item's loop over its splits (1: none)
 
     @classmethod
     def of(cls, b: DrafterBuild) -> Plan:
@@ -263,6 +264,10 @@ class Plan:
             # and 8K / 32K cached tokens, 13% / 22% at 8 requests (H200, stop 32; three
             # deep 1-2% less); asking L2 for a split's pages first was no better (-1..+3%)
             ast=2,
+            # a comb item's merge of its splits' fp32 partials ([16, 512] each, one L2
+            # latency a split in a plain loop: ~30 us of a layer at one request with 16
+            # splits) loaded while the last is summed: built, not yet timed (stop 32)
+            cst=1,
             # a row item's columns a trip (the last trip masked): 2048 is 2.5-7% faster
             # than 1024 at 1 and 8 requests, 1K-32K cached tokens (stop 32)
             rc=2048 if big else 32,
@@ -320,6 +325,7 @@ class Plan:
             pf=t["pf"],
             gpair=t["gpair"],
             ast=t["ast"],
+            cst=t["cst"],
         )
 
 
@@ -344,6 +350,7 @@ def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     check_tile("drafter", "pf", t["pf"], least=0, most=2, pow2=False)
     check_tile("drafter", "gpair", t["gpair"], least=0, most=1, pow2=False)
     check_tile("drafter", "ast", t["ast"], least=1, most=4, pow2=False)
+    check_tile("drafter", "cst", t["cst"], least=1, most=4, pow2=False)
     check_tile("drafter", "rs", t["rs"], least=0, most=1, pow2=False)
     for name in ("qks", "gks"):
         check_tile("drafter", name, t[name], least=1, divides=c.hidden_size // 16)

@@ -305,6 +305,7 @@ def drafter_kernel(
     PF: tl.constexpr,
     GPAIR: tl.constexpr,
     AST: tl.constexpr,
+    CST: tl.constexpr,
     OC: tl.constexpr,
     GB: tl.constexpr,
     HK: tl.constexpr,
@@ -491,7 +492,7 @@ def drafter_kernel(
                 if i // NHG < nreq:
                     _comb(
                         i // NHG, i % NHG, lw, scratch, L, P, V, NH, Q, ROWSP, HG, NHG, QHR,
-                        NSPLIT, NSP2, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CPU, ASM,
+                        NSPLIT, NSP2, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CST, CPU, ASM,
                     )  # fmt: skip
             elif u < T_GU:  # oproj (post items are row stages)
                 _project_push(
@@ -858,8 +859,8 @@ def _comb(
     NH: tl.constexpr, Q: tl.constexpr, ROWSP: tl.constexpr, HG: tl.constexpr,
     NHG: tl.constexpr, QHR: tl.constexpr, NSPLIT: tl.constexpr, NSP2: tl.constexpr,
     LK: tl.constexpr, O_PO: tl.constexpr, O_PM: tl.constexpr, O_PL: tl.constexpr,
-    O_LAT: tl.constexpr, O_V: tl.constexpr, STAGES: tl.constexpr, CPU: tl.constexpr,
-    ASM: tl.constexpr,
+    O_LAT: tl.constexpr, O_V: tl.constexpr, STAGES: tl.constexpr, CST: tl.constexpr,
+    CPU: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """Request r, head group g: the splits' partials merged in a fixed order (a padding
     request's rows, seq_len 0, come out 0) -> latent (bf16); then each head's W_UV
@@ -880,7 +881,7 @@ def _comb(
     lsum = tl.sum(wjs * tl.load(pl, mask=live, other=0.0, cache_modifier=".cg"), 0)
     po = (scratch + O_PO).to(tl.pointer_type(tl.float32)) + (part0 * QHR + i)[:, None] * L
     acc = tl.zeros((QHR, L), tl.float32)
-    for j in range(0, NSPLIT):
+    for j in tl.range(0, NSPLIT, num_stages=CST):  # CST > 1: the next splits' loads in flight
         wj = tl.sum(tl.where((js == j)[:, None], wjs, 0.0), 0)
         acc += wj[:, None] * tl.load(po + j * QHR * L + li[None, :], cache_modifier=".cg")
     lat = tl.where(lsum[:, None] > 0, acc / lsum[:, None], 0.0)
@@ -1023,6 +1024,7 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         PF=p.pf,
         GPAIR=p.gpair,
         AST=p.ast,
+        CST=p.cst,
         OC=p.oc,
         GB=p.gb,
         HK=p.hk,
