@@ -5,8 +5,8 @@ M operand of each dot) against the S <= 64 token rows of an activation (the narr
 operand, padded to 16, 32 or 64), over NSTEP fixed K steps that Triton software-pipelines
 (`tl.range`, STAGES deep). FMT is a `layout.StreamFormat` code. The result is fp32
 ``[BN, 16]`` (``[BN, 32]``, ``[BN, 64]`` past 16 and 32 rows): weight row by token row.
-Every row a kernel has goes through one pass: the weights stream once however many
-tokens read them.
+Up to 64 rows take one pass: the weights stream once however many of those tokens read
+them.
 
 MXFP4 decode (``mxfp4-rot``, see `layout`): a 32-bit word of eight codes gives four bf16
 pairs, each a rotation and a mask (the last two of each), which are the e2m1 values times
