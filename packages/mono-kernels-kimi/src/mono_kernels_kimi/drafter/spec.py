@@ -530,7 +530,7 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
             ("v", 2 * rows * c.o_proj_in),
             ("xm", 2 * rows * h),
             ("mid", 2 * rows * c.local_intermediate),
-            ("gup", 4 * p.ngu * b.tiles * p.gks * 2 * p.gb * TILE if p.gks > 1 else 0),
+            ("gup", 4 * p.ngu * p.gks * 2 * p.gb * rows if p.gks > 1 else 0),
             ("gcnt", 4 * p.ngu * rows // b.pass_rows if p.gks > 1 else 0),
             ("tot", 4 * rows * h),
             ("rss", 4 * b.groups * p.ri * p.rb if p.ri > 1 else 0),

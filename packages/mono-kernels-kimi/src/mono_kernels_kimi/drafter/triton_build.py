@@ -512,8 +512,7 @@ def drafter_kernel(
                     u - T_DOWN, _ptr(lw, _W_DOWN, tl.bfloat16),
                     (scratch + O_MID).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
                     P_AR2 // 8 + rank * MAXROWS * (H // 2), tag, IL, IK, H, OC, ROWSP, RPASS,
-                    STAGES,
-                    CPU, ASM,
+                    STAGES, CPU, ASM,
                 )  # fmt: skip
             if (k < NL) & ((u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN))):
                 pt.ticket_finish(done, t, tag0)

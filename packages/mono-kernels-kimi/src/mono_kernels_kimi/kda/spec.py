@@ -126,9 +126,9 @@ def head_block_v(cfg: KimiK3Config, requests: int, programs: int) -> int:
 def ares_block_h(cfg: KimiK3Config, rows: int, programs: int) -> int:
     """Hidden columns of an AttnRes item (block_h 0 in a tiling): `fit_tiling`'s, doubled
     until a stage's items (rows x hidden / block_h) fit the programs once, at most 1024 (an
-    item holds all its sources' columns in registers). Each item pays a
-    load latency of every source whatever its width, so at 16 rows 448 + 448 items of 256
-    columns took 36 us before proj could start. H200 (stop 32, us at 1 / 8 / 16 rows):
+    item holds all its sources' columns in registers). Each item pays a load latency of
+    every source whatever its width, so at 16 rows 448 + 448 items of 256 columns took
+    36 us before proj could start. H200 (stop 32, us at 1 / 8 / 16 rows):
     256 columns 58.2 / 74.6 / 98.4, 512 57.8 / 68.9 / 81.6, 1024 61.4 / 70.5 / 76.8."""
     bh, top = fit_tiling(cfg)["block_h"], min(_pow2(cfg.hidden_size), 1024)
     while bh < top and rows * -(-cfg.hidden_size // bh) > programs:
@@ -148,9 +148,8 @@ def proj_split_k(cfg: KimiK3Config, rows: int) -> int:
 def tunable_tiling(cfg: KimiK3Config) -> dict:
     """`fit_tiling` with the AttnRes items' columns, the proj items' K parts and the head
     items' rows (0: `ares_block_h`, `proj_split_k` and `head_block_v` of each width), the
-    proj loop's depth and the warps;
-    at real widths each one the variable TILES_ENV names replaced (a benchmark's variant:
-    GPU tuning without an edit)."""
+    proj loop's depth and the warps; at real widths each one the variable TILES_ENV names
+    replaced (a benchmark's variant: GPU tuning without an edit)."""
     t = dict(
         fit_tiling(cfg),
         block_h=0,

@@ -274,33 +274,22 @@ def stream_row_pair(
 @triton.jit
 def prefetch_l2(base, stride, row_bytes, NROWS: tl.constexpr, CPU: tl.constexpr):
     """Ask L2 for NROWS rows of `row_bytes` each, `stride` bytes apart from `base` (bytes,
-    addresses and sizes multiples of 16), without waiting (`prefetch_l2_rows`). Weights do
-    not depend on activations, so a program may prefetch an item's weights before that
-    item's inputs exist."""
+    addresses and sizes multiples of 16), without waiting: 128 bulk prefetches (sm_90
+    `cp.async.bulk.prefetch.L2`), one per thread of a 4-warp program, each a piece of one
+    row; nothing under the interpreter. Weights do not depend on activations, so a program
+    may prefetch an item's weights before that item's inputs exist."""
     if not CPU:
         PIECES: tl.constexpr = 128 // NROWS
-        lane = tl.arange(0, 128)
-        row = base.to(tl.pointer_type(tl.int8)) + (lane // PIECES).to(tl.int64) * stride
-        prefetch_l2_rows(row, lane >= 0, row_bytes, PIECES, CPU)
-
-
-@triton.jit
-def prefetch_l2_rows(row, live, row_bytes, PIECES: tl.constexpr, CPU: tl.constexpr):
-    """Ask L2 for rows of `row_bytes` each without waiting: 128 bulk prefetches (sm_90
-    `cp.async.bulk.prefetch.L2`), one per thread of a 4-warp program, lane i a piece of the
-    row starting at row[i] (int8 pointers; the PIECES lanes of a row hold the same start:
-    rows may lie anywhere, e.g. a paged cache's pages); none where not `live`. Addresses
-    and sizes multiples of 16; nothing under the interpreter."""
-    if not CPU:
         lane = tl.arange(0, 128)
         piece = (row_bytes // PIECES + 15) // 16 * 16
         off = (lane % PIECES).to(tl.int64) * piece
         size = tl.maximum(tl.minimum(row_bytes - off, piece), 0).to(tl.int32)
+        addr = base.to(tl.pointer_type(tl.int8)) + (lane // PIECES).to(tl.int64) * stride + off
         tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2;"
             " mov.u32 $0, 0; }",
             "=r,l,r",
-            [row + off, tl.where(live, size, 0)],
+            [addr, size],
             dtype=tl.int32,
             is_pure=False,
             pack=1,
