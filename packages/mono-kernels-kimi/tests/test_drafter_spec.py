@@ -164,21 +164,21 @@ def test_tile_overrides_are_checked(monkeypatch):
 
     real = rank_config()
     p = DrafterBuild(real, False).plan
-    assert (p.qa, p.nsplit, p.gb, p.hk, p.occ) == (64, 16, 32, 128, 1)
+    assert (p.qa, p.nsplit, p.gb, p.hk, p.occ) == (64, 32, 32, 128, 1)
     assert (p.qks, p.nqa, p.gks, p.ngu, p.ast) == (4, 33, 4, 72, 2)
-    assert (p.rc, p.ri, p.gpair) == (2048, 4, 0)  # a narrow row group: one item a chunk
+    assert (p.rc, p.ri, p.gpair) == (2048, 4, 1)  # a narrow row group: one item a chunk
     w = DrafterBuild(real, True).plan  # the wide build: whole-row items
     assert (w.gks, w.ngu, w.rc, w.ri) == (4, 72, 2048, 1)
     rope = cos_sin_cache(real)
     caches = _caches(real, blocks=2)
     assert refusals(real, 1, caches, rope, 132, 264)  # one program an SM by default
     monkeypatch.setenv(
-        TILES_ENV, "nsplit=32,nsplit_wide=8,qa=16,gb=16,kstep=256,occ=2,ast=3,gpair=1,cst=2"
+        TILES_ENV, "nsplit=8,nsplit_wide=8,qa=16,gb=16,kstep=256,occ=2,ast=3,gpair=0,cst=2"
     )
     narrow, wide = DrafterBuild(real, False).plan, DrafterBuild(real, True).plan
-    assert (narrow.nsplit, wide.nsplit, narrow.qa, narrow.nqa) == (32, 8, 16, 132)
+    assert (narrow.nsplit, wide.nsplit, narrow.qa, narrow.nqa) == (8, 8, 16, 132)
     assert (narrow.gb, narrow.ngu, narrow.hk, narrow.occ, narrow.ast) == (16, 144, 256, 2, 3)
-    assert (narrow.gpair, wide.gpair, narrow.cst, wide.cst) == (1, 1, 2, 2)
+    assert (narrow.gpair, wide.gpair, narrow.cst, wide.cst) == (0, 0, 2, 2)
     assert refusals(real, 1, caches, rope, 132, 264) == []
     assert DrafterBuild(DrafterConfig.tiny(2), False).plan.occ == 1
     bads = (

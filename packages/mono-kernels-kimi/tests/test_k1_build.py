@@ -95,8 +95,8 @@ def test_ares_items_fill_the_programs_once_and_proj_parts_by_width():
     assert K1Build.for_step(real, 2, 8, programs=132).block_h == 1024  # rows = R x L
     assert K1Build.for_step(real, 16, 1, block_h=256).block_h == 256
     assert K1Build.for_step(real, 16, 1, programs=8).block_h == 1024  # the cap
-    parts = {r: K1Build.for_step(real, r, 1).split_k for r in (1, 8, 9, 16)}
-    assert parts == {1: 2, 8: 2, 9: 4, 16: 4}  # spec.proj_split_k
+    parts = {r: K1Build.for_step(real, r, 1).split_k for r in (1, 2, 4, 8, 9, 16)}
+    assert parts == {1: 2, 2: 2, 4: 4, 8: 2, 9: 4, 16: 4}  # spec.proj_split_k
 
 
 def test_head_items_fill_the_programs_once_then_hold_whole_heads():

@@ -247,17 +247,18 @@ class Plan:
             la=_step(c.kv_lora_rank, 128),
             oc=_step(c.hidden_size, 64 if big else 16),
             gb=_step(c.local_intermediate, 32 if big else 16),
-            nsplit=16 if big else 3,
+            # KV splits at 1-2 requests: 32 is 17% faster than 16 at 32K cached tokens, 2%
+            # at 8K, 4% slower at 1K (H200, stop 33); 8 splits 41% slower at 32K
+            nsplit=32 if big else 3,
             nsplit_wide=4 if big else 2,
             kc=min(c.block_size, 32),
             kstep=128,  # K steps: 3 stages of a 64 x 128 bf16 tile and its rows in 60 KB
             stages=3 if big else 2,
             occ=1,
             pf=1,
-            # gate and up rows of a gu item in one loop (two dot chains, one pipeline ramp;
-            # the FFN's up items 4-5% faster so): built, not yet timed on the drafter (stop
-            # 32); the tiny builds pair, so that the interpreter runs the paired loop
-            gpair=0 if big else 1,
+            # gate and up rows of a gu item in one loop (two dot chains, one pipeline ramp):
+            # the drafter 1-6% faster at 1 and 8 requests, 1K-32K cached tokens (stop 33)
+            gpair=1,
             # an attn item's KV chunks: a 32-entry chunk cost two latencies (its block-table
             # entry, then its rows), ~1.4 us, so an item of 8 requests' 2K positions took
             # 160-220 us. Pipelined two deep, the drafter is 7% / 16% faster at 1 request
@@ -265,8 +266,8 @@ class Plan:
             # deep 1-2% less); asking L2 for a split's pages first was no better (-1..+3%)
             ast=2,
             # a comb item's merge of its splits' fp32 partials ([16, 512] each, one L2
-            # latency a split in a plain loop: ~30 us of a layer at one request with 16
-            # splits) loaded while the last is summed: built, not yet timed (stop 32)
+            # latency a split in a plain loop) loaded while the last is summed: two deep
+            # within 1.6% either way at 1 and 8 requests, 16 splits (stop 33)
             cst=1,
             # a row item's columns a trip (the last trip masked): 2048 is 2.5-7% faster
             # than 1024 at 1 and 8 requests, 1K-32K cached tokens (stop 32)

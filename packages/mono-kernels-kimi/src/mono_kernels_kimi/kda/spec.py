@@ -137,12 +137,12 @@ def ares_block_h(cfg: KimiK3Config, rows: int, programs: int) -> int:
 
 
 def proj_split_k(cfg: KimiK3Config, rows: int) -> int:
-    """K parts of an in_proj row block (split_k 0 in a tiling): 2 up to 8 rows (100 items
-    of 3584 K), 4 past (200 of 1792), where each item's dot of 16 rows is longer and more
-    items fill the programs better; `fit_tiling`'s where it allows fewer. H200 (stop 32,
-    each width's block_h, us at 1 / 8 / 16 rows): 2 parts 53.9 / 66.6 / 82.5, 4 parts
-    58.4 / 69.1 / 76.9."""
-    return min(2 if rows <= 8 else 4, fit_tiling(cfg)["split_k"])
+    """K parts of an in_proj row block (split_k 0 in a tiling): 2 at 1, 2 and 8 rows (100
+    items of 3584 K), 4 at the other widths (200 of 1792); `fit_tiling`'s where it allows
+    fewer. Measured, not derived: which wins follows how the head stage after proj is cut
+    (`head_block_v`). H200 (stop 33, `k1-tune`, us at 1 / 4 / 8 / 16 rows): 2 parts
+    55.1 / 67.2 / 62.8 / 80.2, 4 parts 59.0 / 60.6 / 66.1 / 72.8."""
+    return min(2 if rows in (1, 2, 8) else 4, fit_tiling(cfg)["split_k"])
 
 
 def tunable_tiling(cfg: KimiK3Config) -> dict:
