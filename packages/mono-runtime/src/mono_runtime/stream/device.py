@@ -72,23 +72,27 @@ def _lanes(t, s, BN: tl.constexpr, G: tl.constexpr):
 def mx_rot_tile(
     w,
     ws,
-    row0,
+    row_a,
+    row_b,
     k0,
     KROW: tl.constexpr,
     BN: tl.constexpr,
+    SPLIT: tl.constexpr,
     BK: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """bf16 [BN, BK]: rows row0.. (a multiple of 16), columns k0.. of an ``mxfp4-rot``
-    weight, decoded and scaled (without 2^MX_LIFT). The layout is tile-major (each block of
+    """bf16 [BN, BK]: rows row_a.. then row_b.. (`tile_rows`; multiples of 16), columns
+    k0.. of an ``mxfp4-rot`` weight, decoded and scaled (without 2^MX_LIFT). The layout is tile-major (each block of
     16 rows group by group, a group's 16 rows one contiguous 256-byte run of codes and a
     16-byte run of scales): loaded as [blocks, groups, run], a warp copies whole runs, and
     the staged tile is read from shared memory at 16-byte row strides (distinct banks;
     row-major rows K/2 bytes apart all fell in one bank: an 8-way conflict)."""
     G: tl.constexpr = BK // 32
     RB: tl.constexpr = BN // 16
-    blk = (row0 // 16 + tl.arange(0, RB)).to(tl.int64) * (KROW // 32)
+    j = tl.arange(0, RB)
+    blk = tl.where(j < SPLIT // 16, row_a // 16 + j, row_b // 16 + j - SPLIT // 16)
+    blk = blk.to(tl.int64) * (KROW // 32)
     run = (blk[:, None] + (k0 // 32 + tl.arange(0, G))[None, :]) * 16  # [RB, G]: run starts
     rr = tl.arange(0, 16)
     raw = tl.load(ws + run[:, :, None] + rr[None, None, :])  # [RB, G, 16]
@@ -160,25 +164,36 @@ def _mma(acc, w, x, k0, KROW: tl.constexpr, BK: tl.constexpr, S: tl.constexpr, C
 
 
 @triton.jit
+def tile_rows(row_a, row_b, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """A tile's BN weight rows: SPLIT from row_a, the rest from row_b (SPLIT = BN: one
+    block). Two blocks in one tile make one dot, not two: two dot chains in one loop made
+    ptxas serialize every wgmma of a kernel under register pressure (C7515)."""
+    i = tl.arange(0, BN)
+    return tl.where(i < SPLIT, row_a + i, row_b + i - SPLIT)
+
+
+@triton.jit
 def stream_step(
     acc,
     w,
     ws,
     x,
-    row0,
+    row_a,
+    row_b,
     k0,
     KROW: tl.constexpr,
     BN: tl.constexpr,
+    SPLIT: tl.constexpr,
     BK: tl.constexpr,
     S: tl.constexpr,
     FMT: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """acc [BN, NT] + W[row0 : row0 + BN, k0 : k0 + BK] @ X[:, k0 : k0 + BK]^T."""
-    r = row0 + tl.arange(0, BN)
+    """acc [BN, NT] + W[rows, k0 : k0 + BK] @ X[:, k0 : k0 + BK]^T, rows `tile_rows`."""
+    r = tile_rows(row_a, row_b, BN, SPLIT)
     if FMT == 1:
-        t = mx_rot_tile(w, ws, row0, k0, KROW, BN, BK, CPU, ASM)
+        t = mx_rot_tile(w, ws, row_a, row_b, k0, KROW, BN, SPLIT, BK, CPU, ASM)
         acc = _mma(acc, t, x, k0, KROW, BK, S, CPU)
     elif FMT == 3:  # the checkpoint's mxfp4-k32, decoded and scaled by Triton's scaled dot
         byte = tl.load(w + r[:, None] * (KROW // 2) + (k0 // 2 + tl.arange(0, BK // 2))[None, :])
@@ -191,7 +206,10 @@ def stream_step(
     elif FMT == 2:
         k = k0 + tl.arange(0, BK)
         t = tl.load(w + r[:, None] * KROW + k[None, :]).to(tl.bfloat16)
-        sc = tl.load(ws + (row0 // 128) * ((KROW + 127) // 128) + k0 // 128)
+        nkb: tl.constexpr = (KROW + 127) // 128
+        sc_a = tl.load(ws + (row_a // 128) * nkb + k0 // 128)
+        sc_b = tl.load(ws + (row_b // 128) * nkb + k0 // 128)
+        sc = tl.where(tl.arange(0, BN) < SPLIT, sc_a, sc_b)[:, None]
         acc += _mma(tl.zeros_like(acc), t, x, k0, KROW, BK, S, CPU) * sc
     else:
         k = k0 + tl.arange(0, BK)
@@ -231,7 +249,8 @@ def stream_rows(
     not straddle a 128-row block."""
     acc = _acc(BN, S)
     for i in tl.range(0, NSTEP, num_stages=STAGES):
-        acc = stream_step(acc, w, ws, x, row0, k_begin + i * BK, KROW, BN, BK, S, FMT, CPU, ASM)
+        k0 = k_begin + i * BK
+        acc = stream_step(acc, w, ws, x, row0, row0, k0, KROW, BN, BN, BK, S, FMT, CPU, ASM)
     if FMT == 1:
         acc = acc * (2.0**MX_LIFT)
     return acc
@@ -255,19 +274,17 @@ def stream_row_pair(
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """`stream_rows` of two BN-row blocks of one weight (a gate block and its up block) in
-    one pipelined loop: each K step issues both tiles' loads and two independent dot
-    chains, so an item keeps twice the bytes in flight and ramps its pipeline once, not
-    twice. Each result is bit-identical to its own `stream_rows`."""
-    acc_a = _acc(BN, S)
-    acc_b = _acc(BN, S)
+    """`stream_rows` of two BN-row blocks of one weight (a gate block and its up block) as
+    one tile of 2 BN rows: each K step loads both blocks and makes one dot, so an item
+    keeps twice the bytes in flight and ramps its pipeline once, not twice. Each result is
+    bit-identical to its own `stream_rows` (a dot's rows are independent)."""
+    acc = _acc(2 * BN, S)
     for i in tl.range(0, NSTEP, num_stages=STAGES):
         k0 = k_begin + i * BK
-        acc_a = stream_step(acc_a, w, ws, x, row_a, k0, KROW, BN, BK, S, FMT, CPU, ASM)
-        acc_b = stream_step(acc_b, w, ws, x, row_b, k0, KROW, BN, BK, S, FMT, CPU, ASM)
+        acc = stream_step(acc, w, ws, x, row_a, row_b, k0, KROW, 2 * BN, BN, BK, S, FMT, CPU, ASM)
     if FMT == 1:
-        acc_a = acc_a * (2.0**MX_LIFT)
-        acc_b = acc_b * (2.0**MX_LIFT)
+        acc = acc * (2.0**MX_LIFT)
+    acc_a, acc_b = tl.split(tl.permute(tl.reshape(acc, (2, BN, acc.shape[1])), (1, 2, 0)))
     return acc_a, acc_b
 
 
