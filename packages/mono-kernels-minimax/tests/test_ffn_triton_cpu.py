@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from mono_peer.testing import spawn
+from mono_peer.testing import child_json, spawn
 
 ENV = {"TRITON_INTERPRET": "1"}
 
@@ -94,6 +94,27 @@ def test_compiles_for_sm90_and_gfx950():
         f"scalar atomics reach their broadcast barrier with warp 0 split: {facts['split_draws']}"
     )
     assert facts["hip_atomics"], "gfx950 build has no global atomics"
+
+
+REAL_SHAPES = r"""
+import json, sys
+from mono_kernels_minimax.ffn import triton_build
+from mono_kernels_minimax.ffn.bench import rank_config
+from mono_kernels_minimax.ffn.spec import FfnBuild
+from mono_runtime.compile_check import resources_of
+res = resources_of(triton_build.compile_for(FfnBuild(rank_config(), int(sys.argv[1]), 1), "sm90"))
+print(json.dumps({"serialized": res.wgmma_serialized, "spills": res.spill_bytes}))
+"""
+
+
+@pytest.mark.timeout(200)
+def test_real_shapes_keep_wgmma_pipelined():
+    """A TP4 rank's sm_90 build at S = 1: ptxas serialized every wgmma of the kernel (C7515)
+    while the up items streamed gate and up as two dot chains at 255 registers; the
+    engine's paired tile keeps them pipelined."""
+    facts, _ = child_json(["-c", REAL_SHAPES, "1"], 180, TRITON_INTERPRET="0")
+    assert not facts["serialized"], facts
+    assert facts["spills"] <= 1024, facts
 
 
 @pytest.mark.timeout(120)
