@@ -83,11 +83,12 @@ def mx_rot_tile(
     ASM: tl.constexpr,
 ):
     """bf16 [BN, BK]: rows row_a.. then row_b.. (`tile_rows`; multiples of 16), columns
-    k0.. of an ``mxfp4-rot`` weight, decoded and scaled (without 2^MX_LIFT). The layout is tile-major (each block of
-    16 rows group by group, a group's 16 rows one contiguous 256-byte run of codes and a
-    16-byte run of scales): loaded as [blocks, groups, run], a warp copies whole runs, and
-    the staged tile is read from shared memory at 16-byte row strides (distinct banks;
-    row-major rows K/2 bytes apart all fell in one bank: an 8-way conflict)."""
+    k0.. of an ``mxfp4-rot`` weight, decoded and scaled (without 2^MX_LIFT). The layout is
+    tile-major (each block of 16 rows group by group, a group's 16 rows one contiguous
+    256-byte run of codes and a 16-byte run of scales): loaded as [blocks, groups, run], a
+    warp copies whole runs, and the staged tile is read from shared memory at 16-byte row
+    strides (distinct banks; row-major rows K/2 bytes apart all fell in one bank: an 8-way
+    conflict)."""
     G: tl.constexpr = BK // 32
     RB: tl.constexpr = BN // 16
     j = tl.arange(0, RB)
