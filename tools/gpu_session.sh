@@ -86,10 +86,10 @@ if has stream; then
     # benchmarks' compiles, then the two benchmarks on a quiet GPU.
     tests ffn 270 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench" --tb=short &
     tests k2 270 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "not bench" --tb=short &
-    step warm-ffn 270 python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4 --layers 2 &
+    step warm-ffn 270 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 --formats mxfp4 --layers 2 &
     step warm-k2 270 python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 2 --no-baseline &
     wait
-    step bench-ffn 130 $MONO bench ffn --rows 1,4,16 --format mxfp4 --out "$LOG/bench"
+    step bench-ffn 170 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
     step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
 fi
 if has fixes; then
