@@ -295,11 +295,12 @@ if has latency; then
 fi
 if has tiles || has all; then
     # FFN tiles on the tile-major mxfp4-rot around the default (2 programs an SM, 3 stages,
-    # gate and up paired, down items prefetching their rows to L2): without that prefetch
-    # (tools/stream_probe.py: an L2 bulk prefetch slowed every streaming variant on the
-    # H200), and with it off, longer and shorter up items.
+    # gate and up as one 128-row tile, down items prefetching their rows to L2), now that
+    # the paired tile keeps the wgmma pipelined (stop 33: ptxas had serialized them all):
+    # the unpaired loop, more and fewer up K parts, K steps of 128, no down prefetch,
+    # 2 stages.
     step tiles-ffn 560 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
-        --variants "|dpf=0|dpf=0,uks=2|dpf=0,uks=8"
+        --variants "|pair=0|uks=8|uks=2|ubk=128|dpf=0|stages=2"
 fi
 cp "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null  # 8 files come back at most: PNGs in the archive
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
