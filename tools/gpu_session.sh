@@ -192,17 +192,16 @@ if has k1; then
         --timeline "$LOG/bench"
 fi
 if has k1-drafter; then
-    # After a change to K1 and the drafter together: both kernels' GPU tests beside K1's
-    # benchmark compiles, then `mono bench kda` and `mono bench drafter` on a quiet GPU,
-    # then K1's timelines.
-    tests k1 300 $P/mono-kernels-kimi/tests/test_k1_gpu.py --tb=short &
-    tests drafter 200 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
-    step warm-kda 300 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,2x1,4x1,8x1,16x1 \
+    # After a change to K1's tiles and the drafter together: the drafter's GPU tests beside
+    # K1's benchmark compiles (K1's own tests: part k1), then `mono bench kda` and `mono
+    # bench drafter` on a quiet GPU, then K1's timelines.
+    tests drafter 240 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
+    step warm-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,2x1,4x1,8x1,16x1 \
         --layers 2 &
     wait
     step bench-kda 120 $MONO bench kda --rows 1,2,4,8,16 --out "$LOG/bench"
     step bench-drafter 160 $MONO bench drafter --rows 1,2,4,8 --out "$LOG/bench"
-    step timeline-kda 60 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,16x1 \
+    step timeline-kda 60 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,4x1,16x1 \
         --timeline "$LOG/bench"
 fi
 if has k1-tune; then
