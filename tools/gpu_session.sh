@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-drafter, k1-tune, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-drafter, k1-tune, pair, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -226,6 +226,36 @@ if has k1-tune; then
             mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 8 --no-baseline
     done
 fi
+if has pair; then
+    # Gate and up as one tile of 2 BN rows (one dot a K step: ptxas keeps the wgmma
+    # pipelined) against two dots a K step (ptxas serializes every wgmma of the FFN and K2:
+    # C7515), in the FFN (tile pair), K2 (upair) and the drafter (gpair): each variant's
+    # widths compiled side by side (beside the drafter's GPU tests), then each timed alone.
+    for v in pair=1 pair=2; do
+        step "warm-ffn-$v" 270 env MONO_FFN_TILES=$v python3 -m mono_kernels_minimax.ffn.bench \
+            --rows 1,2,4,8,16 --formats mxfp4 --layers 2 --no-baseline &
+    done
+    for v in upair=1 upair=2; do
+        for s in 1 4 16; do
+            step "warm-k2-$s-$v" 270 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+                --rows $s --layers 2 --no-baseline &
+        done
+    done
+    step warm-drafter-gpair2 270 env MONO_DRAFTER_TILES=gpair=2 python3 -m \
+        mono_kernels_kimi.drafter.bench --requests 1,8 --context 1024 --no-baseline &
+    tests drafter 270 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
+    wait
+    for v in pair=1 pair=2; do
+        step "pair-ffn-$v" 60 env MONO_FFN_TILES=$v python3 -m mono_kernels_minimax.ffn.bench \
+            --rows 1,2,4,8,16 --formats mxfp4 --no-baseline
+    done
+    for v in upair=1 upair=2; do
+        step "pair-k2-$v" 60 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,4,16 --no-baseline
+    done
+    step pair-drafter 150 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
+        --context 8192,32768 --variants "gpair=1|gpair=2"
+fi
 if has upstage; then
     # Why the FFN's routed up items stream slower than the engine GEMV: the GEMV on one
     # routed expert's w13 (1536 x 6144) with every MXFP4 tile (the FFN's among them),
@@ -311,15 +341,15 @@ for name in ffn k1 k2 drafter sources rest; do
     grep -E "^E   " "$LOG/$name.txt" | head -12
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify shapes-kda tune-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
+for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
     tiles-ffn top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
 done
-for f in "$LOG"/k2occ-*.txt "$LOG"/k1tile-*.txt; do  # each K2 / K1 tile variant's table
+for f in "$LOG"/k2occ-*.txt "$LOG"/k1tile-*.txt "$LOG"/pair-*.txt; do  # each K2 / K1 tile variant's table
     [[ -f $f ]] || continue
     echo "== $(basename "$f" .txt)"
-    tail -6 "$f"
+    tail -9 "$f"
 done

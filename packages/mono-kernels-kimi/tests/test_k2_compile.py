@@ -53,9 +53,11 @@ print(json.dumps({"serialized": res.wgmma_serialized, "spills": res.spill_bytes}
 
 @pytest.mark.timeout(200)
 def test_real_shapes_keep_wgmma_pipelined():
-    """A TP8 rank's sm_90 build at S = 1: ptxas serialized every wgmma of K2 (C7515) while
-    its up items streamed gate and up as two dot chains at 255 registers; the engine's
-    paired tile keeps them pipelined."""
-    facts, _ = child_json(["-c", REAL_SHAPES, "1"], 180, TRITON_INTERPRET="0")
+    """A TP8 rank's sm_90 build at S = 1 with its up items' gate and up as one tile
+    (upair 2): ptxas keeps the wgmma pipelined (as two dot chains, the default, at 255
+    registers, it serializes every wgmma of K2: C7515)."""
+    facts, _ = child_json(
+        ["-c", REAL_SHAPES, "1"], 180, TRITON_INTERPRET="0", MONO_K2_TILES="upair=2"
+    )
     assert not facts["serialized"], facts
     assert facts["spills"] <= 1024, facts

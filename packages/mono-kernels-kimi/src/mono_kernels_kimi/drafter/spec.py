@@ -232,7 +232,7 @@ class Plan:
     # projection's, 2 only qkv_a's and q_b's (a layer's MLP and o_proj rows are more than
     # L2 holds: their requests queue ahead of every other stage's misses)
     pf: int
-    gpair: int  # 1: a gu item streams its gate and up rows in one loop (stream_row_pair)
+    gpair: int  # a gu item's gate and up rows in one loop (stream_row_pair): 1 two dots, 2 one
     ast: int  # software-pipeline depth of an attn item's loop over its KV chunks (1: none)
     cst: int  # software-pipeline depth of a comb item's loop over its splits (1: none)
 
@@ -256,9 +256,11 @@ class Plan:
             stages=3 if big else 2,
             occ=1,
             pf=1,
-            # gate and up rows of a gu item in one loop (two dot chains, one pipeline ramp):
-            # the drafter 1-6% faster at 1 and 8 requests, 1K-32K cached tokens (stop 33)
-            gpair=1,
+            # gate and up rows of a gu item in one loop (one pipeline ramp), as two dots a K
+            # step (1): the drafter 1-6% faster at 1 and 8 requests, 1K-32K cached tokens
+            # (stop 33); as one tile (2) not yet timed. Tiny builds: one tile narrow, two
+            # dots wide, so that the interpreter runs both
+            gpair=1 if big else 2 - b.wide,
             # an attn item's KV chunks: a 32-entry chunk cost two latencies (its block-table
             # entry, then its rows), ~1.4 us, so an item of 8 requests' 2K positions took
             # 160-220 us. Pipelined two deep, the drafter is 7% / 16% faster at 1 request
@@ -349,7 +351,7 @@ def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     for name, most in dict(nsplit=64, nsplit_wide=64, stages=8, occ=2).items():
         check_tile("drafter", name, t[name], least=1, most=most, pow2=False)
     check_tile("drafter", "pf", t["pf"], least=0, most=2, pow2=False)
-    check_tile("drafter", "gpair", t["gpair"], least=0, most=1, pow2=False)
+    check_tile("drafter", "gpair", t["gpair"], least=0, most=2, pow2=False)
     check_tile("drafter", "ast", t["ast"], least=1, most=4, pow2=False)
     check_tile("drafter", "cst", t["cst"], least=1, most=4, pow2=False)
     check_tile("drafter", "rs", t["rs"], least=0, most=1, pow2=False)

@@ -948,7 +948,8 @@ def _gu(
             xp = x + p * RPASS * H
             if GPAIR:
                 g, u = st.stream_row_pair(w, w, xp, i * GB, IL + i * GB, part * KP, KP // HK, H,
-                                          GB, HK, RPASS, 0, STAGES, CPU, ASM)  # fmt: skip
+                                          GB, HK, RPASS, 0, STAGES, CPU, ASM,
+                                          GPAIR == 2)  # fmt: skip
             else:
                 g = st.stream_rows(w, w, xp, i * GB, part * KP, KP // HK, H, GB, HK, RPASS, 0,
                                    STAGES, CPU, ASM)  # fmt: skip

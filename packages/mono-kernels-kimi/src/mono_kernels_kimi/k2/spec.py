@@ -189,6 +189,7 @@ class Plan:
     stages: int
     warps: int
     occ: int  # programs an SM the runner launches (2 needs <= 113 KB of shared memory)
+    upair: int  # a routed up item's gate and up rows in one loop: 1 two dots, 2 one tile
 
     @classmethod
     def of(cls, b: K2Build) -> Plan:
@@ -218,6 +219,12 @@ class Plan:
             dbk=_step(ri, 128),
             stages=3 if big else 2,
             occ=2 if big else 1,
+            # gate and up as one 128-row tile (one dot: ptxas keeps the wgmma pipelined)
+            # or two dots a K step (it serializes every wgmma of K2: C7515). H200 (stop 33,
+            # different calls): one tile 264.0 / 347.2 / 602.0 us at S = 1 / 4 / 16, two
+            # dots 243.1 / 309.8 / 547.9; tiny builds take one tile, so that the
+            # interpreter runs it
+            upair=1 if big else 2,
         )
         if big:  # a real-shape build's, for tuning
             t = tile_overrides(TILES_ENV, t)
@@ -225,6 +232,7 @@ class Plan:
         for name, k in walks.items():
             check_tile("K2", name, t[name], divides=k)
         check_tile("K2", "occ", t["occ"], least=1, most=2)
+        check_tile("K2", "upair", t["upair"], least=1, most=2, pow2=False)
         check_tile("K2", "stages", t["stages"], least=1, pow2=False)
         check_tile("K2", "dks", t["dks"], least=1, most=8)
         dks, oc, sb, sd, bn, dc, uc = (t[n] for n in ("dks", "oc", "sb", "sd", "bn", "dc", "uc"))
@@ -259,6 +267,7 @@ class Plan:
             stages=t["stages"],
             warps=4,
             occ=t["occ"],
+            upair=t["upair"],
         )
 
 

@@ -140,6 +140,7 @@ def k2_kernel(
     FC: tl.constexpr,
     NF: tl.constexpr,
     STAGES: tl.constexpr,
+    UPAIR: tl.constexpr,
     S2: tl.constexpr,
     NS2: tl.constexpr,
     NCH2: tl.constexpr,
@@ -542,6 +543,7 @@ def k2_kernel(
                 UBK,
                 FMT,
                 STAGES,
+                UPAIR == 2,
                 O_TABLE,
                 T_SLOTE,
                 O_XLAT,
@@ -1236,6 +1238,7 @@ def _up(
     UBK: tl.constexpr,
     FMT: tl.constexpr,
     STAGES: tl.constexpr,
+    ONE_TILE: tl.constexpr,
     O_TABLE: tl.constexpr,
     T_SLOTE: tl.constexpr,
     O_XLAT: tl.constexpr,
@@ -1245,15 +1248,16 @@ def _up(
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """Slot j's gate and up rows [c BN, (c + 1) BN) (MXFP4, fp32 sums), SiTU -> mid[j]
-    (bf16); nothing for a slot past the union's count."""
+    """Slot j's gate and up rows [c BN, (c + 1) BN) (MXFP4, fp32 sums; in one loop,
+    ONE_TILE: as one tile), SiTU -> mid[j] (bf16); nothing for a slot past the union's
+    count."""
     if j < _slot_count(scratch, O_TABLE, MAXSLOTS):
         e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
         w, ws = dt.stacked_expert(e, w13, w13_scale, 2 * RI, LAT, FMT)
         xlat = (scratch + O_XLAT).to(tl.pointer_type(tl.bfloat16))
         g, u = st.stream_row_pair(
             w, ws, xlat, c * BN, RI + c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU,
-            ASM,
+            ASM, ONE_TILE,
         )  # fmt: skip
         h = tl.where(ok, _situ(g, u, BETA, LBETA), float("nan"))
         mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
@@ -1559,6 +1563,7 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         FC=p.fc,
         NF=p.nf,
         STAGES=p.stages,
+        UPAIR=p.upair,
         S2=p2(b.rows),
         NS2=p2(c.num_attn_res_blocks + 1),
         NCH2=p2(p.nch),

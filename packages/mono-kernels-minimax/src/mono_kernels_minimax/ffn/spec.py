@@ -191,7 +191,7 @@ class TaskPlan:
     warps: int  # warps of a program: 4 (one warpgroup) or 8 (two warps per scheduler)
     occ: int  # programs per SM the runner launches (2 fits with stages <= 3 at 4 warps)
     regs: int  # cap on a thread's registers (ptxas maxnreg; 0: the compiler's choice)
-    pair: int  # 1: an up item streams gate and up rows in one loop (stream_row_pair)
+    pair: int  # an up item's gate and up rows in one loop (stream_row_pair): 1 two dots, 2 one
     rrows: int  # S at most this: the router dots one row at a time, else one fp32 tl.dot
     upf: int  # 1: a routed up item asks L2 for its rows before streaming them
     dpf: int  # 1: a down item asks L2 for a slot's rows before waiting for the slot
@@ -204,6 +204,14 @@ class TaskPlan:
         big = h >= 2048  # real shapes: tiles for bandwidth; tiny ones: every path exercised
         fp8 = b.weights is WeightFormat.FP8
         shared_fp8 = b.weights.shared_format is WeightFormat.FP8
+        # gate and up rows of an up item in one loop (one ramp): 89.1 / 343.2 us at S = 1 / 16
+        # against 92.4 / 362.1 one after the other (H200, ffn.tune, one run). As one tile of
+        # 128 rows (pair 2: one dot a K step, and ptxas keeps the wgmma pipelined) or as two
+        # dots (1: ptxas then serializes every wgmma of the kernel, C7515): H200 (stop 33,
+        # `mono bench ffn`, against stop 27's) one tile 66.5 / 92.6 / 124.1 / 216.1 / 334.4
+        # us at S = 1 / 2 / 4 / 8 / 16, two dots 71.3 / 101.1 / 129.8 / 195.0 / 299.0.
+        # Tiny builds the same, so that the interpreter runs both
+        pair = 2 if s <= 4 else 1
         if big:
             tiles = dict(
                 bn=64,
@@ -229,9 +237,7 @@ class TaskPlan:
                 # loop); a cap of 168 spills 1.6 KB, 6-7 reloads a trip (sm_90 compile),
                 # room for 3 programs an SM if their shared memory fits
                 regs=0,
-                # gate and up rows of an up item in one loop (two dot chains, one ramp):
-                # 89.1 / 343.2 us at S = 1 / 16 against 92.4 / 362.1 (H200, ffn.tune, one run)
-                pair=1,
+                pair=pair,
                 # the router item alone on the H200 (16 experts x 384 columns): its fp32
                 # tl.dot takes 8 us at any S (each K step waits for the last: one serial FMA
                 # chain, 32-column dots too, as Triton folds `acc += dot` into the chain);
@@ -256,7 +262,7 @@ class TaskPlan:
                 warps=4,
                 occ=1,
                 regs=0,
-                pair=1,  # the interpreter tests run the paired loop; real shapes: above
+                pair=pair,
                 rrows=4,
                 upf=0,
                 dpf=1,
@@ -320,7 +326,7 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         t["regs"] == 0 or (64 <= t["regs"] <= 255 and t["regs"] % 8 == 0),
         "regs is 0 or 64..255, a multiple of 8",
     )
-    need(t["pair"] in (0, 1), "pair is 0 or 1")
+    need(t["pair"] in (0, 1, 2), "pair is 0, 1 or 2")
     need(t["upf"] in (0, 1) and t["dpf"] in (0, 1), "upf and dpf are 0 or 1")
     need(t["rrows"] <= 16, "rrows is at most 16")
     need(i % t["bn"] == 0 and t["bn"] >= 16, f"bn must divide I = {i}, >= 16")

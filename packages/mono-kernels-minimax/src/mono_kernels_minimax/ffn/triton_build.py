@@ -43,11 +43,27 @@ def _up_item(
     CPU: tl.constexpr,
 ):
     """fp32 [BN, 16] gate and up of rows c*BN.. over K part kp (NSTEP steps of BK); with
-    PAIR both in one pipelined loop (`stream_row_pair`), else one loop after the other."""
+    PAIR both in one pipelined loop (`stream_row_pair`; 2: as one tile), else one loop
+    after the other."""
     k0 = kp * (NSTEP * BK)
     if PAIR:
         g, u = st.stream_row_pair(
-            w, ws, xn, c * BN, I + c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True
+            w,
+            ws,
+            xn,
+            c * BN,
+            I + c * BN,
+            k0,
+            NSTEP,
+            H,
+            BN,
+            BK,
+            S,
+            FMT,
+            STAGES,
+            CPU,
+            True,
+            PAIR == 2,
         )
     else:
         g = st.stream_rows(w, ws, xn, c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)

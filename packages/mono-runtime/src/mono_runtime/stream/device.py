@@ -274,18 +274,36 @@ def stream_row_pair(
     STAGES: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
+    ONE_TILE: tl.constexpr,
 ):
-    """`stream_rows` of two BN-row blocks of one weight (a gate block and its up block) as
-    one tile of 2 BN rows: each K step loads both blocks and makes one dot, so an item
-    keeps twice the bytes in flight and ramps its pipeline once, not twice. Each result is
+    """`stream_rows` of two BN-row blocks of one weight (a gate block and its up block) in
+    one pipelined loop: each K step loads both blocks, so an item keeps twice the bytes in
+    flight and ramps its pipeline once, not twice. ONE_TILE: the blocks are one tile of
+    2 BN rows and one dot (two dot chains in one loop, at 255 registers, made ptxas
+    serialize every wgmma of the FFN and K2: C7515); else two dot chains. Each result is
     bit-identical to its own `stream_rows` (a dot's rows are independent)."""
-    acc = _acc(2 * BN, S)
-    for i in tl.range(0, NSTEP, num_stages=STAGES):
-        k0 = k_begin + i * BK
-        acc = stream_step(acc, w, ws, x, row_a, row_b, k0, KROW, 2 * BN, BN, BK, S, FMT, CPU, ASM)
+    if ONE_TILE:
+        acc = _acc(2 * BN, S)
+        for i in tl.range(0, NSTEP, num_stages=STAGES):
+            k0 = k_begin + i * BK
+            acc = stream_step(
+                acc, w, ws, x, row_a, row_b, k0, KROW, 2 * BN, BN, BK, S, FMT, CPU, ASM
+            )
+        acc_a, acc_b = tl.split(tl.permute(tl.reshape(acc, (2, BN, acc.shape[1])), (1, 2, 0)))
+    else:
+        acc_a = _acc(BN, S)
+        acc_b = _acc(BN, S)
+        for i in tl.range(0, NSTEP, num_stages=STAGES):
+            k0 = k_begin + i * BK
+            acc_a = stream_step(
+                acc_a, w, ws, x, row_a, row_a, k0, KROW, BN, BN, BK, S, FMT, CPU, ASM
+            )
+            acc_b = stream_step(
+                acc_b, w, ws, x, row_b, row_b, k0, KROW, BN, BN, BK, S, FMT, CPU, ASM
+            )
     if FMT == 1:
-        acc = acc * (2.0**MX_LIFT)
-    acc_a, acc_b = tl.split(tl.permute(tl.reshape(acc, (2, BN, acc.shape[1])), (1, 2, 0)))
+        acc_a = acc_a * (2.0**MX_LIFT)
+        acc_b = acc_b * (2.0**MX_LIFT)
     return acc_a, acc_b
 
 
