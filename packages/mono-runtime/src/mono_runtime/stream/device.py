@@ -82,7 +82,7 @@ def mx_rot_tile(
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """bf16 [BN, BK]: rows row_a.. then row_b.. (`tile_rows`; multiples of 16), columns
+    """bf16 [BN, BK]: rows row_a.. then row_b.. (`pair_rows`; multiples of 16), columns
     k0.. of an ``mxfp4-rot`` weight, decoded and scaled (without 2^MX_LIFT). The layout is
     tile-major (each block of 16 rows group by group, a group's 16 rows one contiguous
     256-byte run of codes and a 16-byte run of scales): loaded as [blocks, groups, run], a
@@ -165,10 +165,9 @@ def _mma(acc, w, x, k0, KROW: tl.constexpr, BK: tl.constexpr, S: tl.constexpr, C
 
 
 @triton.jit
-def tile_rows(row_a, row_b, BN: tl.constexpr, SPLIT: tl.constexpr):
+def pair_rows(row_a, row_b, BN: tl.constexpr, SPLIT: tl.constexpr):
     """A tile's BN weight rows: SPLIT from row_a, the rest from row_b (SPLIT = BN: one
-    block). Two blocks in one tile make one dot, not two: two dot chains in one loop made
-    ptxas serialize every wgmma of a kernel under register pressure (C7515)."""
+    block), so that two blocks make one dot (`stream_row_pair`'s ONE_TILE)."""
     i = tl.arange(0, BN)
     return tl.where(i < SPLIT, row_a + i, row_b + i - SPLIT)
 
@@ -191,8 +190,8 @@ def stream_step(
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """acc [BN, NT] + W[rows, k0 : k0 + BK] @ X[:, k0 : k0 + BK]^T, rows `tile_rows`."""
-    r = tile_rows(row_a, row_b, BN, SPLIT)
+    """acc [BN, NT] + W[rows, k0 : k0 + BK] @ X[:, k0 : k0 + BK]^T, rows `pair_rows`."""
+    r = pair_rows(row_a, row_b, BN, SPLIT)
     if FMT == 1:
         t = mx_rot_tile(w, ws, row_a, row_b, k0, KROW, BN, SPLIT, BK, CPU, ASM)
         acc = _mma(acc, t, x, k0, KROW, BK, S, CPU)
