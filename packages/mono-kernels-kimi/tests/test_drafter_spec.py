@@ -189,7 +189,7 @@ def test_tile_overrides_are_checked(monkeypatch):
         "occ=3",
         "stages=9",
         "ast=0",
-        "gpair=2",
+        "gpair=3",
         "cst=5",
         "nope=1",
         "qa=x",

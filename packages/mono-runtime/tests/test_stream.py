@@ -52,19 +52,24 @@ def check_gemv(fmt, bk, s):
     # other row's error in one norm
     terms = x.double().abs() @ dense.abs().T
     assert ((y.double() - ref).abs() <= 1e-5 * terms).all()
-    # stream_row_pair: rows 0.. and 64.. in one loop, each bit for bit its own stream_rows
+    # stream_row_pair: rows 64.. and 0.. in one loop (as one tile, then as two dots), each
+    # bit for bit its own stream_rows
     one = gemv(w, ws, x, fmt, GemvTiles(bn=64, bk=bk, split=1))
-    pair = torch.empty(2, max(16, triton.next_power_of_2(s)), 64)
-    _pair_kernel[(1,)](
-        w, w if ws is None else ws, x, pair, KROW=k, S=s, BN=64, BK=bk, FMT=int(fmt), CPU=True
-    )
-    assert torch.equal(pair[0, :s], one[:, :64]) and torch.equal(pair[1, :s], one[:, 64:])
+    for one_tile in (True, False):
+        pair = torch.empty(2, max(16, triton.next_power_of_2(s)), 64)
+        _pair_kernel[(1,)](
+            w, w if ws is None else ws, x, pair, KROW=k, S=s, BN=64, BK=bk, FMT=int(fmt),
+            CPU=True, ONE=one_tile,
+        )  # fmt: skip
+        assert torch.equal(pair[0, :s], one[:, 64:]) and torch.equal(pair[1, :s], one[:, :64])
 
 
 @triton.jit
 def _pair_kernel(w, ws, x, y, KROW: tl.constexpr, S: tl.constexpr, BN: tl.constexpr,
-                 BK: tl.constexpr, FMT: tl.constexpr, CPU: tl.constexpr):  # fmt: skip
-    a, b = stream_row_pair(w, ws, x, 0, BN, 0, KROW // BK, KROW, BN, BK, S, FMT, 2, CPU, False)
+                 BK: tl.constexpr, FMT: tl.constexpr, CPU: tl.constexpr,
+                 ONE: tl.constexpr):  # fmt: skip
+    a, b = stream_row_pair(w, ws, x, BN, 0, 0, KROW // BK, KROW, BN, BK, S, FMT, 2, CPU, False,
+                           ONE)  # fmt: skip
     n = tl.arange(0, BN)
     t = tl.arange(0, a.shape[1])
     tl.store(y + t[None, :] * BN + n[:, None], a)
