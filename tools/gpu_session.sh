@@ -129,14 +129,13 @@ fi
 if has drafter-tune; then
     # Drafter tiles (MONO_DRAFTER_TILES) compiled side by side and timed one after another
     # (stop 32 made rc = 2048, rs = 1 at 1-2 requests and ast = 2 the defaults from this
-    # part). Now gate_up's gate and up rows in one loop (gpair), comb's merge pipelined
-    # (cst), the attention's splits with its chunk loop pipelined: fewer, longer splits
-    # (comb merged 16 in ~30 us at one request) or more, and 64-entry chunks; then the
-    # default's timelines. Its GPU tests
+    # part, stop 33 gpair = 1 and nsplit = 32). Now for the short contexts at one request
+    # (0.61x op-by-op at 1K): two programs an SM, shallower streams, more K parts, and
+    # comb's merge pipelined over 32 splits; then the default's timelines. Its GPU tests
     # and `mono bench drafter`: part `drafter` or `kimi` (with a variant:
     # MONO_DRAFTER_TILES set).
     step tune-drafter 420 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 1024,8192,32768 --variants "|gpair=1|cst=2|nsplit=8|nsplit=32|nsplit_wide=8|kc=64"
+        --context 1024,8192,32768 --variants "|occ=2|stages=2|qks=8|gks=8|cst=2"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192 --timeline "$LOG/bench"
 fi
@@ -209,10 +208,9 @@ if has k1-tune; then
     # variant's compiles, then each variant timed alone. Stop 31 timed the head items'
     # state rows, in_proj's K parts, row blocks, warps and depth; stop 32 the AttnRes
     # items' columns and the K parts (now chosen per width: `ares_block_h`,
-    # `proj_split_k`), and the in_proj L2 prefetch (removed: 0.5-6% slower); 4 requests
-    # (67.7 us, slower than 8's 63.4) were never among the shapes. Variants here: each
-    # per-width choice fixed, proj items of 64 rows (198 at one request, against 100 on
-    # 132 programs), and deeper / narrower proj loops.
+    # `proj_split_k`), and the in_proj L2 prefetch (removed: 0.5-6% slower); stop 33 these
+    # variants at 4 requests too (4 K parts there now). Variants: each per-width choice
+    # fixed, proj items of 64 rows, deeper / narrower proj loops.
     V=("" "split_k=2" "split_k=4" "block_h=512" "block_n=64" "stages=3" "block_k=32")
     step timeline-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 \
         --timeline "$LOG/bench" &
