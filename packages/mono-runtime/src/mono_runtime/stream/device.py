@@ -91,9 +91,7 @@ def mx_rot_tile(
     conflict)."""
     G: tl.constexpr = BK // 32
     RB: tl.constexpr = BN // 16
-    j = tl.arange(0, RB)
-    blk = tl.where(j < SPLIT // 16, row_a // 16 + j, row_b // 16 + j - SPLIT // 16)
-    blk = blk.to(tl.int64) * (KROW // 32)
+    blk = pair_rows(row_a // 16, row_b // 16, RB, SPLIT // 16).to(tl.int64) * (KROW // 32)
     run = (blk[:, None] + (k0 // 32 + tl.arange(0, G))[None, :]) * 16  # [RB, G]: run starts
     rr = tl.arange(0, 16)
     raw = tl.load(ws + run[:, :, None] + rr[None, None, :])  # [RB, G, 16]
@@ -169,7 +167,11 @@ def pair_rows(row_a, row_b, BN: tl.constexpr, SPLIT: tl.constexpr):
     """A tile's BN weight rows: SPLIT from row_a, the rest from row_b (SPLIT = BN: one
     block), so that two blocks make one dot (`stream_row_pair`'s ONE_TILE)."""
     i = tl.arange(0, BN)
-    return tl.where(i < SPLIT, row_a + i, row_b + i - SPLIT)
+    if SPLIT == BN:
+        r = row_a + i
+    else:
+        r = tl.where(i < SPLIT, row_a + i, row_b + i - SPLIT)
+    return r
 
 
 @triton.jit
@@ -207,9 +209,10 @@ def stream_step(
         k = k0 + tl.arange(0, BK)
         t = tl.load(w + r[:, None] * KROW + k[None, :]).to(tl.bfloat16)
         nkb: tl.constexpr = (KROW + 127) // 128
-        sc_a = tl.load(ws + (row_a // 128) * nkb + k0 // 128)
-        sc_b = tl.load(ws + (row_b // 128) * nkb + k0 // 128)
-        sc = tl.where(tl.arange(0, BN) < SPLIT, sc_a, sc_b)[:, None]
+        sc = tl.load(ws + (row_a // 128) * nkb + k0 // 128)
+        if SPLIT < BN:  # each block its own 128-row scale block
+            sc_b = tl.load(ws + (row_b // 128) * nkb + k0 // 128)
+            sc = tl.where(tl.arange(0, BN) < SPLIT, sc, sc_b)[:, None]
         acc += _mma(tl.zeros_like(acc), t, x, k0, KROW, BK, S, CPU) * sc
     else:
         k = k0 + tl.arange(0, BK)
