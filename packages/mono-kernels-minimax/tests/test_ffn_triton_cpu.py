@@ -109,10 +109,12 @@ print(json.dumps({"serialized": res.wgmma_serialized, "spills": res.spill_bytes}
 
 @pytest.mark.timeout(200)
 def test_real_shapes_keep_wgmma_pipelined():
-    """A TP4 rank's sm_90 build at S = 1: ptxas serialized every wgmma of the kernel (C7515)
-    while the up items streamed gate and up as two dot chains at 255 registers; the
-    engine's paired tile keeps them pipelined."""
-    facts, _ = child_json(["-c", REAL_SHAPES, "1"], 180, TRITON_INTERPRET="0")
+    """A TP4 rank's sm_90 build at S = 1 with its up items' gate and up as one tile (pair
+    2, the default there): ptxas keeps the wgmma pipelined (as two dot chains at 255
+    registers it serializes every wgmma of the kernel: C7515)."""
+    facts, _ = child_json(
+        ["-c", REAL_SHAPES, "1"], 180, TRITON_INTERPRET="0", MONO_FFN_TILES="pair=2"
+    )
     assert not facts["serialized"], facts
     assert facts["spills"] <= 1024, facts
 
