@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-drafter, k1-tune, pair, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, k1-drafter, k1-tune, pair, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -39,6 +39,11 @@ tests() {  # name, timeout, pytest args...
 }
 : >"$LOG/status.txt"
 mkdir -p "$LOG/bench"
+if has k1-tests; then
+    # K1's GPU tests alone, in the background, beside whichever part is named with it
+    # (they are compile-bound; a part timing kernels beside them would be disturbed).
+    tests k1 300 $P/mono-kernels-kimi/tests/test_k1_gpu.py --tb=short &
+fi
 if has check+bench || has all; then
     # Phase 1, in parallel.
     tests ffn 270 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench" &
@@ -322,13 +327,21 @@ if has latency; then
 fi
 if has tiles || has all; then
     # FFN tiles on the tile-major mxfp4-rot around the default (2 programs an SM, 3 stages,
-    # gate and up as one 128-row tile, down items prefetching their rows to L2), now that
-    # the paired tile keeps the wgmma pipelined (stop 33: ptxas had serialized them all):
-    # the unpaired loop, more and fewer up K parts, K steps of 128, no down prefetch,
-    # 2 stages.
-    step tiles-ffn 560 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
-        --variants "|pair=0|uks=8|uks=2|ubk=128|dpf=0|stages=2"
+    # gate and up as one 128-row tile at S <= 4, down items prefetching their rows to L2):
+    # K steps of 128 (half the decoded tile's registers), more and fewer up K parts, the
+    # unpaired loop, the shared expert's step and parts, no down prefetch, 2 stages. Each
+    # variant's two widths compiled in its own process side by side, then all timed in one.
+    V=("" "ubk=128" "uks=2" "uks=8" "pair=0" "ubk0=256" "uks0=4" "dpf=0" "stages=2")
+    for v in "${V[@]}"; do
+        step "warm-ffn-${v//[=,]/_}" 300 env MONO_FFN_TILES="$v" python3 -m \
+            mono_kernels_minimax.ffn.bench --rows 1,16 --formats mxfp4 --layers 1 --no-baseline &
+    done
+    wait
+    joined=$(IFS='|'; echo "${V[*]}")
+    step tiles-ffn 300 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
+        --variants "$joined"
 fi
+wait  # a background part (k1-tests)
 cp "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null  # 8 files come back at most: PNGs in the archive
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
 cat "$LOG/status.txt"
