@@ -260,13 +260,14 @@ if has pair; then
         --context 8192,32768 --variants "gpair=1|gpair=2"
 fi
 if has upstage; then
-    # Why the FFN's routed up items stream slower than the engine GEMV: the GEMV on one
-    # routed expert's w13 (1536 x 6144) with every MXFP4 tile (the FFN's among them),
-    # beside the FFN's routed-experts-only build and its timeline.
-    step gemv-w13 200 python3 -m mono_runtime.stream.bench --variants --formats mxfp4 \
-        --rows 1,16 --shapes 1536x6144 --json "$LOG/bench/gemv-w13.json"
-    step routed-ffn 200 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
-        --experts routed,all --timeline "$LOG/bench"
+    # Is the FFN's routed up stage slow because of its shape or its kernel? At S = 1 it is
+    # ~20 MB in 192 items of 128 rows x 1536 K (6 K steps each) that start together; the
+    # engine GEMV over 6144 x 6144 with split 4 is the same volume in the same items (bn 128),
+    # timed with every MXFP4 tile. Then the GEMV on one routed expert's w13 (1536 x 6144).
+    step gemv-upstage 150 python3 -m mono_runtime.stream.bench --variants --formats mxfp4 \
+        --rows 1 --shapes 6144x6144 --json "$LOG/bench/gemv-upstage.json"
+    step gemv-w13 100 python3 -m mono_runtime.stream.bench --variants --formats mxfp4 \
+        --rows 1 --shapes 1536x6144 --json "$LOG/bench/gemv-w13.json"
 fi
 if has router; then
     # The FFN router item's arithmetic alone (its `rrows` tile default comes from this).
@@ -329,9 +330,10 @@ if has tiles || has all; then
     # FFN tiles on the tile-major mxfp4-rot around the default (2 programs an SM, 3 stages,
     # gate and up as one 128-row tile at S <= 4, down items prefetching their rows to L2):
     # K steps of 128 (half the decoded tile's registers), more and fewer up K parts, the
-    # unpaired loop, the shared expert's step and parts, no down prefetch, 2 stages. Each
+    # unpaired loop, fewer shared-expert K parts (stop 27: no down prefetch and 2 stages
+    # within noise or worse). Each
     # variant's two widths compiled in its own process side by side, then all timed in one.
-    V=("" "ubk=128" "uks=2" "uks=8" "pair=0" "ubk0=256" "uks0=4" "dpf=0" "stages=2")
+    V=("" "ubk=128" "uks=2" "uks=8" "pair=0" "uks0=4")
     for v in "${V[@]}"; do
         step "warm-ffn-${v//[=,]/_}" 300 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows 1,16 --formats mxfp4 --layers 1 --no-baseline &
@@ -354,7 +356,7 @@ for name in ffn k1 k2 drafter sources rest; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
