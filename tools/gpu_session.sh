@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, k1-drafter, k1-tune, pair, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, order, k1-drafter, k1-tune, pair, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -259,6 +259,20 @@ if has pair; then
     step pair-drafter 150 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192,32768 --variants "gpair=1|gpair=2"
 fi
+if has order; then
+    # The shared expert's up items before or after the routed ones (tile sfirst; after at
+    # S <= 4 by default): the FFN's GPU tests beside both orders' compiles, then both timed
+    # alone at every width, then `mono bench ffn` with the defaults.
+    tests ffn 270 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench and not opbyop" &
+    for v in sfirst=0 sfirst=1; do
+        step "warm-ffn-$v" 270 env MONO_FFN_TILES=$v python3 -m mono_kernels_minimax.ffn.bench \
+            --rows 1,2,4,8,16 --formats mxfp4 --layers 1 --no-baseline &
+    done
+    wait
+    step order-ffn 90 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4,8,16 \
+        --format mxfp4 --variants "sfirst=0|sfirst=1"
+    step bench-ffn 130 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
+fi
 if has upstage; then
     # Is the FFN's routed up stage slow because of its shape or its kernel? At S = 1 it is
     # ~20 MB in 192 items of 128 rows x 1536 K (6 K steps each) that start together; the
@@ -356,7 +370,7 @@ for name in ffn k1 k2 drafter sources rest; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"

@@ -195,6 +195,7 @@ class TaskPlan:
     rrows: int  # S at most this: the router dots one row at a time, else one fp32 tl.dot
     upf: int  # 1: a routed up item asks L2 for its rows before streaming them
     dpf: int  # 1: a down item asks L2 for a slot's rows before waiting for the slot
+    sfirst: int  # 1: the shared expert's up items take tickets before the routed ones, 0 after
 
     @classmethod
     def of(cls, b: FfnBuild) -> TaskPlan:
@@ -212,6 +213,12 @@ class TaskPlan:
         # us at S = 1 / 2 / 4 / 8 / 16, two dots 71.3 / 101.1 / 129.8 / 195.0 / 299.0.
         # Tiny builds the same, so that the interpreter runs both
         pair = 2 if s <= 4 else 1
+        # the shared expert's up items after the routed ones at S <= 4 (measured below):
+        # first, they held 96 programs waiting for the norm and then streaming until ~28 us
+        # at S = 1, so the last routed up items found a free program only at ~25 us, 12 us
+        # after the route (H200 timeline, stop 34). Tiny builds alike (the interpreter runs
+        # both orders)
+        sfirst = 0 if s <= 4 else 1
         if big:
             tiles = dict(
                 bn=64,
@@ -245,6 +252,7 @@ class TaskPlan:
                 rrows=4,
                 upf=0,
                 dpf=1,
+                sfirst=sfirst,
             )
             tiles = tile_overrides(TILES_ENV, tiles)  # a real-shape build's, for tuning
         else:
@@ -266,6 +274,7 @@ class TaskPlan:
                 rrows=4,
                 upf=0,
                 dpf=1,
+                sfirst=sfirst,
             )
         _check_tiles(b, tiles)
         fc = min(h, 256)
@@ -316,7 +325,8 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
 
     for name in t:
         need(
-            pow2(t[name]) or name in ("ng", "stages", "pair", "upf", "dpf", "occ", "regs"),
+            pow2(t[name])
+            or name in ("ng", "stages", "pair", "upf", "dpf", "sfirst", "occ", "regs"),
             f"{name} must be a power of two",
         )
     need(t["stages"] >= 1 and 1 <= t["ng"] <= b.max_slots, "stages >= 1, 1 <= ng <= max_slots")
@@ -327,7 +337,7 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         "regs is 0 or 64..255, a multiple of 8",
     )
     need(t["pair"] in (0, 1, 2), "pair is 0, 1 or 2")
-    need(t["upf"] in (0, 1) and t["dpf"] in (0, 1), "upf and dpf are 0 or 1")
+    need(all(t[k] in (0, 1) for k in ("upf", "dpf", "sfirst")), "upf, dpf and sfirst are 0 or 1")
     need(t["rrows"] <= 16, "rrows is at most 16")
     need(i % t["bn"] == 0 and t["bn"] >= 16, f"bn must divide I = {i}, >= 16")
     need(h % t["dc"] == 0 and t["dc"] >= 16, f"dc must divide H = {h}, >= 16")
@@ -361,13 +371,16 @@ def stages(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int]]:
     included): the one statement of the ticket order the kernel follows."""
     p, s = b.plan, b.rows
     shared = b.experts is not Experts.ROUTED
+    up = [
+        ("shared-up", p.nc * p.uks0 if shared else 0),
+        ("up", (nslots - (1 if shared else 0)) * p.nc * p.uks),
+    ]
     return [
         ("push", p.push),
         ("seam", s * p.seam_chunks),
         ("norm", s * p.seam_chunks),
         ("router", p.router_groups * p.router_parts),
-        ("shared-up", p.nc * p.uks0 if shared else 0),
-        ("up", (nslots - (1 if shared else 0)) * p.nc * p.uks),
+        *(up if p.sfirst else up[::-1]),
         ("down", p.down * p.ng),
         ("final", s * p.final),
         ("handshake", int(final)),

@@ -217,6 +217,7 @@ def ffn_kernel(
     RROWS: tl.constexpr,
     UPF: tl.constexpr,
     DPF: tl.constexpr,
+    SFIRST: tl.constexpr,
     NF: tl.constexpr,
     NF2: tl.constexpr,
     FC: tl.constexpr,
@@ -274,10 +275,13 @@ def ffn_kernel(
     HAS_SHARED: tl.constexpr = SUBSET != 1  # slot 0 is the shared expert
     NORM0: tl.constexpr = NPUSH + S * NCH  # seam items, then norm items, S x NCH each
     ROUTER0: tl.constexpr = NORM0 + S * NCH
-    SHUP: tl.constexpr = ROUTER0 + RG * RP  # the shared expert's up items start here
-    STATIC: tl.constexpr = SHUP + HAS_SHARED * NC * UKS0  # routed up items start here
+    SHUP: tl.constexpr = ROUTER0 + RG * RP  # the router's items end here (shared up, if first)
+    NSH: tl.constexpr = HAS_SHARED * NC * UKS0  # the shared expert's up items
+    # routed up items start here (after the shared expert's up items, or before them)
+    STATIC: tl.constexpr = SHUP + SFIRST * NSH
+    NSH_LATE: tl.constexpr = (1 - SFIRST) * NSH  # shared up items after the routed ones
     ROUTED: tl.constexpr = MAXTICKETS + MAXSLOTS  # done item of the route (no ticket of its own)
-    tail = ND * NG + S * NF + final  # the handshake task closes final launches
+    tail = NSH_LATE + ND * NG + S * NF + final  # the handshake task closes final launches
 
     pt.fault_stall(ctl, peers, rank, world, CPU)
     NROUTED: tl.constexpr = NC * UKS  # up items of one routed slot
@@ -299,6 +303,12 @@ def ffn_kernel(
             total = STATIC + (nslots - HAS_SHARED) * NROUTED + tail
             routed = t * 0 + 1
             dt.ticket_reset_if_last(counter, t, total)
+        # a shared expert's up item: ush, its index (spec.stages: before or after the
+        # routed up items, which the slot count places)
+        if SFIRST:
+            ush = t - SHUP
+        else:
+            ush = t - STATIC - (nslots - HAS_SHARED) * NROUTED
         if t >= total:
             pass  # drawn before this program knew the slot count: no task, no more draws
         elif t < NPUSH:
@@ -395,10 +405,10 @@ def ffn_kernel(
                     done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
                 )
                 pt.ticket_finish(done, ROUTED, tag)
-        elif t < STATIC:
-            # the shared expert's up items: no routing needed, so they stream while the
-            # router items route; their weights are asked for before xn exists
-            u = t - SHUP
+        elif (ush >= 0) & (ush < NSH):
+            # the shared expert's up items: no routing needed (first: they stream while the
+            # router items route, their weights asked for before xn exists)
+            u = ush
             c = u // UKS0
             kp = u % UKS0
             dt.prefetch_rows(sw13, c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
@@ -437,6 +447,7 @@ def ffn_kernel(
         else:
             u = t - STATIC
             nup = (nslots - HAS_SHARED) * NROUTED
+            u = tl.where(u >= nup, u - NSH_LATE, u)  # past the shared up items, if late
             if u < nup:
                 # up: routed slot j, rows [c*BN, (c+1)*BN) of gate and up, K part kp
                 j = HAS_SHARED + u // NROUTED
@@ -876,6 +887,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         RROWS=p.rrows,
         UPF=p.upf,
         DPF=p.dpf,
+        SFIRST=p.sfirst,
         NF=p.final,
         NF2=_p2(b.rows * p.final),
         FC=p.fc,
