@@ -261,17 +261,17 @@ if has pair; then
 fi
 if has order; then
     # The shared expert's up items before or after the routed ones (tile sfirst; after at
-    # S <= 4 by default): the FFN's GPU tests beside both orders' compiles, then both timed
-    # alone at every width, then `mono bench ffn` with the defaults.
-    tests ffn 270 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench and not opbyop" &
-    for v in sfirst=0 sfirst=1; do
-        step "warm-ffn-$v" 270 env MONO_FFN_TILES=$v python3 -m mono_kernels_minimax.ffn.bench \
-            --rows 1,2,4,8,16 --formats mxfp4 --layers 1 --no-baseline &
-    done
+    # S <= 4 by default): the FFN's full-shape MXFP4 GPU test beside both orders' compiles,
+    # then both orders timed alone at S <= 4, then `mono bench ffn` with the defaults.
+    tests ffn 180 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "full_rank_shapes and mxfp4" &
+    step warm-ffn 180 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
+        --formats mxfp4 --layers 1 --no-baseline &
+    step warm-ffn-sfirst1 180 env MONO_FFN_TILES=sfirst=1 python3 -m \
+        mono_kernels_minimax.ffn.bench --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
     wait
-    step order-ffn 90 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4,8,16 \
-        --format mxfp4 --variants "sfirst=0|sfirst=1"
-    step bench-ffn 130 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
+    step order-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+        --variants "|sfirst=1"
+    step bench-ffn 120 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
 fi
 if has upstage; then
     # Is the FFN's routed up stage slow because of its shape or its kernel? At S = 1 it is
