@@ -25,8 +25,10 @@ pushes, so the launch finishes at any residency):
                          rows' experts in ascending id; `wtab[slot, s]` the row's weight (0 when
                          the row does not use it; padding rows use none). ROUTED builds have no
                          shared slot, SHARED builds only it.
-    shared  NC x UKS0    the shared expert's up items (no routing needed: they stream while
-                         the router routes), as `up`
+    shared  NC x UKS0    the shared expert's up items (no routing needed), as `up`: before
+                         the routed ones (tile `sfirst`: they stream while the router routes)
+                         or after them (the routed up items then take the programs free when
+                         the route lands)
     up      routed slots x NC x UKS  slot j, BN gate + BN up rows of w13, one K part; the
                          last part of a row block sums the parts in order, applies SwiGLU-OAI
                          -> bf16 `mid[j, s, :]` (dynamic: tickets past the routed slots'
@@ -196,6 +198,7 @@ class TaskPlan:
     upf: int  # 1: a routed up item asks L2 for its rows before streaming them
     dpf: int  # 1: a down item asks L2 for a slot's rows before waiting for the slot
     sfirst: int  # 1: the shared expert's up items take tickets before the routed ones, 0 after
+    rt: int  # the route's tiles hold max(rt, S rounded up to a power of two) rows
 
     @classmethod
     def of(cls, b: FfnBuild) -> TaskPlan:
@@ -253,6 +256,7 @@ class TaskPlan:
                 upf=0,
                 dpf=1,
                 sfirst=sfirst,
+                rt=2,
             )
             tiles = tile_overrides(TILES_ENV, tiles)  # a real-shape build's, for tuning
         else:
@@ -275,6 +279,7 @@ class TaskPlan:
                 upf=0,
                 dpf=1,
                 sfirst=sfirst,
+                rt=2,
             )
         _check_tiles(b, tiles)
         fc = min(h, 256)

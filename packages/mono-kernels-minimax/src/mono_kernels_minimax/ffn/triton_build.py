@@ -920,7 +920,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         CPU=bool(cpu),
         TL=b.timeline,
         O_TL=sl["timeline"][0] if b.timeline else 0,
-        RT=max(2, _p2(b.rows)),
+        RT=max(p.rt, _p2(b.rows)),
     )
 
 
