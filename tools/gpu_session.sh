@@ -262,19 +262,17 @@ fi
 if has order; then
     # The shared expert's up items before or after the routed ones (tile sfirst; after at
     # S <= 4 by default) and the route's tiles of 4 rows (tile rt: one row a warp, its
-    # reductions in a warp): the FFN's full-shape MXFP4 GPU test beside the variants'
-    # compiles, then each timed alone at S <= 4, then `mono bench ffn` with the defaults.
-    tests ffn 180 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "full_rank_shapes and mxfp4" &
-    step warm-ffn 180 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
-        --formats mxfp4 --layers 1 --no-baseline &
-    for v in sfirst=1 rt=4; do
-        step "warm-ffn-$v" 180 env MONO_FFN_TILES=$v python3 -m mono_kernels_minimax.ffn.bench \
+    # reductions in a warp), at S <= 4: the FFN's full-shape MXFP4 GPU test beside the
+    # variants' compiles, then each timed alone, then `mono bench ffn` with the defaults.
+    tests ffn 170 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "full_rank_shapes and mxfp4" &
+    for v in "" sfirst=1 rt=4; do
+        step "warm-ffn-$v" 170 env MONO_FFN_TILES=$v python3 -m mono_kernels_minimax.ffn.bench \
             --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
     done
     wait
-    step order-ffn 70 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+    step order-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
         --variants "|sfirst=1|rt=4"
-    step bench-ffn 120 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
+    step bench-ffn 60 $MONO bench ffn --rows 1,2,4 --format mxfp4 --out "$LOG/bench"
 fi
 if has upstage; then
     # Is the FFN's routed up stage slow because of its shape or its kernel? At S = 1 it is
