@@ -263,8 +263,10 @@ if has order; then
     # The shared expert's up items before or after the routed ones (tile sfirst; after at
     # S <= 4 by default) and the route's tiles of 4 rows (tile rt: one row a warp, its
     # reductions in a warp), at S <= 4: the FFN's full-shape MXFP4 GPU test beside the
-    # variants' compiles, then each timed alone, then `mono bench ffn` with the defaults.
+    # variants' compiles and the route alone (tools/route_probe.py: cold, then warm), then
+    # each variant timed alone, then `mono bench ffn` with the defaults.
     tests ffn 170 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "full_rank_shapes and mxfp4" &
+    step route-probe 120 python3 tools/route_probe.py --rows 1,2,4,16 --rt 2,4 &
     for v in "" sfirst=1 rt=4; do
         step "warm-ffn-$v" 170 env MONO_FFN_TILES=$v python3 -m mono_kernels_minimax.ffn.bench \
             --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
@@ -371,7 +373,7 @@ for name in ffn k1 k2 drafter sources rest; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn order-ffn gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn route-probe gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
