@@ -262,19 +262,19 @@ fi
 if has order; then
     # The shared expert's up items before or after the routed ones (tile sfirst; after at
     # S <= 4 by default) and the route's tiles of 4 rows (tile rt: one row a warp, its
-    # reductions in a warp), at S <= 4: the FFN's full-shape MXFP4 GPU test beside the
-    # variants' compiles and the route alone (tools/route_probe.py: cold, then warm), then
-    # each variant timed alone, then `mono bench ffn` with the defaults.
-    tests ffn 170 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "full_rank_shapes and mxfp4" &
-    step route-probe 120 python3 tools/route_probe.py --rows 1,2,4,16 --rt 2,4 &
+    # reductions in a warp), at S = 1 and 2, in under 200 s: the FFN's tiny GPU tests (both
+    # orders), the route alone (tools/route_probe.py: cold, then warm) and the variants'
+    # compiles side by side, then each variant timed alone, then `mono bench ffn`.
+    tests ffn 110 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "tiny_every_width and mxfp4" &
+    step route-probe 100 python3 tools/route_probe.py --rows 1,2,4,16 --rt 2,4 &
     for v in "" sfirst=1 rt=4; do
-        step "warm-ffn-$v" 170 env MONO_FFN_TILES=$v python3 -m mono_kernels_minimax.ffn.bench \
-            --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
+        step "warm-ffn-$v" 110 env MONO_FFN_TILES=$v python3 -m mono_kernels_minimax.ffn.bench \
+            --rows 1,2 --formats mxfp4 --layers 1 --no-baseline &
     done
     wait
-    step order-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+    step order-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2 --format mxfp4 \
         --variants "|sfirst=1|rt=4"
-    step bench-ffn 60 $MONO bench ffn --rows 1,2,4 --format mxfp4 --out "$LOG/bench"
+    step bench-ffn 50 $MONO bench ffn --rows 1,2 --format mxfp4 --out "$LOG/bench"
 fi
 if has upstage; then
     # Is the FFN's routed up stage slow because of its shape or its kernel? At S = 1 it is
