@@ -201,10 +201,28 @@ def test_tile_overrides_are_checked(monkeypatch):
     p = FfnBuild(MiniMaxM3Config(), 1, 4).plan
     assert (p.bn, p.uks, p.occ, p.regs) == (128, 2, 3, 168)
     bad_tiles = ("bn=48", "uks=5", "dbk=16", "nope=1", "bn=x", "warps=2", "occ=4", "regs=100")
-    for bad in bad_tiles + ("regs=32", "regs=256", "rrows=32", "upf=2"):
+    for bad in bad_tiles + ("regs=32", "regs=256", "rrows=32", "upf=2", "sfirst=2", "rt=3"):
         monkeypatch.setenv(TILES_ENV, bad)
         with pytest.raises(ValueError, match="FFN tiles|MONO_FFN_TILES"):
             _ = FfnBuild(MiniMaxM3Config(), 1, 4).plan
+
+
+@pytest.mark.parametrize("sfirst", [0, 1])
+def test_shared_up_order_follows_sfirst(monkeypatch, sfirst):
+    """The shared expert's up items take the tickets right after the router's (sfirst 1)
+    or right after the routed up items (0); either way every stage keeps its size and the
+    tickets stay contiguous."""
+    from mono_kernels_minimax.ffn.spec import TILES_ENV, stage_bounds
+
+    monkeypatch.setenv(TILES_ENV, f"sfirst={sfirst}")
+    b = FfnBuild(MiniMaxM3Config(), 1, 4)
+    bounds = stage_bounds(b, 5, final=True)
+    names = [n for n, _, _ in bounds]
+    assert names.index("shared-up") == names.index("router") + (1 if sfirst else 2)
+    assert all(hi == lo2 for (_, _, hi), (_, lo2, _) in zip(bounds, bounds[1:], strict=False))
+    sizes = {n: hi - lo for n, lo, hi in bounds}
+    assert sizes["shared-up"] == b.plan.nc * b.plan.uks0
+    assert sizes["up"] == 4 * b.plan.nc * b.plan.uks
 
 
 def test_pack_converts_in_place_and_dense_reads_either_layout():
