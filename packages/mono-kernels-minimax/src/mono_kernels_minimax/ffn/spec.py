@@ -216,12 +216,6 @@ class TaskPlan:
         # us at S = 1 / 2 / 4 / 8 / 16, two dots 71.3 / 101.1 / 129.8 / 195.0 / 299.0.
         # Tiny builds the same, so that the interpreter runs both
         pair = 2 if s <= 4 else 1
-        # the shared expert's up items after the routed ones at S <= 4 (measured below):
-        # first, they held 96 programs waiting for the norm and then streaming until ~28 us
-        # at S = 1, so the last routed up items found a free program only at ~25 us, 12 us
-        # after the route (H200 timeline, stop 34). Tiny builds alike (the interpreter runs
-        # both orders)
-        sfirst = 0 if s <= 4 else 1
         if big:
             tiles = dict(
                 bn=64,
@@ -255,8 +249,15 @@ class TaskPlan:
                 rrows=4,
                 upf=0,
                 dpf=1,
-                sfirst=sfirst,
-                rt=2,
+                # the shared expert's up items before the routed ones: after them (0), the
+                # routed up items take the programs free when the route lands, yet H200
+                # (stop 34, ffn.tune, same call) 68.6 / 94.6 us at S = 1 / 2 against 65.5 /
+                # 90.6 first
+                sfirst=1,
+                # the route's tiles of 4 rows at S = 1 and 2 (one row a warp: its reductions
+                # over the experts stay in a warp; 73 -> 31 barriers at S = 1): H200 (stop
+                # 34, ffn.tune, same call) 63.5 / 90.2 us against 66.0 / 91.7 with 2 rows
+                rt=4,
             )
             tiles = tile_overrides(TILES_ENV, tiles)  # a real-shape build's, for tuning
         else:
@@ -278,8 +279,8 @@ class TaskPlan:
                 rrows=4,
                 upf=0,
                 dpf=1,
-                sfirst=sfirst,
-                rt=2,
+                sfirst=0 if s <= 4 else 1,  # the interpreter runs both orders
+                rt=4,
             )
         _check_tiles(b, tiles)
         fc = min(h, 256)

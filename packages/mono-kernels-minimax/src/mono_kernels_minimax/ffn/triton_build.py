@@ -779,8 +779,9 @@ def _route(
 ):
     """Top-k of sigmoid + bias (ties -> lower id, NaN last), renormalized weights x RSF, and
     the slot table: shared expert first (unless ROUTED), then the union in ascending id.
-    Tiles hold RT rows (S rounded up to a power of two): one program runs it, so every
-    padding row would be work on the step's critical path.
+    Tiles hold RT rows (S rounded up to a power of two, at least tile `rt`): one program
+    runs it on the step's critical path, and 4 rows put one on each warp, so that its
+    reductions over the experts stay in a warp (2 rows split each over two warps).
     Follows vLLM's `fused_topk_bias` (sigmoid branch) for the scores and weights."""
     rows = tl.arange(0, RT)
     ex = tl.arange(0, E)
