@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, order, k1-drafter, k1-tune, pair, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, order, k1-drafter, k1-tune, pair, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -258,6 +258,21 @@ if has pair; then
     done
     step pair-drafter 150 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 8192,32768 --variants "gpair=1|gpair=2"
+fi
+if has ffn; then
+    # After a change to the FFN (stop 34's defaults were timed only at S = 1, 2): its GPU
+    # tests beside its benchmark's and timelines' compiles, `mono bench ffn` at every width
+    # on a quiet GPU, then the default's timelines at S = 1 and 16 (the route's share).
+    tests ffn 250 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench and not opbyop" \
+        --tb=short &
+    step warm-ffn 250 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
+        --formats mxfp4 --layers 1 --no-baseline &
+    step warm-timeline 250 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
+        --layers 1 --timeline "$LOG" &
+    wait
+    step bench-ffn 130 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
+    step timeline-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
+        --timeline "$LOG/bench"
 fi
 if has order; then
     # The FFN's scheduling tiles at S = 1 and 2, in under 200 s: the shared expert's up
