@@ -273,6 +273,11 @@ if has ffn; then
     step bench-ffn 130 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
     step timeline-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
         --timeline "$LOG/bench"
+    # one program an SM: do the latency-bound items (seam, router, route) shrink to their
+    # alone times when their SM is not shared? (stop 34: ~3x them in the FFN)
+    mkdir -p "$LOG/occ1"
+    step timeline-ffn-occ1 60 env MONO_FFN_TILES=occ=1 python3 -m mono_kernels_minimax.ffn.tune \
+        --rows 1 --format mxfp4 --timeline "$LOG/occ1"
 fi
 if has order; then
     # The FFN's scheduling tiles at S = 1 and 2, in under 200 s: the shared expert's up
@@ -388,7 +393,7 @@ for name in ffn k1 k2 drafter sources rest; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn order-ffn route-probe gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn route-probe timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
