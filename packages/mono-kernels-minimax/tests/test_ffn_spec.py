@@ -201,7 +201,15 @@ def test_tile_overrides_are_checked(monkeypatch):
     p = FfnBuild(MiniMaxM3Config(), 1, 4).plan
     assert (p.bn, p.uks, p.occ, p.regs) == (128, 2, 3, 168)
     bad_tiles = ("bn=48", "uks=5", "dbk=16", "nope=1", "bn=x", "warps=2", "occ=4", "regs=100")
-    for bad in bad_tiles + ("regs=32", "regs=256", "rrows=32", "upf=2", "sfirst=2", "rt=3"):
+    for bad in bad_tiles + (
+        "regs=32",
+        "regs=256",
+        "rrows=32",
+        "upf=2",
+        "sfirst=2",
+        "rt=3",
+        "rcall=2",
+    ):
         monkeypatch.setenv(TILES_ENV, bad)
         with pytest.raises(ValueError, match="FFN tiles|MONO_FFN_TILES"):
             _ = FfnBuild(MiniMaxM3Config(), 1, 4).plan

@@ -107,7 +107,7 @@ print(json.dumps({"serialized": res.wgmma_serialized, "spills": res.spill_bytes}
 """
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
 def test_real_shapes_keep_wgmma_pipelined():
     """A TP4 rank's sm_90 build at S = 1 with its up items' gate and up as one tile (pair
     2, the default there): ptxas keeps the wgmma pipelined (as two dot chains at 255
@@ -117,6 +117,12 @@ def test_real_shapes_keep_wgmma_pipelined():
     )
     assert not facts["serialized"], facts
     assert facts["spills"] <= 1024, facts
+    # the route as a called function (tile rcall) compiles too, and spills less: the
+    # values the inlined route reloads are the caller's hoisted ones
+    called, _ = child_json(
+        ["-c", REAL_SHAPES, "1"], 180, TRITON_INTERPRET="0", MONO_FFN_TILES="pair=2,rcall=1"
+    )
+    assert not called["serialized"] and called["spills"] < facts["spills"], (called, facts)
 
 
 @pytest.mark.timeout(120)

@@ -199,6 +199,7 @@ class TaskPlan:
     dpf: int  # 1: a down item asks L2 for a slot's rows before waiting for the slot
     sfirst: int  # 1: the shared expert's up items take tickets before the routed ones, 0 after
     rt: int  # the route's tiles hold max(rt, S rounded up to a power of two) rows
+    rcall: int  # 1: the route runs as a called function (its own registers), 0 inlined
 
     @classmethod
     def of(cls, b: FfnBuild) -> TaskPlan:
@@ -258,6 +259,8 @@ class TaskPlan:
                 # over the experts stay in a warp; 73 -> 31 barriers at S = 1): H200 (stop
                 # 34, ffn.tune, same call) 63.5 / 90.2 us against 66.0 / 91.7 with 2 rows
                 rt=4,
+                # 1 spills nothing in the route (sm_90; inlined: 16 reloads at S = 1); to time
+                rcall=0,
             )
             tiles = tile_overrides(TILES_ENV, tiles)  # a real-shape build's, for tuning
         else:
@@ -281,6 +284,7 @@ class TaskPlan:
                 dpf=1,
                 sfirst=0 if s <= 4 else 1,  # the interpreter runs both orders
                 rt=4,
+                rcall=0,
             )
         _check_tiles(b, tiles)
         fc = min(h, 256)
@@ -332,7 +336,7 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
     for name in t:
         need(
             pow2(t[name])
-            or name in ("ng", "stages", "pair", "upf", "dpf", "sfirst", "occ", "regs"),
+            or name in ("ng", "stages", "pair", "upf", "dpf", "sfirst", "rcall", "occ", "regs"),
             f"{name} must be a power of two",
         )
     need(t["stages"] >= 1 and 1 <= t["ng"] <= b.max_slots, "stages >= 1, 1 <= ng <= max_slots")
@@ -343,7 +347,10 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         "regs is 0 or 64..255, a multiple of 8",
     )
     need(t["pair"] in (0, 1, 2), "pair is 0, 1 or 2")
-    need(all(t[k] in (0, 1) for k in ("upf", "dpf", "sfirst")), "upf, dpf and sfirst are 0 or 1")
+    need(
+        all(t[k] in (0, 1) for k in ("upf", "dpf", "sfirst", "rcall")),
+        "upf, dpf, sfirst and rcall are 0 or 1",
+    )
     need(t["rrows"] <= 16, "rrows is at most 16")
     need(i % t["bn"] == 0 and t["bn"] >= 16, f"bn must divide I = {i}, >= 16")
     need(h % t["dc"] == 0 and t["dc"] >= 16, f"dc must divide H = {h}, >= 16")

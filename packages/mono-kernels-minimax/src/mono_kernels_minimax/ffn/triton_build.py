@@ -218,6 +218,7 @@ def ffn_kernel(
     UPF: tl.constexpr,
     DPF: tl.constexpr,
     SFIRST: tl.constexpr,
+    RCALL: tl.constexpr,
     NF: tl.constexpr,
     NF2: tl.constexpr,
     FC: tl.constexpr,
@@ -382,25 +383,16 @@ def ffn_kernel(
             # its done pair also vouches for the norm items (the routed up items read xn
             # and wait for nothing else), so it waits for them before marking it
             if dt.last_arrival(rcount, RG * RP):
-                _route(
-                    logit,
-                    bias,
-                    slots,
-                    nslots_p,
-                    slot_e,
-                    wtab,
-                    scratch,
-                    S,
-                    E,
-                    K,
-                    RP,
-                    T_IDS,
-                    T_TOPW,
-                    O_TABLE,
-                    SUBSET,
-                    RSF,
-                    RT,
-                )
+                if RCALL:
+                    _route_called(
+                        logit, bias, slots, nslots_p, slot_e, wtab, scratch,
+                        S, E, K, RP, T_IDS, T_TOPW, O_TABLE, SUBSET, RSF, RT,
+                    )  # fmt: skip
+                else:
+                    _route(
+                        logit, bias, slots, nslots_p, slot_e, wtab, scratch,
+                        S, E, K, RP, T_IDS, T_TOPW, O_TABLE, SUBSET, RSF, RT,
+                    )  # fmt: skip
                 dt.wait_items(
                     done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
                 )
@@ -757,8 +749,7 @@ def _slot_count(
     return tl.minimum(tl.maximum(tl.load(nslots_p, volatile=True), 0), MAXSLOTS).to(tl.int64)
 
 
-@triton.jit
-def _route(
+def _route_body(
     logit,
     bias,
     slots,
@@ -835,6 +826,13 @@ def _route(
     tl.store(nslots_p, first + tl.sum(used, 0))
 
 
+_route = triton.jit(_route_body)
+# the same route as a called function (tile rcall): the inlined one, run once a launch by
+# one program, reloads values the compiler hoisted before the ticket loop and spilled (16
+# reloads at S = 1, sm_90); a callee computes its own and spills nothing
+_route_called = triton.jit(noinline=True)(_route_body)
+
+
 # -- host side ---------------------------------------------------------------------------
 
 _FMT = {WeightFormat.BF16: 0, WeightFormat.MXFP4: 1, WeightFormat.FP8: 2}
@@ -889,6 +887,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         UPF=p.upf,
         DPF=p.dpf,
         SFIRST=p.sfirst,
+        RCALL=p.rcall,
         NF=p.final,
         NF2=_p2(b.rows * p.final),
         FC=p.fc,
