@@ -371,8 +371,8 @@ if has tiles || has all; then
     # gate and up as one 128-row tile at S <= 4, down items prefetching their rows to L2):
     # K steps of 128 (half the decoded tile's registers), more and fewer up K parts, the
     # unpaired loop, fewer shared-expert K parts (stop 27: no down prefetch and 2 stages
-    # within noise or worse). Each
-    # variant's two widths compiled in its own process side by side, then all timed in one.
+    # within noise or worse). Each variant's two widths compiled in its own process side
+    # by side, then all timed in one.
     V=("" "ubk=128" "uks=2" "uks=8" "pair=0" "uks0=4")
     for v in "${V[@]}"; do
         step "warm-ffn-${v//[=,]/_}" 300 env MONO_FFN_TILES="$v" python3 -m \

@@ -17,17 +17,16 @@ import torch
 import triton
 import triton.language as tl
 from mono_kernels_minimax.ffn.bench import rank_config
-from mono_kernels_minimax.ffn.triton_build import _route
+from mono_kernels_minimax.ffn.spec import FfnBuild
+from mono_kernels_minimax.ffn.triton_build import _p2, _route
 from mono_runtime import protocol_triton as pt
-
-RP = tl.constexpr(16)  # the router's K parts (TaskPlan.router_parts at real shapes)
 
 
 @triton.jit
 def route_kernel(
     logit, bias, slots, nslots_p, slot_e, wtab, scratch, out, reps,
-    S: tl.constexpr, E: tl.constexpr, K: tl.constexpr, T_TOPW: tl.constexpr,
-    RSF: tl.constexpr, RT: tl.constexpr,
+    S: tl.constexpr, E: tl.constexpr, K: tl.constexpr, RP: tl.constexpr,
+    T_TOPW: tl.constexpr, RSF: tl.constexpr, RT: tl.constexpr,
 ):  # fmt: skip
     """out[i]: ns of the i-th of `reps` routes, run back to back by one program."""
     for i in range(0, reps):
@@ -44,9 +43,10 @@ def route_kernel(
 def probe(s: int, rt: int, reps: int) -> list[float]:
     cfg = rank_config()
     e, k = cfg.num_experts, cfg.top_k
+    rp = FfnBuild(cfg, s, 1).plan.router_parts
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(s)
-    logit = torch.randn(RP, s, e, generator=g, device=dev)
+    logit = torch.randn(rp, s, e, generator=g, device=dev)
     bias = torch.randn(e, generator=g, device=dev) * 0.1
     slots = torch.arange(s, dtype=torch.int64, device=dev)
     nslots = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -55,9 +55,10 @@ def probe(s: int, rt: int, reps: int) -> list[float]:
     topw = 4 * ((s * k * 4 + 3) // 4)
     scratch = torch.zeros(2 * topw, dtype=torch.uint8, device=dev)
     out = torch.zeros(reps, dtype=torch.int64, device=dev)
-    rt_rows = max(rt, 1 << max(0, (s - 1).bit_length()))
     args = (logit, bias, slots, nslots, slot_e, wtab, scratch, out, reps)
-    meta = dict(S=s, E=e, K=k, T_TOPW=topw, RSF=cfg.routed_scaling_factor, RT=rt_rows)
+    meta = dict(
+        S=s, E=e, K=k, RP=rp, T_TOPW=topw, RSF=cfg.routed_scaling_factor, RT=max(rt, _p2(s))
+    )
     route_kernel[(1,)](*args, **meta)  # compile and load
     best = None
     for _ in range(5):
