@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, order, k1-drafter, k1-tune, pair, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, order, k1-drafter, k1-tune, pair, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -278,8 +278,19 @@ if has ffn; then
     # one program an SM: do the latency-bound items (seam, router, route) shrink to their
     # alone times when their SM is not shared? (stop 34: ~3x them in the FFN)
     mkdir -p "$LOG/occ1"
-    step timeline-ffn-occ1 60 env MONO_FFN_TILES=occ=1 python3 -m mono_kernels_minimax.ffn.tune \
-        --rows 1 --format mxfp4 --timeline "$LOG/occ1"
+    step timeline-ffn-occ1 60 python3 -m mono_kernels_minimax.ffn.tune --variants occ=1 \
+        --rows 1 --format mxfp4 --timeline "$LOG/occ1"  # (ffn.tune sets MONO_FFN_TILES itself)
+fi
+if has frag; then
+    # The Gluon mxfp4-frag engine (stop 35): its GPU test, then the engine GEMV of both
+    # MXFP4 engines and cuBLAS bf16 in one run (kernels only), chosen tiles at S = 1, 4, 16
+    # on a layer-sized and a large weight, then every frag tile on the FFN's up volume.
+    tests frag 150 $P/mono-runtime/tests/test_frag.py --tb=short
+    step gemv-frag 200 python3 -m mono_runtime.stream.bench --rows 1,4,16 \
+        --formats mxfp4,mxfp4_frag --shapes 6144x6144,16384x8192,1536x6144 \
+        --json "$LOG/bench/bench-gemv-frag.json"
+    step gemv-frag-tiles 150 python3 -m mono_runtime.stream.bench --rows 1,16 --variants \
+        --formats mxfp4_frag,mxfp4 --shapes 6144x6144 --json "$LOG/bench/gemv-frag-tiles.json"
 fi
 if has order; then
     # The FFN's scheduling tiles at S = 1 and 2, in under 200 s: the shared expert's up

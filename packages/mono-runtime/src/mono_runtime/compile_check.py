@@ -24,10 +24,13 @@ def compile_for(
     Triton type ("*i32", "i64", "fp32"...), `constexprs` each constexpr's value. Pointers
     are taken as 16-byte aligned, as torch allocations are at launch: without it Triton
     cannot vectorize loads, and the binary is not the one that runs. `maxnreg`: a cap on
-    each thread's registers (NVIDIA; None: the compiler's choice)."""
+    each thread's registers (NVIDIA; None: the compiler's choice). Gluon kernels too."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 
     missing = [n for n in fn.arg_names if n not in types and n not in constexprs]
     if missing:

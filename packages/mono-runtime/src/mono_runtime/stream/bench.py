@@ -3,7 +3,8 @@
 Each timed graph runs one GEMV per layer over `layers` distinct weights of one layer's
 shape (N x K), so the graph reads several times the L2, as a decode step does. Figures,
 all from one run: us per GEMV, TB/s of weight bytes (values + scales) read, and that as %
-of the copy bandwidth measured in the same run. `--variants` times every tile variant in
+of the copy bandwidth measured in the same run. Kernels only: the K parts' sum (a torch
+op here; the fused kernels sum in-kernel) is not timed. `--variants` times every tile variant in
 `VARIANTS` (a tuning table, not a guess); the default times the chosen tiles only.
 
     python3 -m mono_runtime.stream.bench --rows 1,4,16 [--variants] [--json FILE]
@@ -18,10 +19,12 @@ import json
 import torch
 
 from ..timing import copy_bandwidth, graph_time
+from .frag import pack_mxfp4_frag
 from .gemv import GemvTiles, gemv
 from .layout import (
     BF16,
     FP8_B128,
+    MXFP4_FRAG,
     MXFP4_K32,
     MXFP4_ROT,
     StreamFormat,
@@ -36,6 +39,9 @@ CHOSEN = {
     # 14.92 / 9.68 with bn 128, 4 stages (stop 34), 30.92 against 31.18 on 16384 x 8192
     MXFP4_ROT: GemvTiles(bn=64, bk=256, split=4, stages=3, warps=4),
     MXFP4_K32: GemvTiles(bn=64, bk=256, split=4, stages=4, warps=4),
+    # H200 stop 35, kernel only: 22.45 / 8.33 us on 16384 x 8192 / 6144 x 6144 at S = 1
+    # (77% / 59% of copy) against 23.97 / 8.63 with 3 stages, 25.33 / 10.80 with split 2
+    MXFP4_FRAG: GemvTiles(bn=64, bk=256, split=4, stages=2, warps=4),
 }
 
 
@@ -78,10 +84,20 @@ VARIANTS = {  # (bn, bk, split, stages, warps, asm); the H200 runs in docs/PERFO
         )
     ),
     MXFP4_K32: _grid(((64, 256, 4, 4, 4, True), (128, 256, 4, 4, 4, True))),
+    MXFP4_FRAG: _grid(
+        (
+            (64, 256, 4, 2, 4, True),
+            (64, 256, 4, 3, 4, True),
+            (64, 256, 8, 2, 4, True),
+            (64, 512, 2, 2, 4, True),
+            (128, 256, 4, 2, 8, True),
+            (128, 256, 4, 4, 4, True),
+        )
+    ),
 }
 
 
-FORMATS = (BF16, FP8_B128, MXFP4_ROT, MXFP4_K32)
+FORMATS = (BF16, FP8_B128, MXFP4_ROT, MXFP4_FRAG, MXFP4_K32)
 
 
 def weight_bytes(fmt: StreamFormat, n: int, k: int) -> int:
@@ -104,6 +120,8 @@ def random_weight(fmt: StreamFormat, n: int, k: int, g: torch.Generator):
     scales = torch.randint(118, 123, (n, k // 32), generator=g, device=dev, dtype=torch.uint8)
     if fmt == MXFP4_K32:
         return codes, scales
+    if fmt == MXFP4_FRAG:
+        return pack_mxfp4_frag(codes, scales)
     return pack_mxfp4_rot(codes, scales, inplace=True)
 
 
@@ -158,7 +176,7 @@ def _shape(out, rows, n, k, total_bytes, variants, copy, g, device, formats) -> 
 
                     def run(ws_list=ws_list, x=x, parts=parts, tiles=tiles, fmt=fmt):
                         for w, sc in ws_list:
-                            gemv(w, sc, x, fmt, tiles, parts)
+                            gemv(w, sc, x, fmt, tiles, parts, sum_parts=False)
 
                     t = graph_time(run, reps=10, warmup=2) / layers
                     row.update(us=t * 1e6, tbps=per / t / 1e12, pct_copy=100 * per / t / copy)

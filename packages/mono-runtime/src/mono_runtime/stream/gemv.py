@@ -2,7 +2,9 @@
 
 What `mono bench gemv` times (the engine's bandwidth per format, beside cuBLAS) and what
 the engine's tests check against `layout.dequantize`. One program per (row block, K part);
-K parts are summed on the host in part order, so the result is deterministic.
+K parts are summed on the host in part order, so the result is deterministic. ``mxfp4-frag``
+weights stream through the Gluon engine (`frag_gluon`, NVIDIA GPUs only), every other
+format through the Triton one (`device`, also in the CPU interpreter).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import triton
 import triton.language as tl
 
 from .device import stream_rows
-from .layout import BF16, FP8_B128, MXFP4_K32, MXFP4_ROT, TILE_ROWS, StreamFormat
+from .layout import BF16, FP8_B128, MXFP4_FRAG, MXFP4_K32, MXFP4_ROT, TILE_ROWS, StreamFormat
 
 
 @dataclass(frozen=True)
 class GemvTiles:
     """BN weight rows x BK columns per step, `split` K parts, `stages` pipeline depth,
-    `warps` per program; `asm`: the inline-PTX MXFP4 decode (GPU only)."""
+    `warps` per program; `asm`: the inline-PTX MXFP4 decode (GPU only; ``mxfp4-frag``
+    always decodes so)."""
 
     bn: int = 128
     bk: int = 256
@@ -38,6 +41,16 @@ class GemvTiles:
             raise ValueError(f"tiles {self}: mxfp4 needs bk >= 32 (one scale group)")
         if fmt == MXFP4_ROT and self.bn % TILE_ROWS:
             raise ValueError(f"tiles {self}: mxfp4-rot needs bn a multiple of {TILE_ROWS}")
+        if fmt == MXFP4_FRAG and (
+            self.warps not in (4, 8)
+            or self.bn % (16 * self.warps)
+            or self.bk % 64
+            or self.stages < 2
+        ):
+            raise ValueError(
+                f"tiles {self}: mxfp4-frag needs 4 or 8 warps, bn a multiple of 16 x warps, "
+                "bk a multiple of 64 and stages >= 2"
+            )
 
 
 @triton.jit
@@ -76,17 +89,25 @@ def gemv(
     fmt: StreamFormat,
     tiles: GemvTiles = GemvTiles(),
     partials: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """fp32 [S, N]: x (bf16 [S, K], S <= 64) times W in `fmt`'s layout."""
+    sum_parts: bool = True,
+) -> torch.Tensor | None:
+    """fp32 [S, N]: x (bf16 [S, K], S <= 64) times W in `fmt`'s layout. `sum_parts=False`
+    only launches the kernel (the K parts stay in `partials`; returns None): what the
+    benchmark times, as the fused kernels sum their parts in-kernel."""
     fmt = StreamFormat(fmt)
     s, k = x.shape
-    n = w.shape[0]
+    n = 16 * w.shape[0] if fmt == MXFP4_FRAG else w.shape[0]
     if not 1 <= s <= 64 or x.dtype != torch.bfloat16 or not x.is_contiguous():
         raise ValueError(
             f"x: expected contiguous bf16 [S <= 64, K], got {x.dtype} {tuple(x.shape)}"
         )
     tiles.check(fmt, n, k)
     cpu = x.device.type == "cpu"
+    if fmt == MXFP4_FRAG and (cpu or s > 16 or tuple(w.shape) != (n // 16, k // 64, 128)):
+        raise ValueError(
+            f"mxfp4-frag: the Gluon engine takes <= 16 rows on an NVIDIA GPU and words "
+            f"{(n // 16, k // 64, 128)}; got S = {s} on {x.device}, words {tuple(w.shape)}"
+        )
     nt = max(16, triton.next_power_of_2(s))  # the stream's token rows (device._acc)
     if partials is None:
         partials = torch.empty(tiles.split, nt, n, dtype=torch.float32, device=x.device)
@@ -95,6 +116,24 @@ def gemv(
             f"partials: expected fp32 {(tiles.split, nt, n)}, got {partials.dtype} "
             f"{tuple(partials.shape)}"
         )
+    if fmt == MXFP4_FRAG:
+        from .frag_gluon import frag_gemv_kernel
+
+        frag_gemv_kernel[(n // tiles.bn * tiles.split,)](
+            w, ws, x, partials, s, N=n, K=k, PT=nt, BN=tiles.bn, BK=tiles.bk,
+            SPLIT=tiles.split, STAGES=tiles.stages, W=tiles.warps, NT=8 if s <= 8 else 16,
+            num_warps=tiles.warps,
+        )  # fmt: skip
+    else:
+        _launch_triton(w, ws, x, partials, fmt, tiles, cpu)
+    if not sum_parts:
+        return None
+    return partials[:, :s].sum(0) if tiles.split > 1 else partials[0, :s]
+
+
+def _launch_triton(w, ws, x, partials, fmt, tiles, cpu) -> None:
+    s, k = x.shape
+    n = w.shape[0]
     gemv_kernel[(n // tiles.bn * tiles.split,)](
         w,
         w if ws is None else ws,
@@ -112,7 +151,6 @@ def gemv(
         ASM=tiles.asm and not cpu,
         num_warps=tiles.warps,
     )
-    return partials[:, :s].sum(0) if tiles.split > 1 else partials[0, :s]
 
 
-__all__ = ["BF16", "FP8_B128", "MXFP4_K32", "MXFP4_ROT", "GemvTiles", "gemv"]
+__all__ = ["BF16", "FP8_B128", "MXFP4_FRAG", "MXFP4_K32", "MXFP4_ROT", "GemvTiles", "gemv"]

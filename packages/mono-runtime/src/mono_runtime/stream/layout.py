@@ -16,6 +16,8 @@
   tile is read from shared memory without bank conflicts (2.1x the GEMV bandwidth of
   row-major rows on the H200).
 - ``mxfp4-k32``: the checkpoint's MXFP4 (the even k in the low nibble), streamed as is.
+- ``mxfp4-frag`` (kernel-owned, `frag`): the ``mxfp4-rot`` bits laid out in mma.sync's
+  register fragments, for the Gluon engine (`frag_gluon`).
 
 ``mxfp4-k32`` converts to ``mxfp4-rot`` in place (a pass's temporary at a time), so
 packing at load never doubles expert memory.
@@ -40,12 +42,14 @@ class StreamFormat(enum.IntEnum):
     MXFP4 = 1  # mxfp4-rot
     FP8 = 2
     MXFP4_K32 = 3  # the checkpoint's layout, streamed as it is
+    MXFP4_FRAG = 4  # mma.sync fragments, streamed by the Gluon engine (`frag`)
 
 
 BF16 = StreamFormat.BF16
 MXFP4_ROT = StreamFormat.MXFP4
 FP8_B128 = StreamFormat.FP8
 MXFP4_K32 = StreamFormat.MXFP4_K32
+MXFP4_FRAG = StreamFormat.MXFP4_FRAG
 TILE_ROWS = 16  # rows of a tile-major block
 # Fewest weight rows an MXFP4 tile should stream at real shapes: on the H200 tiles of 16
 # or 32 rows ran at 0.2-0.6 TB/s against 1.5-2.5 in 64 or 128 (tools/stream_probe.py,
@@ -314,4 +318,8 @@ def dequantize(
         return unpack_mxfp4_k32(*unpack_mxfp4_rot(values, scales))
     if fmt == MXFP4_K32:
         return unpack_mxfp4_k32(values, scales)
+    if fmt == MXFP4_FRAG:
+        from .frag import unpack_mxfp4_frag
+
+        return unpack_mxfp4_k32(*unpack_mxfp4_frag(values, scales))
     return unpack_fp8_b128(values, scales)

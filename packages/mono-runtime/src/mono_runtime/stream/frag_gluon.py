@@ -1,0 +1,167 @@
+"""The ``mxfp4-frag`` weight stream in Gluon: mma.sync fed from decoded registers.
+
+Why Gluon: Triton chooses every layout itself, and on sm_90 its MXFP4 loop (`device`)
+pays for that in instructions: a wgmma needs its activation tile in shared memory behind
+a descriptor rebuilt for each 16-column step (~160 of the 815 instructions a trip), and
+the copies' addresses are recomputed each step (~60). Gluon states the layouts: each lane
+loads its own ``mxfp4-frag`` words (`frag`), one 16-byte shared-memory load per block,
+decodes them in registers into exactly the m16n8k16 A fragment, and issues mma.sync with
+the activations' B fragment from shared memory (ldmatrix): 583 instructions a trip of
+the same 32 K values, 64 registers, no spills (sm_90, compiled here). On the H200 the
+GEMV streams a 67 MB weight at 77% of the copy bandwidth at S = 1, where the Triton loop
+reaches 62% (docs/PERFORMANCE.md, stop 35).
+
+One program: BN weight rows (W warps, 16 rows a warp at a time) times the S <= 16 token
+rows (the MMA's N: 8, or 16 past 8 rows) over K/SPLIT columns, in a STAGES-deep cp.async
+ring of BK-column steps (codes, scales and the activation slice). The decode is the
+``mxfp4-rot`` one (same bits, same scale: ``(s + 63) << 7`` as bf16, the fp32 result
+times 2^63 at the end), so a weight decodes to the same bf16 values in both engines.
+Gluon has no interpreter: CPU tests check the layout (`frag`) and the compiled sm_90 code.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import ampere
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+
+# triton 3.6 (the GPU machine) names the CTA barrier thread_barrier; later releases barrier
+_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+
+def _decode_asm() -> str:
+    """PTX for two words of one lane (pack 4 of int16 halves): $8, $9 the words, $10 the
+    16-bit e8m0 pair (row g, row g + 8) of their group; $2m + j output m of word j."""
+    asm = """{
+.reg .b32 t, u, sp, sg, sh;
+.reg .b16 lo, hi;
+prmt.b32 sp, $10, 0, 0x4140;
+mad.lo.u32 sp, sp, 128, 0x1F801F80;
+mov.b32 {lo, hi}, sp;
+mov.b32 sg, {lo, lo};
+mov.b32 sh, {hi, hi};
+"""
+    for j in range(2):
+        q = f"${8 + j}"
+        o = [f"${2 * m + j}" for m in range(4)]
+        asm += f"""and.b32 t, {q}, 0x81C081C0; mul.rn.bf16x2 {o[0]}, t, sg;
+shf.r.wrap.b32 t, {q}, {q}, 4; and.b32 t, t, 0x81C081C0; mul.rn.bf16x2 {o[1]}, t, sh;
+shf.r.wrap.b32 t, {q}, {q}, 10; and.b32 t, t, 0x81C081C0; mul.rn.bf16x2 {o[2]}, t, sg;
+shf.r.wrap.b32 t, {q}, {q}, 14; shf.r.wrap.b32 u, {q}, {q}, 6;
+and.b32 t, t, 0x00400040; and.b32 u, u, 0x81808180; or.b32 t, t, u; mul.rn.bf16x2 {o[3]}, t, sh;
+"""
+    return asm + "}"
+
+
+_ASM = gl.constexpr(_decode_asm())
+_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 4))
+
+
+@gluon.jit
+def frag_gemv_kernel(
+    w,
+    ws,
+    x,
+    y,
+    S,
+    N: gl.constexpr,
+    K: gl.constexpr,
+    PT: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    SPLIT: gl.constexpr,
+    STAGES: gl.constexpr,
+    W: gl.constexpr,
+    NT: gl.constexpr,
+):
+    """y[part, s, n] (fp32, PT rows a part) = sum over K part `part` of W[n, k] x[s, k] for
+    s < S, rows n of row block pid // SPLIT."""
+    RB: gl.constexpr = BN // 16
+    CB: gl.constexpr = BK // 64
+    KP: gl.constexpr = K // SPLIT
+    NSTEP: gl.constexpr = KP // BK
+    pid = gl.program_id(0)
+    rb = pid // SPLIT
+    part = pid % SPLIT
+    k_begin = part * KP
+
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8]
+    )
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    # copies, 16 bytes a thread (scales 8): words [R, c, 128], scales [R, c, 8], x [NT, BK]
+    wc_l: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [W, 1, 1], [2, 1, 0])
+    sc_l: gl.constexpr = gl.BlockedLayout([1, 1, 2], [2, 4, 4], [W, 1, 1], [2, 1, 0])
+    xc_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [W, 1], [1, 0])
+    # registers: lane (g, t) holds the 8 halves of its words j = 0..3 of each block [R, c]
+    q_l: gl.constexpr = gl.BlockedLayout(
+        [1, 1, 1, 1, 8], [1, 1, 8, 4, 1], [W, 1, 1, 1, 1], [4, 3, 2, 1, 0]
+    )
+    # the scale pairs (group 2c, 2c + 1) of row g, for all four lanes t and both words
+    s_l: gl.constexpr = gl.BlockedLayout(
+        [1, 1, 1, 1, 2, 4], [1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1], [5, 4, 3, 2, 1, 0]
+    )
+    plain3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    plain5: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[4, 3, 2, 1, 0])
+    plain6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[5, 4, 3, 2, 1, 0])
+    wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, RB, CB, 128], plain3)
+    sbuf = gl.allocate_shared_memory(gl.int32, [STAGES, RB, CB, 8], plain3)
+    xbuf = gl.allocate_shared_memory(
+        gl.bfloat16, [STAGES, NT, BK], gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
+    )
+
+    wr = gl.arange(0, RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, wc_l)))
+    wcb = gl.arange(0, CB, layout=gl.SliceLayout(0, gl.SliceLayout(2, wc_l)))
+    we = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, wc_l)))
+    w_off = ((rb * RB + wr)[:, None, None] * (K // 64) + wcb[None, :, None]) * 128
+    w_off = w_off + we[None, None, :]
+    sr = gl.arange(0, RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, sc_l)))
+    scb = gl.arange(0, CB, layout=gl.SliceLayout(0, gl.SliceLayout(2, sc_l)))
+    se = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, sc_l)))
+    s_off = ((rb * RB + sr)[:, None, None] * (K // 64) + scb[None, :, None]) * 8
+    s_off = s_off + se[None, None, :]
+    xn = gl.arange(0, NT, layout=gl.SliceLayout(1, xc_l))
+    xk = gl.arange(0, BK, layout=gl.SliceLayout(0, xc_l))
+    x_off = xn[:, None] * K + xk[None, :]
+    x_live = (xn < S)[:, None] & (xk >= 0)[None, :]  # rows past S are zero-filled
+
+    for st in gl.static_range(STAGES - 1):
+        k0 = k_begin + st * BK
+        cp.async_copy_global_to_shared(wbuf.index(st), w + w_off + (k0 // 64) * 128)
+        cp.async_copy_global_to_shared(sbuf.index(st), ws + s_off + (k0 // 64) * 8)
+        cp.async_copy_global_to_shared(xbuf.index(st), x + x_off + k0, mask=x_live)
+        cp.commit_group()
+
+    acc = gl.zeros([BN, NT], gl.float32, mma)
+    for i in range(NSTEP):
+        cp.wait_group(STAGES - 2)
+        _barrier()  # every lane's copies of step i landed; step i - 1's slot is free
+        nxt = i + STAGES - 1
+        if nxt < NSTEP:
+            k0 = k_begin + nxt * BK
+            slot = nxt % STAGES
+            cp.async_copy_global_to_shared(wbuf.index(slot), w + w_off + (k0 // 64) * 128)
+            cp.async_copy_global_to_shared(sbuf.index(slot), ws + s_off + (k0 // 64) * 8)
+            cp.async_copy_global_to_shared(xbuf.index(slot), x + x_off + k0, mask=x_live)
+        cp.commit_group()
+        cur = i % STAGES
+        q = wbuf.index(cur)._reinterpret(gl.int16, [RB, CB, 8, 4, 8], plain5).load(q_l)
+        sc = sbuf.index(cur)._reinterpret(gl.int16, [RB, CB, 8, 1, 2, 1], plain6).load(s_l)
+        sc, _ = gl.broadcast(sc, gl.zeros([RB, CB, 8, 4, 2, 4], gl.int16, s_l))
+        sc = gl.convert_layout(gl.reshape(sc, [RB, CB, 8, 4, 8]), q_l, assert_trivial=True)
+        p0, p1, p2, p3 = gl.inline_asm_elementwise(
+            _ASM, _CONSTRAINTS, [q, sc], dtype=(gl.bfloat16,) * 4, is_pure=True, pack=4
+        )
+        t = gl.join(gl.join(p0, p1), gl.join(p2, p3))  # [R, c, g, t, (j, e), mr, mk]
+        t = gl.reshape(t, [RB, CB, 8, 4, 4, 2, 2, 2])  # [R, c, g, t, j, e, mr, mk]
+        t = gl.permute(t, [0, 6, 2, 1, 4, 7, 3, 5])  # [R, mr, g, c, j, mk, t, e]
+        a = gl.convert_layout(gl.reshape(t, [BN, BK]), a_l)
+        b = xbuf.index(cur).permute([1, 0]).load(b_l)
+        acc = ampere.mma_v2(a, b, acc)
+    cp.wait_group(0)
+    acc = acc * (2.0**63)  # the decode's scales leave 2^63 to the fp32 sums
+    on = rb * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    ot = gl.arange(0, NT, layout=gl.SliceLayout(0, mma))
+    gl.store(y + part * (PT * N) + ot[None, :] * N + on[:, None], acc, mask=(ot < S)[None, :])
