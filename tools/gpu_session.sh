@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, order, k1-drafter, k1-tune, pair, gemv, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -17,6 +17,10 @@ PART=${1:-check+bench}
 has() { [[ " $PART " == *" $1 "* ]]; }  # PART: one or more part names
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=packages/mono-peer/src:packages/mono-runtime/src:packages/mono-kernels-minimax/src:packages/mono-kernels-kimi/src:integration/src:tools/src
+# humming (vLLM's HUMMING kernels, the FFN bench's stock baseline), carried from the synced
+# environment: `carry: [".venv/lib/python3.11/site-packages/humming"]`
+HUMMING_SITE=.venv/lib/python3.11/site-packages
+[[ -d $HUMMING_SITE/humming ]] && PYTHONPATH=$PYTHONPATH:$HUMMING_SITE
 P=packages
 MONO="python3 -m mono_tools.cli"  # a word list, so `timeout` can run it
 # The whole part ends by BUDGET seconds (default 560, inside the device call's 600), so
@@ -290,7 +294,9 @@ if has frag; then
         --formats mxfp4,mxfp4_frag --shapes 6144x6144,16384x8192,1536x6144 \
         --json "$LOG/bench/bench-gemv-frag.json"
     step gemv-frag-tiles 150 python3 -m mono_runtime.stream.bench --rows 1,16 --variants \
-        --formats mxfp4_frag,mxfp4 --shapes 6144x6144 --json "$LOG/bench/gemv-frag-tiles.json"
+        --formats mxfp4_frag --shapes 6144x6144 --json "$LOG/bench/gemv-frag-tiles.json"
+    step gemv-frag-tiles-expert 120 python3 -m mono_runtime.stream.bench --rows 1 --variants \
+        --formats mxfp4_frag --shapes 1536x6144 --json "$LOG/bench/gemv-frag-tiles-expert.json"
 fi
 if has order; then
     # The FFN's scheduling tiles at S = 1 and 2, in under 200 s: the shared expert's up
@@ -309,6 +315,21 @@ if has order; then
     step order-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2 --format mxfp4 \
         --variants "|sfirst=0|rt=2|rcall=1"
     step bench-ffn 50 $MONO bench ffn --rows 1,2 --format mxfp4 --out "$LOG/bench"
+fi
+if has stock; then
+    # vLLM's stock MXFP4 experts (HUMMING; carry its package, see PYTHONPATH above) against
+    # the FFN reference while a one-layer bench compiles every kernel (ours, HUMMING's,
+    # torch.compile's), then the FFN bench with it beside the op-by-op baseline.
+    tests stock 200 $P/mono-kernels-minimax/tests/test_ffn_stock.py &
+    step warm-stock 200 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4 \
+        --formats mxfp4 --layers 1 &
+    wait
+    step bench-ffn-stock 200 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4 \
+        --formats mxfp4 --layers 8 --json
+    for name in stock warm-stock bench-ffn-stock; do
+        echo "== $name"
+        tail -25 "$LOG/$name.txt"
+    done
 fi
 if has upstage; then
     # Is the FFN's routed up stage slow because of its shape or its kernel? At S = 1 it is

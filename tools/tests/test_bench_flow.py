@@ -73,6 +73,8 @@ def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(monkeypatch, tm
                 copy_tbps=4.0,
                 opbyop_us=None if s == 2 else 24.0,
                 note="Boom" if s == 2 else None,
+                # the FFN's rows name every baseline they timed (op-by-op and stock)
+                baselines_us=None if s == 2 else {"op-by-op": 24.0, "stock": 12.0},
             )
             for s in rows
         ]
@@ -83,6 +85,7 @@ def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(monkeypatch, tm
     data = json.loads((tmp_path / "bench-ffn.json").read_text())
     assert data["settings"]["format"] == "fp8-b128"
     assert data["copy_gbps"] == 4000.0
+    assert data["points"][0]["baselines_us"] == {"op-by-op": 24.0, "stock": 12.0}
     assert data["points"][1]["baselines_us"] == {}
     assert data["settings"]["baseline failures"] == {"rows 2": "Boom"}
     assert "layers a timed graph" not in data["settings"]  # rows without the rotation columns

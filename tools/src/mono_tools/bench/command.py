@@ -15,7 +15,7 @@ from mono_tools.errors import CommandFailed, UsageError
 from mono_tools.machine import detect, require_gpu
 
 MAX_ROWS = 1024
-WEIGHT_FORMATS = ("bf16", "fp8", "mxfp4")  # what --format can name at all
+WEIGHT_FORMATS = ("bf16", "fp8", "mxfp4", "mxfp4_frag")  # what --format can name at all
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,8 @@ def add_parser(commands) -> None:
         "--format",
         type=parse_formats,
         metavar="FORMAT[,FORMAT]",
-        help="weight format(s): ffn mxfp4 (default) or fp8; gemv any of bf16,fp8,mxfp4 "
-        "(default all)",
+        help="weight format(s): ffn mxfp4 (default) or fp8; gemv any of bf16,fp8,mxfp4,"
+        "mxfp4_frag (the Gluon engine; default all)",
     )
     p.add_argument("--out", default="mono-bench", metavar="DIR", help="default: ./mono-bench")
     p.add_argument("--ranks", type=int, help="allreduce: ranks, one per GPU (default: all)")

@@ -90,6 +90,14 @@ def rotation(rows: list[dict]) -> dict:
     }
 
 
+def _baselines(row: dict, baseline: str) -> dict:
+    """{label: us} of a bench row: every baseline it timed (`baselines_us`, the FFN's op-by-op
+    and stock paths), else its op-by-op path under `baseline`."""
+    if row.get("baselines_us") is not None:
+        return {k: float(v) for k, v in row["baselines_us"].items()}
+    return {} if row["opbyop_us"] is None else {baseline: float(row["opbyop_us"])}
+
+
 def of_layer_rows(
     kernel: str, label: str, device: str, rows: list[dict], baseline: str, settings: dict
 ) -> BenchResult:
@@ -106,7 +114,7 @@ def of_layer_rows(
             Point(
                 rows=r["rows"],
                 kernel_us=float(r["kernel_us"]),
-                baselines_us={} if r["opbyop_us"] is None else {baseline: float(r["opbyop_us"])},
+                baselines_us=_baselines(r, baseline),
                 bytes_moved=int(r["bytes"]),
             )
             for r in rows

@@ -18,7 +18,10 @@ in a decode step, so no launch finds its weights in the cache. Figures, all from
   routed experts (torch._grouped_mm on bf16 copies of the expert weights: no library
   offers an MXFP4 or block-FP8 grouped GEMM here, so this path reads ~4x the expert bytes
   of MXFP4 and 2x those of FP8, which favours the kernel) and cuBLAS GEMMs for the shared
-  expert.
+  expert;
+- stock_us, stock_speedup (MXFP4, where the ``humming`` package imports): the same tail with
+  the routed experts as vLLM 0.33 runs them on Hopper, HUMMING's MXFP4 GEMMs (stock.py),
+  graph-replayed likewise; every baseline's time is also in `baselines_us` by label.
 
 `bench(...)` returns a list of row dicts (`mono bench ffn` wraps it); from a shell:
 `python3 -m mono_kernels_minimax.ffn.bench --rows 1,4,16 --formats mxfp4,fp8 --layers 12`.
@@ -43,6 +46,7 @@ from .runner import FfnRunner
 from .weights import FfnWeights
 
 MAX_LAYERS = 64  # far below the 256 launches a step may tag apart
+STOCK = "vLLM stock (HUMMING MXFP4 experts)"  # stock.STOCK_LABEL (stock.py imports this module)
 
 
 def rank_config(tp: int = 4) -> MiniMaxM3Config:
@@ -127,14 +131,16 @@ def _bf16(w: FfnWeights, name: str) -> torch.Tensor:
 
 class OpByOp:
     """The FFN tail of each of `layers` from library ops (see the module docstring),
-    graph-capturable; `self(part, residual, layer)` runs one layer."""
+    graph-capturable; `self(part, residual, layer)` runs one layer. Its routed experts are
+    `_experts` and `routed` (stock.Stock replaces them)."""
+
+    label = "op-by-op (cuBLAS + grouped GEMM + torch.compile)"
 
     def __init__(self, cfg: MiniMaxM3Config, layers: list[FfnWeights]):
         self.cfg = cfg
         self.layers = [
             dict(
-                w13=_bf16(w, "w13"),
-                w2=_bf16(w, "w2"),  # [E, 2I, H], [E, H, I]
+                self._experts(w),
                 sw13=_bf16(w, "shared_w13"),
                 sw2=_bf16(w, "shared_w2"),
                 norm=w.norm,
@@ -158,19 +164,92 @@ class OpByOp:
         wt = scores.gather(1, ids)
         return ids, wt / wt.sum(-1, keepdim=True) * self.cfg.routed_scaling_factor
 
-    def __call__(self, part, residual, layer: int = 0):
+    def _experts(self, w: FfnWeights) -> dict:
+        """One layer's routed experts as `routed` reads them: bf16 copies."""
+        return dict(w13=_bf16(w, "w13"), w2=_bf16(w, "w2"))  # [E, 2I, H], [E, H, I]
+
+    def routed(self, x, ids, wt, w) -> torch.Tensor:
+        """[S, H] routed output of the normed `x` for the routing (`ids`, `wt`)."""
+        return grouped_experts(x, ids, wt, w["w13"], w["w2"], self.act)
+
+    def routing(self, part, residual, layer: int = 0):
+        """(normed, new residual, topk ids, topk weights) of one layer's step."""
         w = self.layers[layer]
         x, res = self.seam(part, residual, w["norm"])
         logits = torch.nn.functional.linear(x.float(), w["router"])
-        ids, wt = self.route(logits, w["bias"])
-        routed = grouped_experts(x, ids, wt, w["w13"], w["w2"], self.act)
+        return x, res, *self.route(logits, w["bias"])
+
+    def __call__(self, part, residual, layer: int = 0):
+        w = self.layers[layer]
+        x, res, ids, wt = self.routing(part, residual, layer)
+        routed = self.routed(x, ids, wt, w)
         shared = torch.nn.functional.linear(
             self.act(torch.nn.functional.linear(x, w["sw13"])), w["sw2"]
         )
         return (routed + shared.float()).to(torch.bfloat16), res
 
 
-def _row(cfg, fmt, runner, base, layers, s, copy, l2, g) -> dict:
+def _baselines(cfg: MiniMaxM3Config, fmt: WeightFormat, ws: list[FfnWeights]) -> list:
+    """(label, path or None, why none) of each baseline of `fmt`, built from the layers `ws`
+    in the checkpoint layout: the op-by-op path, then for MXFP4 the stock path (stock.py),
+    which records why it is missing instead of failing the benchmark."""
+    out = [(OpByOp.label, OpByOp(cfg, ws), None)]
+    if fmt is not WeightFormat.MXFP4:
+        return out
+    label, why = STOCK, None
+    try:
+        from .stock import Stock, humming_missing
+
+        why = humming_missing()
+        if why is None:
+            return [*out, (label, Stock(cfg, ws), None)]
+    except Exception as err:  # noqa: BLE001 (recorded in the rows, not fatal)
+        why = f"{type(err).__name__}: {err}"
+    torch.cuda.empty_cache()  # what a failed conversion left
+    return [*out, (label, None, f"stock path not built: {why}"[:300])]
+
+
+def _eager_time(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Seconds per call of `fn` launched eagerly (median of `reps`), for a path that a CUDA
+    graph cannot capture."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return sorted(times)[reps // 2]
+
+
+def _time_baselines(bases, part, residual, layers: int) -> tuple[dict, list[str]]:
+    """({label: seconds per layer}, notes) of each baseline, each over every layer under
+    graph replay; a path that cannot be captured is timed eagerly, its label saying so."""
+    times, notes = {}, []
+    for label, base, why in bases:
+        if base is None:
+            notes.append(why)
+            continue
+
+        def run(b=base):
+            return [b(part, residual, n) for n in range(layers)]
+
+        try:
+            times[label] = graph_time(run) / layers
+            continue
+        except Exception as err:  # noqa: BLE001 (reported in the row, not fatal)
+            notes.append(f"{label}: graph capture failed: {type(err).__name__}: {err}"[:300])
+        try:
+            times[f"{label}, eager"] = _eager_time(run) / layers
+        except Exception as err:  # noqa: BLE001
+            notes.append(f"{label} failed: {type(err).__name__}: {err}"[:300])
+    return times, notes
+
+
+def _row(cfg, fmt, runner, bases, layers, s, copy, l2, g) -> dict:
     device = runner.device
     part = torch.randn(s, cfg.hidden_size, generator=g, device=device).to(torch.bfloat16)
     residual = torch.randn(s, cfg.hidden_size, generator=g, device=device).to(torch.bfloat16)
@@ -191,13 +270,9 @@ def _row(cfg, fmt, runner, base, layers, s, copy, l2, g) -> dict:
     runner.after_step()  # raises MonoFault if any wait of the replays gave up
     nbytes = [bytes_read(cfg, w, i, s) for w, i in zip(layers, ids, strict=True)]
     experts = [int(i[i >= 0].unique().numel()) + 1 for i in ids]
-    t_base, note = None, None
-    if base is not None:
-        try:
-            t_base = graph_time(lambda: [base(part, residual, n) for n in range(len(layers))])
-            t_base /= len(layers)
-        except Exception as err:  # noqa: BLE001 (reported in the row, not fatal)
-            note = f"op-by-op path failed: {type(err).__name__}: {err}"[:300]
+    times, notes = _time_baselines(bases, part, residual, len(layers))
+    t_base = next((t for label, t in times.items() if label.startswith(OpByOp.label)), None)
+    t_stock = next((t for label, t in times.items() if label.startswith(STOCK)), None)
     return dict(
         format=fmt.value,
         layout=runner.builds[s].layout,
@@ -210,8 +285,11 @@ def _row(cfg, fmt, runner, base, layers, s, copy, l2, g) -> dict:
         l2_x=sum(nbytes) / l2 if l2 else None,
         opbyop_us=None if t_base is None else t_base * 1e6,
         speedup=None if t_base is None else t_base / t_kernel,
+        stock_us=None if t_stock is None else t_stock * 1e6,
+        stock_speedup=None if t_stock is None else t_stock / t_kernel,
+        baselines_us={label: t * 1e6 for label, t in times.items()},
         experts_read=sum(experts) / len(experts),
-        note=note,
+        note="; ".join(notes) or None,
     )
 
 
@@ -243,8 +321,8 @@ def bench(
 ) -> list[dict]:
     """One row per (format, S): kernel_us, bytes, copy_tbps, limit_pct, l2_x (bytes one
     graph reads over the L2 size; under ~4 the cache flatters the kernel), opbyop_us,
-    speedup, experts_read (routed union + shared, mean over layers), note (why the
-    op-by-op path has no figure)."""
+    speedup, stock_us, stock_speedup, baselines_us ({label: us}), experts_read (routed
+    union + shared, mean over layers), note (why a baseline has no figure)."""
     rows, fmts = _check(rows, formats, layers)
     device = torch.device(device)
     copy = copy_bandwidth(device)  # first: without a GPU, its error says so
@@ -255,18 +333,19 @@ def bench(
     out = []
     for fmt in fmts:
         ws = [random_layer(cfg, fmt, seed + n, device) for n in range(layers)]
-        runner, base = FfnRunner(cfg, fmt, None, 0, 1, device, widths=rows), None
+        runner, bases = FfnRunner(cfg, fmt, None, 0, 1, device, widths=rows), []
         try:
-            base = OpByOp(cfg, ws) if baseline else None  # its bf16 copies: checkpoint layout
+            bases = _baselines(cfg, fmt, ws) if baseline else []  # from the checkpoint layout
             ws = [runner.pack(w) for w in ws]  # in place, as at load
             runner.warm()
             g = torch.Generator(device=device).manual_seed(seed)
-            out.extend(_row(cfg, fmt, runner, base, ws, s, copy, l2, g) for s in rows)
+            out.extend(_row(cfg, fmt, runner, bases, ws, s, copy, l2, g) for s in rows)
         finally:
             runner.close()
-            if base is not None:
-                base.layers.clear()  # torch.compile's caches may keep `base` itself alive
-        del ws, base
+            for _, base, _ in bases:
+                if base is not None:
+                    base.layers.clear()  # torch.compile's caches may keep `base` itself alive
+        del ws, bases
         torch.cuda.empty_cache()
     return out
 
@@ -284,9 +363,17 @@ COLUMNS = (
 )
 
 
+STOCK_COLUMNS = (("stock_us", "{:.1f}"), ("stock_speedup", "{:.2f}"))
+
+
 def table(rows: list[dict]) -> str:
-    """The rows as fixed-width text, one line each; notes after the table."""
-    return layer_table(rows, COLUMNS, lambda r: f"{r['format']} S={r['rows']}")
+    """The rows as fixed-width text, one line each (the stock path's columns where any row
+    has it); notes after the table."""
+    columns = COLUMNS
+    if any(r.get("stock_us") is not None for r in rows):
+        at = [name for name, _ in COLUMNS].index("speedup") + 1
+        columns = COLUMNS[:at] + STOCK_COLUMNS + COLUMNS[at:]
+    return layer_table(rows, columns, lambda r: f"{r['format']} S={r['rows']}")
 
 
 def main(argv=None) -> int:
@@ -296,7 +383,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--layers", type=int, default=12, help="distinct layers' weights a timed graph rotates over"
     )
-    parser.add_argument("--no-baseline", action="store_true", help="skip the op-by-op path")
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip the op-by-op and stock paths"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON row a line")
     args = parser.parse_args(argv)
     try:

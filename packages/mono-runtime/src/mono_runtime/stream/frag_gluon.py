@@ -7,9 +7,9 @@ the copies' addresses are recomputed each step (~60). Gluon states the layouts: 
 loads its own ``mxfp4-frag`` words (`frag`), one 16-byte shared-memory load per block,
 decodes them in registers into exactly the m16n8k16 A fragment, and issues mma.sync with
 the activations' B fragment from shared memory (ldmatrix): 583 instructions a trip of
-the same 32 K values, 64 registers, no spills (sm_90, compiled here). On the H200 the
-GEMV streams a 67 MB weight at 77% of the copy bandwidth at S = 1, where the Triton loop
-reaches 62% (docs/PERFORMANCE.md, stop 35).
+the same 32 K values, no spills (sm_90, compiled here). On the H200 the GEMV streams a
+67 MB weight at 77% of the copy bandwidth at S = 1, where the Triton loop reaches 60-62%
+(docs/PERFORMANCE.md, stop 35).
 
 One program: BN weight rows (W warps, 16 rows a warp at a time) times the S <= 16 token
 rows (the MMA's N: 8, or 16 past 8 rows) over K/SPLIT columns, in a STAGES-deep cp.async
@@ -135,6 +135,7 @@ def frag_gemv_kernel(
         cp.commit_group()
 
     acc = gl.zeros([BN, NT], gl.float32, mma)
+    acc1 = gl.zeros([BN, NT], gl.float32, mma)
     for i in range(NSTEP):
         cp.wait_group(STAGES - 2)
         _barrier()  # every lane's copies of step i landed; step i - 1's slot is free
@@ -157,11 +158,16 @@ def frag_gemv_kernel(
         t = gl.join(gl.join(p0, p1), gl.join(p2, p3))  # [R, c, g, t, (j, e), mr, mk]
         t = gl.reshape(t, [RB, CB, 8, 4, 4, 2, 2, 2])  # [R, c, g, t, j, e, mr, mk]
         t = gl.permute(t, [0, 6, 2, 1, 4, 7, 3, 5])  # [R, mr, g, c, j, mk, t, e]
-        a = gl.convert_layout(gl.reshape(t, [BN, BK]), a_l)
-        b = xbuf.index(cur).permute([1, 0]).load(b_l)
-        acc = ampere.mma_v2(a, b, acc)
+        # two accumulators, each over half the step's columns: two dependent mma.sync chains
+        # of half the length (H200: 72% -> 77% of copy at S = 1 on a 67 MB weight)
+        h = gl.permute(gl.reshape(t, [BN, 2, BK // 2]), [0, 2, 1])
+        a0, a1 = gl.split(h)
+        b0 = xbuf.index(cur).slice(0, BK // 2, dim=1).permute([1, 0]).load(b_l)
+        b1 = xbuf.index(cur).slice(BK // 2, BK // 2, dim=1).permute([1, 0]).load(b_l)
+        acc = ampere.mma_v2(gl.convert_layout(a0, a_l), b0, acc)
+        acc1 = ampere.mma_v2(gl.convert_layout(a1, a_l), b1, acc1)
     cp.wait_group(0)
-    acc = acc * (2.0**63)  # the decode's scales leave 2^63 to the fp32 sums
+    acc = (acc + acc1) * (2.0**63)  # the decode's scales leave 2^63 to the fp32 sums
     on = rb * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     ot = gl.arange(0, NT, layout=gl.SliceLayout(0, mma))
     gl.store(y + part * (PT * N) + ot[None, :] * N + on[:, None], acc, mask=(ot < S)[None, :])
