@@ -321,11 +321,10 @@ if has stock; then
     # the FFN reference while a one-layer bench compiles every kernel (ours, HUMMING's,
     # torch.compile's), then the FFN bench with it beside the op-by-op baseline.
     tests stock 200 $P/mono-kernels-minimax/tests/test_ffn_stock.py &
-    step warm-stock 200 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4 \
+    step warm-stock 220 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
         --formats mxfp4 --layers 1 &
     wait
-    step bench-ffn-stock 200 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4 \
-        --formats mxfp4 --layers 8 --json
+    step bench-ffn-stock 220 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
     for name in stock warm-stock bench-ffn-stock; do
         echo "== $name"
         tail -25 "$LOG/$name.txt"
