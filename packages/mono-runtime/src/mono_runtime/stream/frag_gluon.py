@@ -77,15 +77,42 @@ def frag_gemv_kernel(
 ):
     """y[part, s, n] (fp32, PT rows a part) = sum over K part `part` of W[n, k] x[s, k] for
     s < S, rows n of row block pid // SPLIT."""
-    RB: gl.constexpr = BN // 16
-    CB: gl.constexpr = BK // 64
     KP: gl.constexpr = K // SPLIT
-    NSTEP: gl.constexpr = KP // BK
     pid = gl.program_id(0)
     rb = pid // SPLIT
     part = pid % SPLIT
-    k_begin = part * KP
+    acc = frag_stream_rows(w, ws, x, S, rb * BN, part * KP, KP // BK, K, BN, BK, STAGES, W, NT)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8]
+    )
+    on = rb * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    ot = gl.arange(0, NT, layout=gl.SliceLayout(0, mma))
+    gl.store(y + part * (PT * N) + ot[None, :] * N + on[:, None], acc, mask=(ot < S)[None, :])
 
+
+@gluon.jit
+def frag_stream_rows(
+    w,
+    ws,
+    x,
+    S,
+    row0,
+    k_begin,
+    NSTEP: gl.constexpr,
+    K: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    W: gl.constexpr,
+    NT: gl.constexpr,
+):
+    """fp32 [BN, NT] in the mma.sync layout (NVMMADistributedLayout [2, 0], W warps along
+    the rows): weight rows row0.. (a multiple of 16) of an ``mxfp4-frag`` weight of K
+    columns times x[:S, k_begin : k_begin + NSTEP * BK] (bf16, row stride K; rows past S
+    read as zero): the engine's one loop, for any Gluon kernel to stream weights with."""
+    RB: gl.constexpr = BN // 16
+    CB: gl.constexpr = BK // 64
+    blk0 = (row0 // 16).to(gl.int64)  # row0's 16-row block (stacked experts pass 2^31 bytes)
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8]
     )
@@ -115,12 +142,12 @@ def frag_gemv_kernel(
     wr = gl.arange(0, RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, wc_l)))
     wcb = gl.arange(0, CB, layout=gl.SliceLayout(0, gl.SliceLayout(2, wc_l)))
     we = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, wc_l)))
-    w_off = ((rb * RB + wr)[:, None, None] * (K // 64) + wcb[None, :, None]) * 128
+    w_off = ((blk0 + wr)[:, None, None] * (K // 64) + wcb[None, :, None]) * 128
     w_off = w_off + we[None, None, :]
     sr = gl.arange(0, RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, sc_l)))
     scb = gl.arange(0, CB, layout=gl.SliceLayout(0, gl.SliceLayout(2, sc_l)))
     se = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, sc_l)))
-    s_off = ((rb * RB + sr)[:, None, None] * (K // 64) + scb[None, :, None]) * 8
+    s_off = ((blk0 + sr)[:, None, None] * (K // 64) + scb[None, :, None]) * 8
     s_off = s_off + se[None, None, :]
     xn = gl.arange(0, NT, layout=gl.SliceLayout(1, xc_l))
     xk = gl.arange(0, BK, layout=gl.SliceLayout(0, xc_l))
@@ -167,7 +194,4 @@ def frag_gemv_kernel(
         acc = ampere.mma_v2(gl.convert_layout(a0, a_l), b0, acc)
         acc1 = ampere.mma_v2(gl.convert_layout(a1, a_l), b1, acc1)
     cp.wait_group(0)
-    acc = (acc + acc1) * (2.0**63)  # the decode's scales leave 2^63 to the fp32 sums
-    on = rb * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    ot = gl.arange(0, NT, layout=gl.SliceLayout(0, mma))
-    gl.store(y + part * (PT * N) + ot[None, :] * N + on[:, None], acc, mask=(ot < S)[None, :])
+    return (acc + acc1) * (2.0**63)  # the decode's scales leave 2^63 to the fp32 sums
