@@ -61,7 +61,9 @@ def test_bench_kda_table_json_and_plot(monkeypatch, tmp_path, capsys, on_a_gpu):
     assert "3.00x" in capsys.readouterr().out
 
 
-def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(monkeypatch, tmp_path, on_a_gpu):
+def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(
+    monkeypatch, tmp_path, capsys, on_a_gpu
+):
     def bench(rows, formats):
         return [
             dict(
@@ -86,6 +88,9 @@ def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(monkeypatch, tm
     assert data["settings"]["format"] == "fp8-b128"
     assert data["copy_gbps"] == 4000.0
     assert data["points"][0]["baselines_us"] == {"op-by-op": 24.0, "stock": 12.0}
+    out = capsys.readouterr().out  # a speedup and a % of the limit for each baseline
+    assert "speedup vs stock" in out and "3.00x" in out and "1.50x" in out
+    assert "op-by-op % limit" in out and "stock % limit" in out
     assert data["points"][1]["baselines_us"] == {}
     assert data["settings"]["baseline failures"] == {"rows 2": "Boom"}
     assert "layers a timed graph" not in data["settings"]  # rows without the rotation columns
