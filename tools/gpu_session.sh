@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -328,6 +328,24 @@ if has stock; then
     for name in stock warm-stock bench-ffn-stock; do
         echo "== $name"
         tail -25 "$LOG/$name.txt"
+    done
+fi
+if has gluon; then
+    # The FFN's Gluon build (issue 13): its GPU tests (its only checks against the
+    # reference: Gluon has no interpreter) beside the Triton build's (the shared helpers
+    # it uses became two-language), compile-bound, in parallel; then both engines' benches
+    # with the stock path (carry humming) on a quiet GPU, JSON rows in bench/.
+    tests ffn-gluon 300 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "gluon" --tb=short &
+    tests ffn-triton 300 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not gluon and not bench" --tb=short &
+    wait
+    for engine in ${ENGINES:-gluon triton}; do
+        step "bench-ffn-$engine" 150 python3 -m mono_kernels_minimax.ffn.bench --rows ${ROWS:-1,2,4,8,16} \
+            --formats mxfp4 --engine "$engine" --json
+        grep '^{' "$LOG/bench-ffn-$engine.txt" >"$LOG/bench/bench-ffn-$engine.json"
+    done
+    for name in ffn-gluon ffn-triton bench-ffn-gluon bench-ffn-triton; do
+        echo "== $name"
+        tail -30 "$LOG/$name.txt" "$LOG/$name"/*.txt 2>/dev/null | tail -30
     done
 fi
 if has upstage; then

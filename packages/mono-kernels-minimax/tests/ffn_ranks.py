@@ -34,16 +34,27 @@ def step_inputs(cfg, world, s, seed, device, pad=True):
 
 
 def check_steps(
-    rank, world, group, fmt, widths, seed, device="cpu", tiny=True, experts="all", finals=(False,)
+    rank,
+    world,
+    group,
+    fmt,
+    widths,
+    seed,
+    device="cpu",
+    tiny=True,
+    experts="all",
+    finals=(False,),
+    engine=None,
 ):
-    """Run one step per width (and per `finals` flag); return per-step records."""
+    """Run one step per width (and per `finals` flag) on build `engine` (None: the
+    device's); return per-step records."""
     cfg = MiniMaxM3Config.tiny() if tiny else MiniMaxM3Config()
     fmt = WeightFormat(fmt)
     weights = [
         random_weights(cfg, world, fmt, seed=seed, rank_seed=r, device=device) for r in range(world)
     ]
     runner = FfnRunner(
-        cfg, fmt, group, rank, world, device, widths=widths, experts=Experts(experts)
+        cfg, fmt, group, rank, world, device, widths=widths, experts=Experts(experts), engine=engine
     )
     weights[rank] = runner.pack(weights[rank])
     runner.warm()

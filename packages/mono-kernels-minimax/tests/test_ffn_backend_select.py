@@ -24,19 +24,26 @@ CFG = MiniMaxM3Config.tiny()
 DEV = torch.device("cuda:0")  # what FakeTensorMode's tensors report
 
 
+MX4, FP8 = WeightFormat.MXFP4, WeightFormat.FP8
+
+
 @pytest.mark.parametrize(
-    ("device", "hip", "want"),
+    ("device", "hip", "fmt", "pack", "arch", "want"),
     [
-        ("cpu", None, "triton"),
-        ("cpu", "6.4.0", "triton"),  # a ROCm torch on its CPU: the interpreter
-        ("cuda", None, "triton"),
-        ("cuda:1", None, "triton"),
-        ("cuda", "6.4.0", "flydsl"),
-        (torch.device("cuda", 3), "7.0.1", "flydsl"),
+        ("cpu", None, MX4, True, 0, "triton"),
+        ("cpu", "6.4.0", MX4, True, 0, "triton"),  # a ROCm torch on its CPU: the interpreter
+        ("cuda", None, MX4, True, 90, "gluon"),
+        ("cuda:1", None, MX4, True, 100, "gluon"),
+        ("cuda", None, MX4, False, 90, "triton"),  # the checkpoint layout: Triton streams it
+        ("cuda", None, FP8, True, 90, "triton"),
+        ("cuda", None, MX4, True, 80, "triton"),
+        ("cuda", None, None, True, 90, "triton"),
+        ("cuda", "6.4.0", MX4, True, 0, "flydsl"),
+        (torch.device("cuda", 3), "7.0.1", FP8, True, 0, "flydsl"),
     ],
 )
-def test_choose_build(device, hip, want):
-    assert choose_build(device, hip) == want
+def test_choose_build(device, hip, fmt, pack, arch, want):
+    assert choose_build(device, hip, fmt, pack, arch) == want
 
 
 def test_kernel_args_keywords_match_between_builds():

@@ -13,7 +13,7 @@ import torch
 from mono_kernels_minimax.config import MiniMaxM3Config
 from mono_kernels_minimax.ffn import build as ffn_build
 from mono_kernels_minimax.ffn import flydsl_build, triton_build
-from mono_kernels_minimax.ffn.build import FfnFlyDsl, FfnTriton, launch_spec
+from mono_kernels_minimax.ffn.build import FfnFlyDsl, FfnGluon, FfnTriton, launch_spec
 from mono_kernels_minimax.ffn.runner import FfnRunner
 from mono_kernels_minimax.ffn.spec import FfnBuild
 from mono_kernels_minimax.formats import WeightFormat
@@ -24,11 +24,14 @@ from mono_runtime.runner import MonoRunner
 CFG = MiniMaxM3Config.tiny()
 MX = FfnBuild(CFG, 2, 1, WeightFormat.MXFP4)
 FP8 = FfnBuild(CFG, 2, 1, WeightFormat.FP8)
+FRAG = FfnBuild(CFG, 2, 1, WeightFormat.MXFP4, frag=True)
 
 
-def test_both_builds_are_registered_with_the_real_model_as_example():
+def test_every_build_is_registered_with_the_real_model_as_example():
     assert registry.get("ffn triton") is FfnTriton and registry.get("ffn flydsl") is FfnFlyDsl
-    assert registry.builds("ffn") == [FfnTriton, FfnFlyDsl]
+    assert registry.get("ffn gluon") is FfnGluon
+    assert registry.builds("ffn") == [FfnTriton, FfnFlyDsl, FfnGluon]
+    assert FfnGluon.example().key.layout == "mxfp4-frag"
     example = FfnFlyDsl.example().key
     assert (example.cfg, example.rows, example.tp) == (MiniMaxM3Config(), 4, 4)
     assert example.weights is WeightFormat.MXFP4
@@ -54,6 +57,13 @@ def test_the_launch_spec_is_the_backends_keywords():
         (FfnFlyDsl(MX), "gfx942", None),
         (FfnFlyDsl(MX), "sm90", "serves gfx950 and gfx942, not sm90"),
         (FfnFlyDsl(FP8), "gfx950", "fp8-b128 is served by the Triton build only"),
+        (FfnGluon(FRAG), "sm90", None),
+        (FfnGluon(FRAG), "sm100", None),
+        (FfnGluon(FRAG), "interpreter", "Gluon has no interpreter"),
+        (FfnGluon(FRAG), "sm80", "sm_90 and later, not sm80"),
+        (FfnGluon(FRAG), "gfx950", "not gfx950"),
+        (FfnGluon(MX), "sm90", "mxfp4-frag (frag=True)"),
+        (FfnTriton(FRAG), "sm90", "in the FFN's Gluon build"),
     ],
 )
 def test_what_each_build_serves(build, target, says):

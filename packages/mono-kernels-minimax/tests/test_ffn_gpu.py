@@ -1,6 +1,7 @@
-"""The FFN Triton build on an NVIDIA GPU (`-m gpu`): tiny and full per-rank TP4 shapes on one
-rank, two ranks as two processes on one GPU, eager and CUDA graph replay with padding, and
-the benchmark's op-by-op path against the reference."""
+"""The FFN's Triton and Gluon builds on an NVIDIA GPU (`-m gpu`): tiny and full per-rank TP4
+shapes on one rank, two ranks as two processes on one GPU, eager and CUDA graph replay with
+padding, and the benchmark's op-by-op path against the reference. The Gluon build has no
+interpreter: these are its only checks against the reference."""
 
 from __future__ import annotations
 
@@ -42,8 +43,19 @@ def test_tiny_every_width_one_rank(fmt):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("fmt", ["mxfp4", "fp8"])
-def test_full_rank_shapes_one_rank(fmt):
+@pytest.mark.parametrize("experts", ["all", "routed", "shared"])
+def test_gluon_tiny_every_width_one_rank(experts):
+    widths = [1, 2, 3, 4, 6, 8, 12, 16] if experts == "all" else [1, 16]
+    _check(
+        ranks.check_steps(
+            0, 1, None, "mxfp4", widths, 1, "cuda", True, experts, (False, True), "gluon"
+        )
+    )
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("fmt,engine", [("mxfp4", None), ("fp8", None), ("mxfp4", "gluon")])
+def test_full_rank_shapes_one_rank(fmt, engine):
     """MiniMax-M3 at a TP4 rank's expert width (I = 768), launched at TP 1."""
     from mono_kernels_minimax.ffn.bench import rank_config
     from mono_kernels_minimax.ffn.reference import ffn_reference
@@ -54,7 +66,7 @@ def test_full_rank_shapes_one_rank(fmt):
     cfg = rank_config()
     w = random_weights(cfg, 1, WeightFormat(fmt), seed=2, device="cuda")
     widths = [1, 4, 16] if fmt == "mxfp4" else [1, 16]
-    runner = FfnRunner(cfg, WeightFormat(fmt), None, 0, 1, "cuda", widths=widths)
+    runner = FfnRunner(cfg, WeightFormat(fmt), None, 0, 1, "cuda", widths=widths, engine=engine)
     w = runner.pack(w)
     runner.warm()
     for s in widths:
@@ -71,7 +83,8 @@ def test_full_rank_shapes_one_rank(fmt):
 
 
 @pytest.mark.timeout(600)
-def test_two_ranks_on_one_gpu():
+@pytest.mark.parametrize("engine", [None, "gluon"])
+def test_two_ranks_on_one_gpu(engine):
     from mono_peer.testing import spawn
 
     results = spawn(
@@ -85,6 +98,7 @@ def test_two_ranks_on_one_gpu():
         True,
         "all",
         (True,),
+        engine,
         env={"TRITON_INTERPRET": "0"},
         start_method="spawn",
     )
@@ -95,7 +109,8 @@ def test_two_ranks_on_one_gpu():
 
 
 @pytest.mark.timeout(600)
-def test_graph_replay_with_padding():
+@pytest.mark.parametrize("engine", [None, "gluon"])
+def test_graph_replay_with_padding(engine):
     """A graph captured for 4 rows, replayed with 2 real rows and 2 padding rows."""
     from mono_kernels_minimax.config import MiniMaxM3Config
     from mono_kernels_minimax.ffn.reference import ffn_reference
@@ -105,7 +120,7 @@ def test_graph_replay_with_padding():
 
     cfg = MiniMaxM3Config.tiny()
     w = random_weights(cfg, 1, WeightFormat.MXFP4, seed=5, device="cuda")
-    runner = FfnRunner(cfg, WeightFormat.MXFP4, None, 0, 1, "cuda", widths=[4])
+    runner = FfnRunner(cfg, WeightFormat.MXFP4, None, 0, 1, "cuda", widths=[4], engine=engine)
     w = runner.pack(w)
     runner.warm()
     parts, residual, slots = ranks.step_inputs(cfg, 1, 4, 77, "cuda", pad=False)

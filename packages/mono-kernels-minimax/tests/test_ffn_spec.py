@@ -253,3 +253,26 @@ def test_pack_converts_in_place_and_dense_reads_either_layout():
     assert p.packed(True) is p
     with pytest.raises(ValueError, match="already packed"):
         p.packed(False)
+
+
+def test_pack_to_frag_converts_in_place_and_dense_reads_it():
+    from mono_kernels_minimax.ffn.weights import random_weights
+
+    cfg = MiniMaxM3Config.tiny()
+    w = random_weights(cfg, 2, WeightFormat.MXFP4, seed=5)  # TP 2: two scale bytes a w2 row
+    before = {n: w.dense(n) for n in ("w13", "w2")}
+    raw2 = w.w2.clone()
+    assert w.expert_layout == "mxfp4-k32"
+    p = w.packed(False, frag=True)
+    assert p.frag and not p.rot and p.expert_layout == "mxfp4-frag"
+    assert p.w2 is w.w2 and not torch.equal(p.w2, raw2), "converted in place"
+    for n in ("w13", "w2"):
+        assert torch.equal(p.dense(n), before[n])
+    assert p.packed(False, frag=True) is p
+    with pytest.raises(
+        ValueError, match="already packed as mxfp4-frag; the kernel wants mxfp4-rot"
+    ):
+        p.packed(True)
+    assert FfnBuild(cfg, 1, 2, WeightFormat.MXFP4, frag=True).layout == "mxfp4-frag"
+    with pytest.raises(ValueError, match="packed MXFP4 experts only"):
+        FfnBuild(cfg, 1, 1, WeightFormat.FP8, frag=True)

@@ -11,7 +11,12 @@ import pytest
 import torch
 from mono_peer.testing import child_json
 from mono_runtime.stream import layout as L
-from mono_runtime.stream.frag import pack_mxfp4_frag, unpack_mxfp4_frag
+from mono_runtime.stream.frag import (
+    pack_experts_frag,
+    pack_mxfp4_frag,
+    unpack_experts_frag,
+    unpack_mxfp4_frag,
+)
 
 
 def _k32(n, k, g, lead=()):
@@ -32,6 +37,30 @@ def test_frag_layout_round_trips_and_dequantizes_as_the_checkpoint():
     assert torch.equal(
         L.dequantize(words[1], sw[1], L.MXFP4_FRAG), L.dequantize(codes[1], scales[1], L.MXFP4_K32)
     )
+
+
+def test_frag_packs_stacked_experts_in_place_all_or_none():
+    """A bundle's experts convert in their own storage (a TP shard's narrow scale rows
+    included: K = 64 is two scale bytes a row), and a bad tensor leaves every one as it
+    was."""
+    g = torch.Generator().manual_seed(3)
+    w13, s13 = _k32(32, 128, g, lead=(3,))
+    w2, s2 = _k32(128, 64, g, lead=(3,))
+    keep = [t.clone() for t in (w13, s13, w2, s2)]
+    ptrs = [t.data_ptr() for t in (w13, s13, w2, s2)]
+    bad = s2.clone()
+    bad[1, 5, 0] = L.ROT_SCALE_MAX + 1
+    with pytest.raises(ValueError, match="weights.w2: .*e8m0 code"):
+        pack_experts_frag({"w13": (w13, s13), "w2": (w2, bad)})
+    assert torch.equal(w13, keep[0]) and torch.equal(s13, keep[1])
+    pack_experts_frag({"w13": (w13, s13), "w2": (w2, s2)})
+    assert [t.data_ptr() for t in (w13, s13, w2, s2)] == ptrs
+    words, sw = pack_mxfp4_frag(keep[2], keep[3])
+    assert torch.equal(w2.view(-1).view(torch.int32), words.view(-1))
+    assert torch.equal(s2.view(-1).view(torch.int32), sw.view(-1))
+    for (v, sc), (v0, s0) in zip([(w13, s13), (w2, s2)], [keep[:2], keep[2:]], strict=True):
+        back = unpack_experts_frag(v, sc)
+        assert torch.equal(back[0], v0) and torch.equal(back[1], s0)
 
 
 def test_frag_word_holds_its_lanes_fragment():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import lang as lg
 from . import protocol_triton as pt
 from .stream import device as st
 from .timeline import STAMP_WORDS
@@ -33,7 +34,7 @@ def bf16_round(x):
 def tile_pairs(acc, BN: tl.constexpr):
     """fp32 [BN weight rows, 16 tokens] (a `stream_rows` result) -> int32 [16 tokens,
     BN / 2] bf16 pairs (rounded): the payload of `push_pairs`."""
-    lo, hi = tl.split(tl.reshape(tl.trans(acc), (16, BN // 2, 2)))
+    lo, hi = tl.split(tl.reshape(tl.trans(lg.row_pairs(acc)), (16, BN // 2, 2)))
     return pt.bf16x2_pack(lo, hi)
 
 
@@ -85,8 +86,8 @@ def prefetch_rows(
 def store_mid(mid, j, c, h, S: tl.constexpr, COLS: tl.constexpr, BN: tl.constexpr):
     """Activated rows [c BN, (c + 1) BN) of slot j, fp32 [BN, 16 tokens] -> mid[j] (bf16
     [S tokens, COLS], rounded): the down items' `stream_rows` input."""
-    n = tl.arange(0, BN)
-    t = tl.arange(0, 16)
+    n = lg.arange(0, BN)
+    t = lg.arange(0, 16)
     tl.store(
         mid + (j * S + t[None, :]) * COLS + (c * BN + n)[:, None],
         bf16_round(h).to(tl.bfloat16),
@@ -145,7 +146,7 @@ def sum_parts(base, PARTS: tl.constexpr, STRIDE: tl.constexpr, live):
     """The fp32 blocks at base + q STRIDE (q < PARTS, other programs' stores; `base` a
     block of pointers of any shape), summed in q order: results do not depend on which
     program finished when. The loads are unrolled, so they fly together."""
-    total = tl.zeros(base.shape, tl.float32)
+    total = lg.zeros_like(base, tl.float32)
     for q in tl.static_range(PARTS):
         total += tl.load(base + q * STRIDE, mask=live, other=0.0, volatile=True)
     return total
@@ -156,8 +157,8 @@ def split_k(acc, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.cons
     """Split K: store this item's K part kp of a [BN, NT] fp32 sum (its first S columns)
     in buf ([PARTS, BN, S]); (last, total): `last` in the item that finished the last part,
     which gets the parts summed in part order (`sum_parts`). One part: (True, acc)."""
-    n = tl.arange(0, BN)
-    t = tl.arange(0, acc.shape[1])
+    n = lg.arange(0, BN)
+    t = lg.arange(0, acc.shape[1])
     live = t[None, :] < S
     base = buf + n[:, None] * S + t[None, :]
     total = acc
@@ -165,7 +166,7 @@ def split_k(acc, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.cons
     if PARTS > 1:
         tl.store(base + kp * (BN * S), acc, mask=live)
         last = last_arrival(cnt, PARTS)
-        total = tl.zeros((BN, acc.shape[1]), tl.float32)
+        total = lg.zeros((BN, acc.shape[1]), tl.float32)
         if last:
             total = sum_parts(base, PARTS, BN * S, live)
     return last, total
@@ -216,13 +217,14 @@ def push_pairs(peers, world, off, row_pairs, q, payload, keep, tag, S: tl.conste
     """Publish `payload` [16 tokens, Q] at pair `off + token * row_pairs + q` of every
     rank's peer data (tokens < S, lanes where `keep`: a block that broadcasts against
     [16, Q], or True)."""
-    t = tl.arange(0, 16)[:, None]
+    t = lg.arange(0, 16)[:, None]
+    mask = lg.like((t < S) & keep & (q[None, :] >= 0), payload)  # full shape: Gluon wants it
     for dst in range(world):
         pt.publish_value(
-            pt.peer_data(peers, dst) + off + t * row_pairs + q[None, :],
+            lg.like(pt.peer_data(peers, dst) + off + t * row_pairs + q[None, :], payload),
             payload,
             tag,
-            (t < S) & keep,
+            mask,
             "sys",
         )
 
@@ -271,7 +273,7 @@ def handshake(
     """The TP fault handshake that closes a final launch: tell every rank this one is done
     (pair `off + rank`), hear from every rank (a rank that gave up has set its alarm, so
     the poll gives up rather than waits). W: the world rounded up to a power of two."""
-    i = tl.arange(0, W)
+    i = lg.anchor(lg.arange(0, W))
     for dst in range(world):
         pt.publish(pt.peer_data(peers, dst) + off + rank + i, i, tag, i == 0, "sys")
     pt.poll(me + off + i, i < world, tag, ctl, health, peers, rank, world, region, 0, CPU)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import lang as lg
 from . import protocol as P
 
 _EPOCH = tl.constexpr(P.CTL_EPOCH)
@@ -175,9 +176,9 @@ def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: t
     The exit and `ok` are the same in every thread of the program (`_wait_state`).
     """
     head = _alarm_words(peers, rank)
-    ranks = tl.arange(0, _MAX_RANKS)
+    ranks = lg.anchor(lg.arange(0, _MAX_RANKS))
     rmask = ranks < world
-    lanes = tl.arange(0, ptrs.shape[0])
+    lanes = lg.arange(0, ptrs.shape[0])
     deadline = tl.load(ctl + _DEADLINE)
     t0 = clock(0, CPU)
     it = 0
@@ -203,7 +204,7 @@ def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: t
         bad = (pair_tag(pairs) != tag) & mask
         lane = tl.min(tl.where(bad, lanes, ptrs.shape[0]), 0) % ptrs.shape[0]
         seen = tl.sum(tl.where(lanes == lane, pair_tag(pairs), 0), 0)
-        one = tl.full(ranks.shape, 1, tl.int64)
+        one = lg.full(ranks.shape, 1, tl.int64)
         bits = tl.sum(tl.where(alarms != 0, one << ranks.to(tl.int64), 0), 0)
         _give_up(
             kind,
@@ -243,10 +244,10 @@ def wait_done(
     this program. False: the wait gave up (recorded in health with pair index `pair0` +
     lane, the alarm set), and so does every later wait of the step. N2: N rounded up to a
     power of two."""
-    i = tl.arange(0, N2)
+    i = lg.anchor(lg.arange(0, N2))
     m = i < N
     _, ok = poll(done + first + i, m, tag, ctl, health, peers, rank, world, region, pair0, CPU)
-    tl.atomic_add(done + first + i, 0, mask=m, sem="acquire", scope="gpu")
+    tl.atomic_add(done + first + i, lg.zeros_like(i, tl.int64), mask=m, sem="acquire", scope="gpu")
     tl.debug_barrier()
     return ok
 
@@ -287,8 +288,8 @@ def reduce_bf16x2(
 
     Returns (sum of the low halves, sum of the high halves, ok); every rank adds in the
     same order, so every rank gets bit-identical sums."""
-    lo = tl.zeros(src0.shape, tl.float32)
-    hi = tl.zeros(src0.shape, tl.float32)
+    lo = lg.zeros_like(src0, tl.float32)
+    hi = lg.zeros_like(src0, tl.float32)
     ok = tag == tag
     for r in range(0, world):
         v, got = poll(
@@ -315,7 +316,7 @@ def reduce_f32(
     src0, src_stride, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: tl.constexpr
 ):
     """Rank-ordered fp32 sum of fp32 payloads (layout as `reduce_bf16x2`); (sum, ok)."""
-    acc = tl.zeros(src0.shape, tl.float32)
+    acc = lg.zeros_like(src0, tl.float32)
     ok = tag == tag
     for r in range(0, world):
         v, got = poll(
@@ -344,7 +345,7 @@ def fault_stall(ctl, peers, rank, world, CPU: tl.constexpr):
     if tl.load(ctl + _FAULT_RANK) == rank + 1:
         delay = tl.load(ctl + _FAULT_DELAY)
         head = _alarm_words(peers, rank)
-        ranks = tl.arange(0, _MAX_RANKS)
+        ranks = lg.anchor(lg.arange(0, _MAX_RANKS))
         t0 = clock(0, CPU)
         it = 0
         state = tl.where(delay > 0, _W_WAITING, _W_LATE)
@@ -375,7 +376,7 @@ def ticket_finish(done, t, tag):
 @triton.jit
 def ticket_wait(done, t, tag, ctl, health, peers, rank, world, region, CPU: tl.constexpr):
     """Wait (bounded) for item t < this program's own ticket; then its stores are visible."""
-    one = tl.arange(0, 1)
+    one = lg.anchor(lg.arange(0, 1))
     _, ok = poll(done + t + one, one == 0, tag, ctl, health, peers, rank, world, region, t, CPU)
     tl.atomic_add(done + t, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()

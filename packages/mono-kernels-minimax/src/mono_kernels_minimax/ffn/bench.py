@@ -318,11 +318,13 @@ def bench(
     device: str = "cuda",
     seed: int = 0,
     baseline: bool = True,
+    engine: str | None = None,
 ) -> list[dict]:
     """One row per (format, S): kernel_us, bytes, copy_tbps, limit_pct, l2_x (bytes one
     graph reads over the L2 size; under ~4 the cache flatters the kernel), opbyop_us,
     speedup, stock_us, stock_speedup, baselines_us ({label: us}), experts_read (routed
-    union + shared, mean over layers), note (why a baseline has no figure)."""
+    union + shared, mean over layers), note (why a baseline has no figure). `engine`: the
+    build (FfnRunner's; None: the device's)."""
     rows, fmts = _check(rows, formats, layers)
     device = torch.device(device)
     copy = copy_bandwidth(device)  # first: without a GPU, its error says so
@@ -333,7 +335,8 @@ def bench(
     out = []
     for fmt in fmts:
         ws = [random_layer(cfg, fmt, seed + n, device) for n in range(layers)]
-        runner, bases = FfnRunner(cfg, fmt, None, 0, 1, device, widths=rows), []
+        runner = FfnRunner(cfg, fmt, None, 0, 1, device, widths=rows, engine=engine)
+        bases = []
         try:
             bases = _baselines(cfg, fmt, ws) if baseline else []  # from the checkpoint layout
             ws = [runner.pack(w) for w in ws]  # in place, as at load
@@ -387,6 +390,11 @@ def main(argv=None) -> int:
         "--no-baseline", action="store_true", help="skip the op-by-op and stock paths"
     )
     parser.add_argument("--json", action="store_true", help="one JSON row a line")
+    parser.add_argument(
+        "--engine",
+        default=None,
+        help="the build: triton, gluon (MXFP4 only), flydsl; default: the device's",
+    )
     args = parser.parse_args(argv)
     try:
         rows = [int(v) for v in args.rows.split(",")]
@@ -397,7 +405,7 @@ def main(argv=None) -> int:
         _check(rows, formats, args.layers)
     except ValueError as err:
         parser.error(str(err))
-    got = bench(rows, formats, args.layers, baseline=not args.no_baseline)
+    got = bench(rows, formats, args.layers, baseline=not args.no_baseline, engine=args.engine)
     print("\n".join(json.dumps(r) for r in got) if args.json else table(got))
     return 0
 

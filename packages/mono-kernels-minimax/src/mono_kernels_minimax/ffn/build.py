@@ -11,6 +11,7 @@ FfnWeights bundle (each backend unpacks it), then the runtime's.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
@@ -89,6 +90,8 @@ class FfnTriton(TritonBuild, _Ffn):
     module = triton_build
 
     def supports(self, target: str) -> str | None:
+        if self.key.frag:
+            return "mxfp4-frag experts stream in the FFN's Gluon build, not its Triton build"
         if target == INTERPRETER or target.startswith("sm"):
             return None
         return f"the FFN's Triton build serves CUDA GPUs; on {target} its FlyDSL build does"
@@ -98,7 +101,7 @@ class FfnTriton(TritonBuild, _Ffn):
         at once (mono_runtime.kernel.triton_build); nothing on a CPU."""
         self.spec.check(args)
         warm_triton(
-            triton_build.ffn_kernel,
+            triton_build.kernel_of(self.key),
             triton_build.kernel_args(self.key, **args),
             triton_build.constexprs(self.key, False),
             programs=programs,
@@ -159,4 +162,31 @@ class FfnFlyDsl(_Ffn):
         flydsl_build.launch(self.key, programs, **args)
 
 
-BY_BACKEND: dict[str, type[_Ffn]] = {"triton": FfnTriton, "flydsl": FfnFlyDsl}
+@register
+class FfnGluon(FfnTriton):
+    """The Gluon build: triton_build's kernel body compiled by Gluon, its expert stages on
+    the mma.sync engine (mono_runtime.stream.frag_gluon) over ``mxfp4-frag`` experts.
+    Gluon has no interpreter: the Triton build, the same body, is its CPU twin."""
+
+    backend = "gluon"
+
+    @classmethod
+    def example(cls) -> Build:
+        return cls(replace(_example(), frag=True))
+
+    def supports(self, target: str) -> str | None:
+        if not self.key.frag:
+            return "the FFN's Gluon build streams MXFP4 experts in mxfp4-frag (frag=True)"
+        if target == INTERPRETER:
+            return "Gluon has no interpreter; on a CPU the Triton build (the same body) runs"
+        arch = target[2:] if target.startswith("sm") else ""
+        if not arch.isdigit() or int(arch) < 90:
+            return f"the FFN's Gluon build serves NVIDIA sm_90 and later, not {target}"
+        return None
+
+
+BY_BACKEND: dict[str, type[_Ffn]] = {
+    "triton": FfnTriton,
+    "gluon": FfnGluon,
+    "flydsl": FfnFlyDsl,
+}

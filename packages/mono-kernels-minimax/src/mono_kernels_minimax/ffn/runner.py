@@ -9,8 +9,9 @@ also names its ticket counter; every rank issuing the same launches derives the 
 tags. Call `after_step()` once per executed step (it raises MonoFault on every rank after
 any give-up).
 
-Build: `choose_build` picks FlyDSL on a ROCm GPU and Triton elsewhere (CUDA GPUs, the CPU
-interpreter); both read the same spec, so the runner's API and arguments are the same.
+Build: `choose_build` picks FlyDSL on a ROCm GPU, Gluon for packed MXFP4 experts on an
+NVIDIA GPU of sm_90 or later, and Triton elsewhere (other formats and GPUs, the CPU
+interpreter); all read the same spec, so the runner's API and arguments are the same.
 Each width's build is a mono_runtime Build (ffn.build): the runner warms and launches
 through it, and it refuses, with the reason, a target it does not serve.
 """
@@ -18,6 +19,7 @@ through it, and it refuses, with the reason, a target it does not serve.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,10 +34,6 @@ from ..formats import WeightFormat
 from .build import BY_BACKEND
 from .spec import Experts, FfnBuild, peer_bytes, scratch_bytes, scratch_layout, table_offsets
 from .weights import FfnWeights
-
-
-def _layout(rot: bool) -> str:
-    return "mxfp4-rot" if rot else "mxfp4-k32"
 
 
 def _no_alias(tensors: dict[str, torch.Tensor | None]) -> None:
@@ -55,11 +53,34 @@ def _no_alias(tensors: dict[str, torch.Tensor | None]) -> None:
                 raise ValueError(f"{out}: shares memory with {other}")
 
 
-def choose_build(device: torch.device | str, hip_version: str | None) -> str:
-    """ "flydsl" on a GPU of a ROCm torch (`torch.version.hip` set), "triton" elsewhere: the
-    FlyDSL build is the one tuned for and compiled to AMD targets; Triton serves CUDA GPUs
-    and runs under the interpreter on a CPU."""
-    return "flydsl" if torch.device(device).type == "cuda" and hip_version else "triton"
+def choose_build(
+    device: torch.device | str,
+    hip_version: str | None,
+    fmt: WeightFormat | None = None,
+    pack: bool = True,
+    arch: int = 0,
+) -> str:
+    """ "flydsl" on a GPU of a ROCm torch (`torch.version.hip` set); "gluon" for packed
+    MXFP4 experts on an NVIDIA GPU of compute capability `arch` >= 90 (its mma.sync engine
+    streams them 1.3-1.6x faster than the Triton build: docs/PERFORMANCE.md); "triton"
+    elsewhere: other formats and GPUs, and the interpreter on a CPU."""
+    if torch.device(device).type != "cuda":
+        return "triton"
+    if hip_version:
+        return "flydsl"
+    return "gluon" if fmt is WeightFormat.MXFP4 and pack and arch >= 90 else "triton"
+
+
+def _arch(device: torch.device) -> int:
+    """The compute capability of an NVIDIA `device` as 90 for 9.0; 0 where there is none to
+    ask (a CPU, a torch without a driver)."""
+    if device.type != "cuda" or torch.version.hip:
+        return 0
+    try:
+        major, minor = torch.cuda.get_device_capability(device)
+    except (RuntimeError, AssertionError):
+        return 0
+    return 10 * major + minor
 
 
 class FfnRunner(MonoLayerRunner):
@@ -78,20 +99,35 @@ class FfnRunner(MonoLayerRunner):
         runner: MonoRunner | None = None,
         pack: bool = True,
         timeline: bool = False,
+        engine: str | None = None,
     ) -> None:
         """`pack`: MXFP4 experts are streamed in the kernel's mxfp4-rot layout, which
         `pack(weights)` converts them to once, in place; False streams the checkpoint's
         mxfp4-k32 as it is (slower; for an engine whose other paths read those tensors).
-        `timeline`: builds that stamp each item's start, ready and end (`timeline(s)`)."""
+        `timeline`: builds that stamp each item's start, ready and end (`timeline(s)`).
+        `engine`: the build ("triton", "gluon": MXFP4 experts in mxfp4-frag, "flydsl");
+        None picks by device (`choose_build`)."""
         self.cfg, self.fmt, self.tp, self.rank = cfg, WeightFormat(fmt), tp, rank
         self._setup(device, widths, programs)
+        self.build_name = engine or choose_build(
+            self.device, torch.version.hip, self.fmt, bool(pack), _arch(self.device)
+        )
+        if self.build_name not in BY_BACKEND:
+            raise ValueError(f"engine={engine!r}: expected one of {sorted(BY_BACKEND)} or None")
+        frag = self.build_name == "gluon"
         self.builds = {
             s: FfnBuild(
-                cfg, s, tp, self.fmt, Experts(experts), packed=bool(pack), timeline=bool(timeline)
-            )
+                cfg,
+                s,
+                tp,
+                self.fmt,
+                Experts(experts),
+                packed=bool(pack),
+                timeline=bool(timeline),
+                frag=frag,
+            )  # fmt: skip
             for s in self.widths
         }
-        self.build_name = choose_build(self.device, torch.version.hip)
         self.kernels = {s: BY_BACKEND[self.build_name](b) for s, b in self.builds.items()}
         target = target_name(self.device)
         for kernel in self.kernels.values():
@@ -107,8 +143,10 @@ class FfnRunner(MonoLayerRunner):
             sms = torch.cuda.get_device_properties(self.device).multi_processor_count
             programs = sms * max(b.plan.occ for b in self.builds.values())
         self.programs = programs
-        # the expert layout the build streams: mxfp4-rot for the Triton build's MXFP4
+        # the expert layout the build streams: mxfp4-rot for the Triton build's MXFP4,
+        # mxfp4-frag for the Gluon build's
         self.rot = self.build_name != "flydsl" and self.builds[self.widths[0]].rot
+        self.frag = frag
         self._opened()
 
     def pack(self, weights: FfnWeights) -> FfnWeights:
@@ -118,7 +156,7 @@ class FfnRunner(MonoLayerRunner):
         self._live()
         if not isinstance(weights, FfnWeights):
             raise ValueError(f"weights: expected FfnWeights, got {type(weights).__name__}")
-        return weights.packed(self.rot)
+        return weights.packed(self.rot, self.frag)
 
     # -- views ----------------------------------------------------------------------------
     def _layout(self, s: int) -> dict:
@@ -183,7 +221,7 @@ class FfnRunner(MonoLayerRunner):
             name: None if dtype is None else torch.empty(64, dtype=dtype, device=self.device)
             for name, (_, dtype) in spec.items()
         }
-        return FfnWeights(fmt, **made, rot=self.rot)
+        return FfnWeights(fmt, **made, rot=self.rot, frag=self.frag)
 
     def __call__(
         self,
@@ -242,10 +280,11 @@ class FfnRunner(MonoLayerRunner):
                 f"weights: format {weights.fmt.value}, this runner reads {self.fmt.value}"
             )
         weights.validate(self.cfg, self.tp, self.device)
-        if weights.fmt is WeightFormat.MXFP4 and weights.rot != self.rot:
-            have, want = (_layout(x) for x in (weights.rot, self.rot))
+        want = replace(weights, rot=self.rot, frag=self.frag).expert_layout
+        if weights.expert_layout != want:
+            packed = weights.rot or weights.frag
             raise ValueError(
-                f"weights: experts in {have}, this runner streams {want}"
-                + (": FfnRunner.pack(weights) converts them once" if not weights.rot else "")
+                f"weights: experts in {weights.expert_layout}, this runner streams {want}"
+                + ("" if packed else ": FfnRunner.pack(weights) converts them once")
             )
         return s

@@ -14,9 +14,12 @@ import torch
 import triton
 import triton.language as tl
 from mono_runtime import decode_triton as dt
+from mono_runtime import lang as lg
 from mono_runtime import protocol_triton as pt
 from mono_runtime.protocol import region_id
 from mono_runtime.stream import device as st
+from mono_runtime.stream import frag_gluon as fg
+from triton.experimental import gluon
 
 from ..formats import WeightFormat
 from .spec import Experts, FfnBuild, max_tickets, peer_layout, scratch_layout, table_offsets
@@ -41,12 +44,16 @@ def _up_item(
     STAGES: tl.constexpr,
     PAIR: tl.constexpr,
     CPU: tl.constexpr,
+    GL: tl.constexpr,
 ):
     """fp32 [BN, 16] gate and up of rows c*BN.. over K part kp (NSTEP steps of BK); with
     PAIR both in one pipelined loop (`stream_row_pair`; 2: as one tile), else one loop
-    after the other."""
+    after the other. GL: the Gluon engine's loops, one after the other."""
     k0 = kp * (NSTEP * BK)
-    if PAIR:
+    if GL:
+        g = _gl_rows(w, ws, xn, S, c * BN, k0, NSTEP, H, BN, BK, FMT, STAGES)
+        u = _gl_rows(w, ws, xn, S, I + c * BN, k0, NSTEP, H, BN, BK, FMT, STAGES)
+    elif PAIR:
         g, u = st.stream_row_pair(
             w,
             ws,
@@ -69,6 +76,33 @@ def _up_item(
         g = st.stream_rows(w, ws, xn, c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
         u = st.stream_rows(w, ws, xn, I + c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
     return g, u
+
+
+@triton.jit
+def _gl_rows(
+    w,
+    ws,
+    x,
+    S: tl.constexpr,
+    row0,
+    k0,
+    NSTEP: tl.constexpr,
+    K: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    FMT: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """The Gluon engine's `stream_rows`: ``mxfp4-frag`` (FMT 1) or bf16 weight rows
+    row0.. times the 16 token rows of x, fp32 [BN, 16] in the mma.sync layout."""
+    if FMT == 1:
+        return fg.frag_stream_rows(
+            w.to(tl.pointer_type(tl.int32)),
+            ws.to(tl.pointer_type(tl.int32)),
+            x, S, row0, k0, NSTEP, K, BN, BK, STAGES, 4, 16,
+        )  # fmt: skip
+    else:
+        return fg.bf16_stream_rows(w, x, S, row0, k0, NSTEP, K, BN, BK, STAGES, 4, 16)
 
 
 @triton.jit
@@ -106,10 +140,10 @@ def _finish_up(
     block)'s parts) and let the last part to finish sum them in part order; the item that
     completes the row block applies SwiGLU-OAI and writes mid."""
     if PARTS > 1:
-        n = tl.arange(0, BN)
-        t = tl.arange(0, 16)
+        n = lg.arange(0, BN)
+        t = lg.arange(0, 16)
         live = t[None, :] < S
-        base = upart + n[:, None] * S + t[None, :]
+        base = lg.like(upart + n[:, None] * S + t[None, :], g)
         tl.store(base + kp * (2 * BN * S), g, mask=live)
         tl.store(base + kp * (2 * BN * S) + BN * S, u, mask=live)
         if dt.last_arrival(ucount, PARTS):
@@ -153,10 +187,7 @@ def _up_block_done(
 # -- the kernel ---------------------------------------------------------------------------
 
 
-# Integer arguments that vary per launch or per rank: never specialized (a value of 1 or a
-# multiple of 16 would otherwise compile another binary: e.g. one per rank).
-@triton.jit(do_not_specialize=["slot", "final", "rank", "world"])
-def ffn_kernel(
+def _ffn_body(
     part,
     residual,
     out,
@@ -252,7 +283,11 @@ def ffn_kernel(
     TL: tl.constexpr,
     O_TL: tl.constexpr,
     RT: tl.constexpr,
+    GL: tl.constexpr,
 ):
+    """The kernel (spec.py's plan), one body for two languages: Triton (`ffn_kernel`, also
+    the interpreter's) and Gluon (`ffn_gluon`, GL: the expert stages on the mma.sync
+    engine of mono_runtime.stream.frag_gluon, MXFP4 experts in ``mxfp4-frag``)."""
     tag = pt.step_tag(ctl, slot)
     counter = tickets + slot
     done = (scratch + O_DONE).to(tl.pointer_type(tl.int64))
@@ -315,16 +350,18 @@ def ffn_kernel(
         elif t < NPUSH:
             # push: pairs of columns [t*PUSHC, (t+1)*PUSHC) of every row to every rank, all
             # rows in one block (a loop over rows would wait out one load latency per row)
-            p = t * (PUSHC // 2) + tl.arange(0, PUSHC // 2)
-            rows = tl.arange(0, 16)[:, None]
-            payload = tl.load(part + rows * (H // 2) + p[None, :], mask=rows < S, other=0)
+            p = t * (PUSHC // 2) + lg.arange(0, PUSHC // 2)
+            rows = lg.arange(0, 16)[:, None]
+            payload = lg.anchor(
+                tl.load(part + rows * (H // 2) + p[None, :], mask=rows < S, other=0)
+            )
             off = P_AR1 // 8 + rank * 16 * (H // 2)
             dt.push_pairs(peers, world, off, H // 2, p, payload, True, tag, S)
         elif t < NORM0:
             # seam item (row s, columns [ch*SC, (ch+1)*SC)): rank-ordered sum + residual
             s = (t - NPUSH) // NCH
             ch = (t - NPUSH) % NCH
-            p = ch * (SC // 2) + tl.arange(0, SC // 2)
+            p = lg.anchor(ch * (SC // 2) + lg.arange(0, SC // 2))
             lo, hi, ok = dt.reduce_row(
                 me, P_AR1 // 8, s, p, ch * (SC // 2), p >= 0, H // 2,
                 tag, ctl, health, peers, rank, world, R_AR1, CPU,
@@ -347,7 +384,7 @@ def ffn_kernel(
             if TL:
                 t_ready = pt.clock(0, CPU)
             rstd = _rstd(ssq, s, s < S, NCH, H, EPS)
-            p = ch * (SC // 2) + tl.arange(0, SC // 2)
+            p = lg.anchor(ch * (SC // 2) + lg.arange(0, SC // 2))
             xl = tl.load(xs + s * H + 2 * p, volatile=True)
             xh = tl.load(xs + s * H + 2 * p + 1, volatile=True)
             wn = tl.load(norm + p)
@@ -374,8 +411,8 @@ def ffn_kernel(
                 xs, ssq, norm.to(tl.pointer_type(tl.bfloat16)), router, g, part_k,
                 S, H, NCH, RK, EPS, RROWS,
             )  # fmt: skip
-            rows = tl.arange(0, 16)
-            ex = g * 16 + tl.arange(0, 16)
+            rows = lg.arange(0, 16)
+            ex = g * 16 + lg.arange(0, 16)
             tl.store(
                 logit + (part_k * S + rows[:, None]) * E + ex[None, :], acc, mask=rows[:, None] < S
             )
@@ -412,7 +449,7 @@ def ffn_kernel(
                 t_ready = pt.clock(0, CPU)
             g, v = _up_item(
                 xn, sw13, sw13_scale, c, kp, H // UBK0 // UKS0, UBK0, S, H, I, BN, SFMT, STAGES,
-                PAIR, CPU,
+                PAIR, CPU, GL,
             )  # fmt: skip
             _finish_up(
                 g,
@@ -451,7 +488,7 @@ def ffn_kernel(
                     dt.prefetch_rows(w, c * BN, BN, H, kp * (H // UKS), H // UKS, FMT, CPU)
                     dt.prefetch_rows(w, I + c * BN, BN, H, kp * (H // UKS), H // UKS, FMT, CPU)
                 g, v = _up_item(
-                    xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT, STAGES, PAIR, CPU
+                    xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT, STAGES, PAIR, CPU, GL
                 )
                 rp = (
                     upart
@@ -521,13 +558,14 @@ def ffn_kernel(
                     P_AR2,
                     R_ITEMS,
                     CPU,
+                    GL,
                 )
             elif u < nup + ND * NG + S * NF:
                 # final (row s, FC columns): the ranks' partials in rank order -> out; one
                 # row an item, so no item waits out S polls in a row
                 s = (u - nup - ND * NG) // NF
                 f = (u - nup - ND * NG) % NF
-                p = f * (FC // 2) + tl.arange(0, FC // 2)
+                p = lg.anchor(f * (FC // 2) + lg.arange(0, FC // 2))
                 lo, hi, ok = dt.reduce_row(
                     me, P_AR2 // 8, s, p, f * (FC // 2), p >= 0, H // 2,
                     tag, ctl, health, peers, rank, world, R_AR2, CPU,
@@ -571,6 +609,13 @@ def ffn_kernel(
         dt.ticket_reset_if_last(counter, t, STATIC + (nslots - HAS_SHARED) * NROUTED + tail)
 
 
+# Integer arguments that vary per launch or per rank: never specialized (a value of 1 or a
+# multiple of 16 would otherwise compile another binary: e.g. one per rank).
+_RUNTIME_INTS = ["slot", "final", "rank", "world"]
+ffn_kernel = triton.jit(do_not_specialize=_RUNTIME_INTS)(_ffn_body)
+ffn_gluon = gluon.jit(do_not_specialize=_RUNTIME_INTS)(_ffn_body)
+
+
 @triton.jit
 def _rstd(ssq, s, mask, NCH: tl.constexpr, H: tl.constexpr, EPS: tl.constexpr):
     """1 / RMS of rows `s` (a scalar or a block) from the seam chunks' sums of squares,
@@ -608,20 +653,21 @@ def _router_part(
     bf16 as the norm items round `xn`): the router waits for the seam, not the norm.
     At S <= RROWS one row at a time (its FMAs along K run side by side), else one fp32
     tl.dot (whose K steps form one serial FMA chain)."""
-    rows = tl.arange(0, 16)
-    ex = g * 16 + tl.arange(0, 16)
+    acc = lg.anchor(lg.zeros((16, 16), tl.float32))
+    rows = lg.along(lg.arange(0, 16), acc, 1)
+    ex = g * 16 + lg.arange(0, 16)
     live = rows < S
     rstd = _rstd(ssq, rows, live, NCH, H, EPS)
-    acc = tl.zeros((16, 16), tl.float32)
     for c in tl.static_range(RK // 128):  # unrolled: every chunk's loads fly together
-        k = part_k * RK + c * 128 + tl.arange(0, 128)
-        wr = tl.load(router + ex[:, None] * H + k[None, :])
+        k = part_k * RK + c * 128 + lg.arange(0, 128)
+        wr = lg.anchor(tl.load(router + ex[:, None] * H + k[None, :]))
         wn = tl.load(norm + k).to(tl.float32)
         if S <= RROWS:
             for s in tl.static_range(S):
                 r = tl.sum(tl.where(rows == s, rstd, 0.0), 0)
                 x = dt.bf16_round(_gemma(tl.load(xs + s * H + k, volatile=True), r, wn))
-                acc += tl.where(rows[:, None] == s, tl.sum(wr * x[None, :], 1)[None, :], 0.0)
+                dot = lg.along(tl.sum(wr * x[None, :], 1), acc, 0)
+                acc += tl.where(rows[:, None] == s, dot[None, :], 0.0)
         else:
             x = tl.load(
                 xs + rows[:, None] * H + k[None, :], mask=live[:, None], other=0.0, volatile=True
@@ -669,18 +715,22 @@ def _down_item(
     P_AR2: tl.constexpr,
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
+    GL: tl.constexpr,
 ):
     """Down rows [d*DC, (d+1)*DC) of the slots of group q (slot j waited for alone, with
     DPF its weights asked of L2 first), weighted per row by wtab, into dpart[d, q]. The group that
     finishes column block d last sums the groups in order and sends the bf16 result to
     every rank's ar2."""
-    n = tl.arange(0, DC)
-    t = tl.arange(0, 16)
+    n = lg.arange(0, DC)
+    t = lg.arange(0, 16)
     live = t[None, :] < S
     per = (nslots + NG - 1) // NG
     j0 = q * per
     j1 = tl.minimum(j0 + per, nslots)
-    acc = tl.zeros((DC, 16), tl.float32)
+    if GL:
+        acc = fg.mma_zeros(DC, 16, 4)
+    else:
+        acc = lg.zeros((DC, 16), tl.float32)
     ok = nslots >= 0
     for j in range(j0, j1):
         e = tl.load(slot_e + j, volatile=True)
@@ -691,22 +741,14 @@ def _down_item(
             ok = ok & dt.wait_items(
                 done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
-            y = st.stream_rows(
-                sw2,
-                sw2_scale,
-                mid + j * S * I,
-                d * DC,
-                0,
-                I // DBK0,
-                I,
-                DC,
-                DBK0,
-                S,
-                SFMT,
-                STAGES,
-                CPU,
-                True,
-            )
+            if GL:
+                y = _gl_rows(sw2, sw2_scale, mid + j * S * I, S, d * DC, 0, I // DBK0, I, DC,
+                             DBK0, SFMT, STAGES)  # fmt: skip
+            else:
+                y = st.stream_rows(
+                    sw2, sw2_scale, mid + j * S * I, d * DC, 0, I // DBK0, I, DC, DBK0, S, SFMT,
+                    STAGES, CPU, True,
+                )  # fmt: skip
         else:
             w, ws = dt.stacked_expert(e, w2, w2_scale, H, I, FMT)
             if DPF:
@@ -714,16 +756,34 @@ def _down_item(
             ok = ok & dt.wait_items(
                 done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
-            y = st.stream_rows(
-                w, ws, mid + j * S * I, d * DC, 0, I // DBK, I, DC, DBK, S, FMT, STAGES, CPU, True
-            )
+            if GL:
+                y = _gl_rows(
+                    w, ws, mid + j * S * I, S, d * DC, 0, I // DBK, I, DC, DBK, FMT, STAGES
+                )
+            else:
+                y = st.stream_rows(
+                    w,
+                    ws,
+                    mid + j * S * I,
+                    d * DC,
+                    0,
+                    I // DBK,
+                    I,
+                    DC,
+                    DBK,
+                    S,
+                    FMT,
+                    STAGES,
+                    CPU,
+                    True,
+                )
         acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
     acc = tl.where(ok, acc, float("nan"))
-    base = dpart + d * (NG * DC * S) + n[:, None] * S + t[None, :]
+    base = lg.like(dpart + d * (NG * DC * S) + n[:, None] * S + t[None, :], acc)
     tl.store(base + q * (DC * S), acc, mask=live)
     if dt.last_arrival(dcount + d, NG):
         tot = dt.sum_parts(base, NG, DC * S, live)  # in group order
-        p = d * (DC // 2) + tl.arange(0, DC // 2)
+        p = d * (DC // 2) + lg.arange(0, DC // 2)
         off = P_AR2 // 8 + rank * 16 * (H // 2)
         dt.push_pairs(peers, world, off, H // 2, p, dt.tile_pairs(tot, DC), True, tag, S)
 
@@ -774,25 +834,25 @@ def _route_body(
     runs it on the step's critical path, and 4 rows put one on each warp, so that its
     reductions over the experts stay in a warp (2 rows split each over two warps).
     Follows vLLM's `fused_topk_bias` (sigmoid branch) for the scores and weights."""
-    rows = tl.arange(0, RT)
-    ex = tl.arange(0, E)
+    rows = lg.arange(0, RT)
+    ex = lg.arange(0, E)
     rmask = rows < S
-    lg = tl.zeros((RT, E), tl.float32)
+    lsum = lg.anchor(lg.zeros((RT, E), tl.float32))
     for p in tl.static_range(RP):  # unrolled: the parts' loads fly together, summed in order
-        lg += tl.load(  # other programs' stores: past L1 (the last router item routes)
+        lsum += tl.load(  # other programs' stores: past L1 (the last router item routes)
             logit + (p * S + rows[:, None]) * E + ex[None, :],
             mask=rmask[:, None],
             other=0.0,
             volatile=True,
         )
-    score = tl.sigmoid(lg)
+    score = tl.sigmoid(lsum)
     key = score + tl.load(bias + ex)[None, :]
     key = tl.where(key != key, float("-inf"), key)
     live = rmask & (tl.load(slots + rows, mask=rmask, other=-1) >= 0)
     ids_p = (scratch + O_TABLE + T_IDS).to(tl.pointer_type(tl.int32))
     topw_p = (scratch + O_TABLE + T_TOPW).to(tl.pointer_type(tl.float32))
-    taken = tl.zeros((RT, E), tl.int32)
-    wsum = tl.zeros((RT,), tl.float32)
+    taken = lg.zeros((RT, E), tl.int32)
+    wsum = lg.zeros((RT,), tl.float32)
     for k in tl.static_range(K):
         avail = taken == 0
         m = tl.max(tl.where(avail, key, float("-inf")), 1)
@@ -815,7 +875,8 @@ def _route_body(
         first = 0
     else:
         first = 1
-    pos = first + tl.cumsum(used, 0) - 1
+    # (Gluon scans only a plain blocked layout: there and back)
+    pos = first + lg.along(tl.cumsum(lg.plain(used), 0), key, 0) - 1
     tl.store(slot_e + pos, ex, mask=used > 0)
     tl.store(
         wtab + pos[None, :] * S + rows[:, None], wfull, mask=(used[None, :] > 0) & rmask[:, None]
@@ -856,7 +917,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         E=c.num_experts,
         K=c.top_k,
         I=b.inter,
-        FMT=3 if b.weights is WeightFormat.MXFP4 and not b.rot else _FMT[b.weights],
+        FMT=3 if b.weights is WeightFormat.MXFP4 and not (b.rot or b.frag) else _FMT[b.weights],
         SFMT=_FMT[b.weights.shared_format],
         SUBSET=_SUB[b.experts],
         MAXSLOTS=b.max_slots,
@@ -883,7 +944,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         NG=p.ng,
         STAGES=p.stages,
         PAIR=p.pair,
-        RROWS=p.rrows,
+        RROWS=16 if b.frag else p.rrows,  # Gluon has no tl.dot: the router row by row
         UPF=p.upf,
         DPF=p.dpf,
         SFIRST=p.sfirst,
@@ -921,6 +982,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         TL=b.timeline,
         O_TL=sl["timeline"][0] if b.timeline else 0,
         RT=max(p.rt, _p2(b.rows)),
+        GL=b.frag,
     )
 
 
@@ -1020,6 +1082,11 @@ def kernel_types(fmt: WeightFormat) -> dict[str, str]:
     }
 
 
+def kernel_of(b: FfnBuild):
+    """The jitted kernel of build `b`: Gluon's for ``mxfp4-frag`` experts, else Triton's."""
+    return ffn_gluon if b.frag else ffn_kernel
+
+
 def compile_for(b: FfnBuild, target: str):
     """Compile build `b` ahead of time for `target` ("sm90" or "gfx950") without a GPU, with
     the specialization of a real launch (16-byte aligned pointers). Run it in a subprocess:
@@ -1027,7 +1094,7 @@ def compile_for(b: FfnBuild, target: str):
     from mono_runtime.compile_check import compile_for as compile_kernel
 
     return compile_kernel(
-        ffn_kernel,
+        kernel_of(b),
         kernel_types(b.weights),
         constexprs(b, cpu=False),
         num_warps=b.plan.warps,
@@ -1039,6 +1106,6 @@ def compile_for(b: FfnBuild, target: str):
 def launch(b: FfnBuild, grid: int, cpu: bool, **args):
     """Launch build `b` on already-validated tensors (the runner checks them)."""
     cap = {"maxnreg": b.plan.regs} if b.plan.regs and not cpu else {}
-    return ffn_kernel[(grid,)](
+    return kernel_of(b)[(grid,)](
         *kernel_args(b, **args), **constexprs(b, cpu), num_warps=b.plan.warps, **cap
     )

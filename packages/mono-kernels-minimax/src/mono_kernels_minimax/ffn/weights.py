@@ -12,9 +12,10 @@ Shapes on a rank of TP ``tp`` (I = per-rank routed intermediate, Is = per-rank s
 
 K13 = H (bf16, fp8) or H/2 bytes (mxfp4); K2 likewise over I.
 
-MXFP4 experts arrive in the checkpoint's ``mxfp4-k32`` layout (``rot`` False); the
-Triton build streams ``mxfp4-rot`` (mono_runtime.stream.layout), into which
-`FfnRunner.pack` converts w13 and w2 once, in place (``rot`` True).
+MXFP4 experts arrive in the checkpoint's ``mxfp4-k32`` layout (``rot`` and ``frag``
+False); the Triton build streams ``mxfp4-rot`` (mono_runtime.stream.layout), the Gluon
+build ``mxfp4-frag`` (mono_runtime.stream.frag), into which `FfnRunner.pack` converts w13
+and w2 once, in place (``rot`` or ``frag`` True).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 from mono_runtime.kernel import check_tensor
+from mono_runtime.stream.frag import pack_experts_frag, unpack_experts_frag
 from mono_runtime.stream.layout import pack_experts_rot, unpack_mxfp4_rot
 
 from ..config import MiniMaxM3Config
@@ -44,6 +46,7 @@ class FfnWeights:
     shared_w2: torch.Tensor
     shared_w2_scale: torch.Tensor | None
     rot: bool = False  # MXFP4 w13 and w2 in mxfp4-rot (False: the checkpoint's k32)
+    frag: bool = False  # MXFP4 w13 and w2 in mxfp4-frag
 
     def expected(self, cfg: MiniMaxM3Config, tp: int) -> dict[str, tuple]:
         """(shape, dtype) of every tensor for `cfg` at TP `tp` in this bundle's format."""
@@ -77,7 +80,15 @@ class FfnWeights:
             check_tensor(f"weights.{name}", t, shape, dtype, device)
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("fmt", "rot")}
+        skip = ("fmt", "rot", "frag")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+    @property
+    def expert_layout(self) -> str:
+        """The routed experts' layout: the format's own, or the packed one they are in."""
+        if self.fmt is WeightFormat.MXFP4:
+            return "mxfp4-frag" if self.frag else "mxfp4-rot" if self.rot else "mxfp4-k32"
+        return self.fmt.layout
 
     def dense(self, name: str) -> torch.Tensor:
         """fp32 dequantized view of a weight (w13, w2, shared_w13, shared_w2)."""
@@ -85,19 +96,27 @@ class FfnWeights:
         values, scales = getattr(self, name), getattr(self, f"{name}_scale")
         if fmt is WeightFormat.MXFP4 and self.rot and name in ("w13", "w2"):
             values, scales = unpack_mxfp4_rot(values, scales)
+        if fmt is WeightFormat.MXFP4 and self.frag and name in ("w13", "w2"):
+            values, scales = unpack_experts_frag(values, scales)
         return dequantize(values, scales, fmt)
 
-    def packed(self, rot: bool) -> FfnWeights:
-        """This bundle with w13 and w2 in ``mxfp4-rot`` (`rot`; False: the checkpoint
-        layout), converted in place: the engine's tensors are replaced, never copied. Only
-        MXFP4 experts have a packed layout, and packing is one way."""
-        if self.fmt is not WeightFormat.MXFP4 or rot == self.rot:
+    def packed(self, rot: bool, frag: bool = False) -> FfnWeights:
+        """This bundle with w13 and w2 in ``mxfp4-rot`` (`rot`), ``mxfp4-frag`` (`frag`) or
+        the checkpoint layout (neither), converted in place: the engine's tensors are
+        replaced, never copied. Only MXFP4 experts have a packed layout, and packing is
+        one way."""
+        if self.fmt is not WeightFormat.MXFP4 or (rot, frag) == (self.rot, self.frag):
             return self
-        if self.rot:
-            raise ValueError("weights: already packed as mxfp4-rot; the kernel wants mxfp4-k32")
-        pack_experts_rot(
-            {n: (getattr(self, n), getattr(self, f"{n}_scale")) for n in ("w13", "w2")}
-        )
+        want = "mxfp4-frag" if frag else "mxfp4-rot" if rot else "mxfp4-k32"
+        if self.rot or self.frag:
+            raise ValueError(
+                f"weights: already packed as {self.expert_layout}; the kernel wants {want}"
+            )
+        experts = {n: (getattr(self, n), getattr(self, f"{n}_scale")) for n in ("w13", "w2")}
+        if frag:
+            pack_experts_frag(experts)
+            return replace(self, frag=True)
+        pack_experts_rot(experts)
         return replace(self, rot=True)
 
 

@@ -31,6 +31,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .. import lang as lg
+
 MX_LIFT = tl.constexpr(63)  # the power of two the bf16 scale leaves to the fp32 result (see above)
 
 _MX_ROT_PTX = tl.constexpr("""
@@ -318,7 +320,7 @@ def prefetch_l2(base, stride, row_bytes, NROWS: tl.constexpr, CPU: tl.constexpr)
     may prefetch an item's weights before that item's inputs exist."""
     if not CPU:
         PIECES: tl.constexpr = 128 // NROWS
-        lane = tl.arange(0, 128)
+        lane = lg.anchor(lg.arange(0, 128))
         piece = (row_bytes // PIECES + 15) // 16 * 16
         off = (lane % PIECES).to(tl.int64) * piece
         size = tl.maximum(tl.minimum(row_bytes - off, piece), 0).to(tl.int32)

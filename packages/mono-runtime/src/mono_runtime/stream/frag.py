@@ -104,3 +104,38 @@ def unpack_mxfp4_frag(
     s = scale_words.contiguous().view(torch.uint8).reshape(-1, kb, 8, 2, 2)  # R, c, g, grp, mr
     scales = s.permute(0, 4, 2, 1, 3).reshape(-1, k // MX_GROUP)
     return values.reshape(*lead, n, k // 2), scales.reshape(*lead, n, k // MX_GROUP).contiguous()
+
+
+def pack_experts_frag(experts: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Convert a weight bundle's ``mxfp4-k32`` tensors ({name: (codes uint8 [..., N, K/2],
+    e8m0 uint8 [..., N, K/32])}) to ``mxfp4-frag`` in place, one matrix at a time (the
+    packed words and scale words take exactly the bytes of the codes and scales), all or
+    none: every tensor is checked first, so a refusal (ValueError naming it) leaves nothing
+    half converted."""
+    for name, (values, scales) in experts.items():
+        try:
+            _check_frag(values, scales)
+        except ValueError as err:
+            raise ValueError(f"weights.{name}: {err}") from None
+        if not (values.is_contiguous() and scales.is_contiguous()):
+            raise ValueError(f"weights.{name}: packing in place needs contiguous tensors")
+    for values, scales in experts.values():
+        n, half = values.shape[-2:]
+        flat_v, flat_s = values.view(-1, n, half), scales.view(-1, n, scales.shape[-1])
+        for v, s in zip(flat_v, flat_s, strict=True):
+            words, scale_words = pack_mxfp4_frag(v, s)
+            v.view(-1).view(torch.int32).copy_(words.view(-1))
+            s.view(-1).view(torch.int32).copy_(scale_words.view(-1))
+
+
+def unpack_experts_frag(
+    values: torch.Tensor, scales: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mxfp4-k32`` copies (codes, scales) of tensors `pack_experts_frag` packed in place
+    (their uint8 shapes kept)."""
+    n, k = values.shape[-2], 2 * values.shape[-1]
+    lead = values.shape[:-2]
+    words = values.contiguous().view(-1).view(torch.int32).reshape(*lead, n // 16, k // 64, 128)
+    scale_words = scales.contiguous().view(-1).view(torch.int32)
+    scale_words = scale_words.reshape(*lead, n // 16, k // 64, 8)
+    return unpack_mxfp4_frag(words, scale_words)

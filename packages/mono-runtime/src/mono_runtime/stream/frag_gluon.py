@@ -194,4 +194,82 @@ def frag_stream_rows(
         acc = ampere.mma_v2(gl.convert_layout(a0, a_l), b0, acc)
         acc1 = ampere.mma_v2(gl.convert_layout(a1, a_l), b1, acc1)
     cp.wait_group(0)
+    _barrier()  # every warp is done with the ring: a caller's next stream may reuse it
     return (acc + acc1) * (2.0**63)  # the decode's scales leave 2^63 to the fp32 sums
+
+
+@gluon.jit
+def bf16_stream_rows(
+    w,
+    x,
+    S,
+    row0,
+    k_begin,
+    NSTEP: gl.constexpr,
+    K: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    W: gl.constexpr,
+    NT: gl.constexpr,
+):
+    """`frag_stream_rows` for a plain bf16 weight (row-major [*, K]): the same ring and
+    result layout, the weight tile read into the MMA's A fragment by ldmatrix, so a Gluon
+    kernel streams its bf16 matrices (a shared expert) beside its MXFP4 ones."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8]
+    )
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    TK: gl.constexpr = min(BK // 8, 32)  # threads along K, 16 bytes each
+    wc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TK, TK], [W, 1], [1, 0])
+    xc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TK, TK], [W, 1], [1, 0])
+    sw: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
+    wbuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], sw)
+    xbuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, NT, BK], sw)
+    wn = gl.arange(0, BN, layout=gl.SliceLayout(1, wc_l))
+    wk = gl.arange(0, BK, layout=gl.SliceLayout(0, wc_l))
+    w_off = (row0 + wn).to(gl.int64)[:, None] * K + wk[None, :]
+    xn = gl.arange(0, NT, layout=gl.SliceLayout(1, xc_l))
+    xk = gl.arange(0, BK, layout=gl.SliceLayout(0, xc_l))
+    x_off = xn[:, None] * K + xk[None, :]
+    x_live = (xn < S)[:, None] & (xk >= 0)[None, :]
+
+    for st in gl.static_range(STAGES - 1):
+        k0 = k_begin + st * BK
+        cp.async_copy_global_to_shared(wbuf.index(st), w + w_off + k0)
+        cp.async_copy_global_to_shared(xbuf.index(st), x + x_off + k0, mask=x_live)
+        cp.commit_group()
+
+    acc = gl.zeros([BN, NT], gl.float32, mma)
+    acc1 = gl.zeros([BN, NT], gl.float32, mma)
+    for i in range(NSTEP):
+        cp.wait_group(STAGES - 2)
+        _barrier()
+        nxt = i + STAGES - 1
+        if nxt < NSTEP:
+            k0 = k_begin + nxt * BK
+            slot = nxt % STAGES
+            cp.async_copy_global_to_shared(wbuf.index(slot), w + w_off + k0)
+            cp.async_copy_global_to_shared(xbuf.index(slot), x + x_off + k0, mask=x_live)
+        cp.commit_group()
+        cur = i % STAGES
+        a0 = wbuf.index(cur).slice(0, BK // 2, dim=1).load(a_l)
+        a1 = wbuf.index(cur).slice(BK // 2, BK // 2, dim=1).load(a_l)
+        b0 = xbuf.index(cur).slice(0, BK // 2, dim=1).permute([1, 0]).load(b_l)
+        b1 = xbuf.index(cur).slice(BK // 2, BK // 2, dim=1).permute([1, 0]).load(b_l)
+        acc = ampere.mma_v2(a0, b0, acc)
+        acc1 = ampere.mma_v2(a1, b1, acc1)
+    cp.wait_group(0)
+    _barrier()
+    return acc + acc1
+
+
+@gluon.jit
+def mma_zeros(BN: gl.constexpr, NT: gl.constexpr, W: gl.constexpr):
+    """fp32 zeros [BN, NT] in the streams' result layout: an accumulator of their results
+    that a loop carries."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8]
+    )
+    return gl.zeros([BN, NT], gl.float32, mma)

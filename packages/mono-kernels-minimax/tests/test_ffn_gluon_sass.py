@@ -1,0 +1,50 @@
+"""The FFN's Gluon build compiled for sm_90 on a CPU (Gluon has no interpreter; its GPU
+tests run in test_ffn_gpu.py): every expert stream is the engine's mma.sync loop (no
+shared-memory stores of decoded weights, no 1-2 byte loads), no ticket draw is broadcast
+from a split warp, and registers are not spilled beyond a few words."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mono_peer.testing import child_json
+
+
+def facts() -> dict:
+    """Per width: each mma.sync loop's opcodes, the split broadcasts, the narrow stream
+    loads and the resources of the real TP4 rank's Gluon build."""
+    from mono_kernels_minimax.config import MiniMaxM3Config
+    from mono_kernels_minimax.ffn import triton_build
+    from mono_kernels_minimax.ffn.spec import FfnBuild
+    from mono_runtime.compile_check import resources_of
+    from mono_runtime.sass import loops, narrow_stream_loads, sass_of, split_broadcasts
+
+    out = {}
+    for rows in (1, 16):
+        k = triton_build.compile_for(FfnBuild(MiniMaxM3Config(), rows, 4, frag=True), "sm90")
+        sass = sass_of(k)
+        mma = [body for body in loops(sass) if any("HMMA" in line for line in body)]
+        out[rows] = {
+            "loops": [sorted({line.split()[0].split(".")[0] for line in b}) for b in mma],
+            "split": split_broadcasts(sass),
+            "narrow": narrow_stream_loads(sass),
+            "resources": resources_of(k).__dict__,
+        }
+    return out
+
+
+@pytest.mark.timeout(400)
+def test_gluon_build_streams_on_the_mma_engine():
+    got, _ = child_json([__file__], 380, TRITON_INTERPRET="0")
+    for rows, f in got.items():
+        assert len(f["loops"]) >= 3, (rows, f["loops"])  # frag up, frag down, bf16 shared
+        for ops in f["loops"]:
+            assert "STS" not in ops, (rows, ops)
+        assert not f["split"], f"S={rows}: ticket draws broadcast from a split warp"
+        assert not any(f["narrow"]), (rows, f["narrow"])
+        assert f["resources"]["spill_bytes"] <= 128, (rows, f["resources"])
+
+
+if __name__ == "__main__":
+    print(json.dumps(facts()))

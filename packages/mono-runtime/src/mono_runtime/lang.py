@@ -1,0 +1,150 @@
+"""Tensor constructors that one `@triton.jit` helper body can use under Triton, under
+Gluon and in the CPU interpreter alike.
+
+Why: a Gluon kernel may call `@triton.jit` helpers (they compile with Gluon's semantics),
+but Triton's `tl.arange` / `tl.zeros` / `tl.full` give no layout, which Gluon requires.
+These give Gluon's AutoLayout instead: the value takes the layout of whatever concrete
+tensor it meets (a caller's pointer block, a weight tile), so the protocol and decode
+helpers are written once for both languages. A block that meets no concrete tensor (a
+poll's rank lanes) is pinned with `anchor`. Under Triton and the interpreter these are
+exactly `tl.arange` / `tl.full`.
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+from triton.language import core
+
+
+def _gluon(semantic) -> bool:
+    return type(semantic).__name__ == "GluonSemantic"
+
+
+def _builtin(fn):
+    """Like `triton.language.core.builtin`, but callable without a compiler: the CPU
+    interpreter calls a helper's builtins as plain functions (no `_semantic`), and then
+    these fall back to `tl`'s own (which the interpreter has patched)."""
+    setattr(fn, core.TRITON_BUILTIN, True)
+    return fn
+
+
+@_builtin
+def arange(start, end, _semantic=None):
+    """`tl.arange(start, end)`; an AutoLayout block under Gluon."""
+    if _semantic is None:
+        return tl.arange(start, end)
+    start, end = core._unwrap_if_constexpr(start), core._unwrap_if_constexpr(end)
+    if _gluon(_semantic):
+        return _semantic.arange(start, end, None)
+    return _semantic.arange(start, end)
+
+
+@_builtin
+def full(shape, value, dtype, _semantic=None):
+    """`tl.full(shape, value, dtype)`; an AutoLayout block under Gluon."""
+    if _semantic is None:
+        return tl.full(shape, value, dtype)
+    shape = core._unwrap_shape(shape)
+    value, dtype = core._unwrap_if_constexpr(value), core._unwrap_if_constexpr(dtype)
+    if _gluon(_semantic):
+        return _semantic.full(shape, value, dtype, None)
+    return _semantic.full(shape, value, dtype)
+
+
+@_builtin
+def zeros(shape, dtype, _semantic=None):
+    """`tl.zeros(shape, dtype)`; an AutoLayout block under Gluon."""
+    return full(shape, 0, dtype, _semantic=_semantic)
+
+
+def _plain_layout(semantic, rank: int):
+    """The plain blocked layout: the last dimension across a warp's lanes, the first
+    across warps."""
+    from triton.experimental.gluon.language import _layouts
+
+    return _layouts.BlockedLayout(
+        [1] * rank,
+        [1] * (rank - 1) + [32],
+        [semantic.builder.options.num_warps] + [1] * (rank - 1),
+        list(range(rank - 1, -1, -1)),
+    )
+
+
+@_builtin
+def anchor(x, _semantic=None):
+    """`x` itself; under Gluon, an AutoLayout block is given the plain blocked layout: for
+    blocks that meet no tensor of a concrete layout."""
+    if _semantic is None or not _gluon(_semantic):
+        return x
+    from triton.experimental.gluon.language import _layouts
+
+    if not isinstance(x.type.layout, _layouts.AutoLayout):
+        return x
+    return _semantic.set_auto_layout(x, _plain_layout(_semantic, len(x.shape)))
+
+
+@_builtin
+def plain(x, _semantic=None):
+    """`x` itself; under Gluon, `x` converted to the plain blocked layout (Gluon scans
+    only such layouts)."""
+    if _semantic is None or not _gluon(_semantic):
+        return x
+    return _semantic.convert_layout(x, _plain_layout(_semantic, len(x.shape)))
+
+
+@_builtin
+def zeros_like(x, dtype, _semantic=None):
+    """Zeros of `x`'s shape in `dtype`, in `x`'s layout under Gluon: an accumulator a loop
+    carries must enter the loop in the layout its updates have."""
+    if _semantic is None:
+        return tl.zeros(x.shape, dtype)
+    dtype = core._unwrap_if_constexpr(dtype)
+    if _gluon(_semantic):
+        return _semantic.full(list(x.shape), 0, dtype, x.type.layout)
+    return _semantic.full(list(x.shape), 0, dtype)
+
+
+@_builtin
+def like(x, ref, _semantic=None):
+    """`x` itself; under Gluon, an AutoLayout block of `ref`'s shape takes `ref`'s layout
+    now, at trace time: a value that an `if` may replace must have one type in both arms."""
+    if _semantic is None or not _gluon(_semantic):
+        return x
+    from triton.experimental.gluon.language import _layouts
+
+    if isinstance(x.type.layout, _layouts.AutoLayout) and not isinstance(
+        ref.type.layout, _layouts.AutoLayout
+    ):
+        return _semantic.set_auto_layout(x, ref.type.layout)
+    return x
+
+
+@_builtin
+def along(x, ref, dim, _semantic=None):
+    """`x` itself; under Gluon, the 1-D block `x` converted to the layout that broadcasts
+    it along dimension `dim` of the 2-D block `ref` (`x[None, :]` for dim 0): Triton
+    inserts such conversions itself, e.g. for a row reduction broadcast back along the
+    other dimension."""
+    if _semantic is None or not _gluon(_semantic):
+        return x
+    from triton.experimental.gluon.language import _layouts
+
+    dim = core._unwrap_if_constexpr(dim)
+    layout = _layouts.SliceLayout(dim, ref.type.layout)
+    if isinstance(x.type.layout, _layouts.AutoLayout):  # (triton 3.6 reduces no auto block)
+        return _semantic.set_auto_layout(x, layout)
+    return _semantic.convert_layout(x, layout)
+
+
+@_builtin
+def row_pairs(x, _semantic=None):
+    """`x` itself; under Gluon, the 2-D block `x` converted to a layout in which a thread
+    holds rows 2i and 2i + 1 of a column together: what splitting rows into bf16 pairs
+    needs (a mma.sync result holds them in two lanes)."""
+    if _semantic is None or not _gluon(_semantic):
+        return x
+    from triton.experimental.gluon.language import _layouts
+
+    warps = _semantic.builder.options.num_warps
+    layout = _layouts.BlockedLayout([2, 1], [2, 16], [warps, 1], [0, 1])
+    return _semantic.convert_layout(x, layout)
