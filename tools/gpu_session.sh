@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-final, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -346,6 +346,34 @@ if has gluon; then
     for name in ffn-gluon ffn-triton bench-ffn-gluon bench-ffn-triton; do
         echo "== $name"
         tail -30 "$LOG/$name.txt" "$LOG/$name"/*.txt 2>/dev/null | tail -30
+    done
+fi
+if has gluon-tune; then
+    # The Gluon FFN's tiles (its tests first, compile-bound, in parallel), then one table.
+    tests ffn-gluon 200 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "gluon or two_ranks or full_rank" --tb=short &
+    step warm-tune 200 python3 -m mono_kernels_minimax.ffn.tune --rows 1 --layers 1 --variants "stages=2,occ=3" &
+    wait
+    step tune-gluon 330 python3 -m mono_kernels_minimax.ffn.tune --rows ${ROWS:-1,4,16} --layouts frag --layers 12 \
+        --variants "${VARIANTS:-|stages=2|stages=4|stages=2,occ=3|uks=2|dc=64|ubk=128|ubk0=256}"
+    for name in ffn-gluon warm-tune tune-gluon; do
+        echo "== $name"
+        tail -30 "$LOG/$name.txt"
+    done
+fi
+if has gluon-final; then
+    # The Gluon FFN's remaining GPU tests (two ranks, graph replay, the device's default
+    # engine at full shapes) beside one tile's compile, then that tile, then `mono bench
+    # ffn` with the default engine (Gluon) and the stock path (carry humming).
+    tests ffn-gluon 220 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
+        -k "two_ranks or graph or mxfp4-None" --tb=short &
+    step warm-tune 220 python3 -m mono_kernels_minimax.ffn.tune --rows 1 --layers 1 --variants "${VARIANTS:-stages=2,occ=3,regs=168}" &
+    wait
+    step tune-gluon 120 python3 -m mono_kernels_minimax.ffn.tune --rows 1,4,16 --layouts frag --layers 12 \
+        --variants "|${VARIANTS:-stages=2,occ=3,regs=168}"
+    step bench-ffn 170 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
+    for name in ffn-gluon warm-tune tune-gluon bench-ffn; do
+        echo "== $name"
+        tail -25 "$LOG/$name.txt"
     done
 fi
 if has upstage; then

@@ -7,6 +7,8 @@ kernel on its own shard and returns what the parent compares: its outputs and th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from mono_kernels_minimax.config import MiniMaxM3Config
 from mono_kernels_minimax.ffn.reference import ffn_reference
@@ -49,6 +51,8 @@ def check_steps(
     """Run one step per width (and per `finals` flag) on build `engine` (None: the
     device's); return per-step records."""
     cfg = MiniMaxM3Config.tiny() if tiny else MiniMaxM3Config()
+    if tiny == "wide":  # two 64-column K steps a rank at TP 2 (Gluon streams >= 2 steps)
+        cfg = replace(cfg, moe_intermediate_size=256)
     fmt = WeightFormat(fmt)
     weights = [
         random_weights(cfg, world, fmt, seed=seed, rank_seed=r, device=device) for r in range(world)

@@ -35,11 +35,13 @@ def _check(records):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8"])
-def test_tiny_every_width_one_rank(fmt):
+def test_tiny_every_width_one_rank(fmt):  # the Triton build (Gluon's: below)
     # a spread of widths (each width is a compile of its own, ~15 s; the device time of a
     # session is short): eight in MXFP4, the production format, two in the others
     widths = [1, 2, 3, 4, 6, 8, 12, 16] if fmt == "mxfp4" else [1, 16]
-    _check(ranks.check_steps(0, 1, None, fmt, widths, 1, "cuda", True, "all", (False, True)))
+    _check(
+        ranks.check_steps(0, 1, None, fmt, widths, 1, "cuda", True, "all", (False, True), "triton")
+    )
 
 
 @pytest.mark.timeout(600)
@@ -54,9 +56,12 @@ def test_gluon_tiny_every_width_one_rank(experts):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("fmt,engine", [("mxfp4", None), ("fp8", None), ("mxfp4", "gluon")])
+@pytest.mark.parametrize(
+    "fmt,engine", [("mxfp4", "triton"), ("fp8", "triton"), ("mxfp4", "gluon"), ("mxfp4", None)]
+)
 def test_full_rank_shapes_one_rank(fmt, engine):
-    """MiniMax-M3 at a TP4 rank's expert width (I = 768), launched at TP 1."""
+    """MiniMax-M3 at a TP4 rank's expert width (I = 768), launched at TP 1 (engine None:
+    the device's choice, Gluon on the H200)."""
     from mono_kernels_minimax.ffn.bench import rank_config
     from mono_kernels_minimax.ffn.reference import ffn_reference
     from mono_kernels_minimax.ffn.runner import FfnRunner
@@ -83,7 +88,7 @@ def test_full_rank_shapes_one_rank(fmt, engine):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("engine", [None, "gluon"])
+@pytest.mark.parametrize("engine", ["triton", "gluon"])
 def test_two_ranks_on_one_gpu(engine):
     from mono_peer.testing import spawn
 
@@ -95,7 +100,7 @@ def test_two_ranks_on_one_gpu(engine):
         [1, 5],
         9,
         "cuda",
-        True,
+        "wide" if engine == "gluon" else True,
         "all",
         (True,),
         engine,
@@ -109,7 +114,7 @@ def test_two_ranks_on_one_gpu(engine):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("engine", [None, "gluon"])
+@pytest.mark.parametrize("engine", ["triton", "gluon"])
 def test_graph_replay_with_padding(engine):
     """A graph captured for 4 rows, replayed with 2 real rows and 2 padding rows."""
     from mono_kernels_minimax.config import MiniMaxM3Config

@@ -148,3 +148,21 @@ def row_pairs(x, _semantic=None):
     warps = _semantic.builder.options.num_warps
     layout = _layouts.BlockedLayout([2, 1], [2, 16], [warps, 1], [0, 1])
     return _semantic.convert_layout(x, layout)
+
+
+@_builtin
+def dot_ieee(a, b, acc, _semantic=None):
+    """`acc + a @ b` in fp32 FMAs (`tl.dot(..., input_precision="ieee")`); under Gluon,
+    `dot_fma` with the operands converted to `acc`'s blocked layout (Gluon has no
+    `tl.dot`)."""
+    if _semantic is None:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    if not _gluon(_semantic):
+        return tl.dot(a, b, acc, input_precision="ieee", _semantic=_semantic)
+    from triton.experimental.gluon.language import _layouts
+    from triton.experimental.gluon.language._core import dot_fma
+
+    parent = acc.type.layout
+    a = _semantic.convert_layout(a, _layouts.DotOperandLayout(0, parent, 0))
+    b = _semantic.convert_layout(b, _layouts.DotOperandLayout(1, parent, 0))
+    return dot_fma(a, b, acc, _semantic=_semantic)

@@ -182,6 +182,14 @@ class FfnGluon(FfnTriton):
         arch = target[2:] if target.startswith("sm") else ""
         if not arch.isdigit() or int(arch) < 90:
             return f"the FFN's Gluon build serves NVIDIA sm_90 and later, not {target}"
+        b, p = self.key, self.key.plan
+        h, i = b.cfg.hidden_size, b.inter
+        steps = (h // p.ubk // p.uks, h // p.ubk0 // p.uks0, i // p.dbk, i // p.dbk0)
+        if min(steps) < 2:
+            return (
+                f"an expert stream of one K step (I = {i} a rank): triton 3.6's Gluon cannot "
+                "lower its ring; the Triton build serves this shape"
+            )
         return None
 
 

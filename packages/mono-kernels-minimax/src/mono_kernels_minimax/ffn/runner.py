@@ -128,8 +128,15 @@ class FfnRunner(MonoLayerRunner):
             )  # fmt: skip
             for s in self.widths
         }
-        self.kernels = {s: BY_BACKEND[self.build_name](b) for s, b in self.builds.items()}
         target = target_name(self.device)
+        if (
+            engine is None
+            and frag
+            and any(BY_BACKEND["gluon"](b).supports(target) for b in self.builds.values())
+        ):  # a shape the Gluon build cannot serve: the Triton build's mxfp4-rot
+            self.build_name, frag = "triton", False
+            self.builds = {s: replace(b, frag=False) for s, b in self.builds.items()}
+        self.kernels = {s: BY_BACKEND[self.build_name](b) for s, b in self.builds.items()}
         for kernel in self.kernels.values():
             reason = kernel.supports(target)
             if reason:

@@ -409,7 +409,7 @@ def _ffn_body(
                 t_ready = pt.clock(0, CPU)
             acc = _router_part(
                 xs, ssq, norm.to(tl.pointer_type(tl.bfloat16)), router, g, part_k,
-                S, H, NCH, RK, EPS, RROWS,
+                S, H, NCH, RK, EPS, RROWS, GL,
             )  # fmt: skip
             rows = lg.arange(0, 16)
             ex = g * 16 + lg.arange(0, 16)
@@ -647,6 +647,7 @@ def _router_part(
     RK: tl.constexpr,
     EPS: tl.constexpr,
     RROWS: tl.constexpr,
+    GL: tl.constexpr,
 ):
     """fp32 logits [16 rows, 16 experts] of experts g*16.. over columns part_k*RK.. of the
     normed input, normalised here from the seam's `xs` and sums of squares (rounded to
@@ -658,8 +659,10 @@ def _router_part(
     ex = g * 16 + lg.arange(0, 16)
     live = rows < S
     rstd = _rstd(ssq, rows, live, NCH, H, EPS)
-    for c in tl.static_range(RK // 128):  # unrolled: every chunk's loads fly together
-        k = part_k * RK + c * 128 + lg.arange(0, 128)
+    # Gluon's FMA dot holds a chunk's whole K in each thread: chunks of 32 there
+    KC: tl.constexpr = 128 // (1 + 3 * GL * (S > RROWS))
+    for c in tl.static_range(RK // KC):  # unrolled: every chunk's loads fly together
+        k = part_k * RK + c * KC + lg.arange(0, KC)
         wr = lg.anchor(tl.load(router + ex[:, None] * H + k[None, :]))
         wn = tl.load(norm + k).to(tl.float32)
         if S <= RROWS:
@@ -673,7 +676,10 @@ def _router_part(
                 xs + rows[:, None] * H + k[None, :], mask=live[:, None], other=0.0, volatile=True
             )
             x = dt.bf16_round(_gemma(x, rstd[:, None], wn[None, :]))
-            acc += tl.dot(x, tl.trans(wr), input_precision="ieee")
+            if GL:  # Gluon's FMA dot (its tl.dot)
+                acc = lg.dot_ieee(x, tl.trans(wr), acc)
+            else:
+                acc += tl.dot(x, tl.trans(wr), input_precision="ieee")
     return acc
 
 
@@ -944,7 +950,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         NG=p.ng,
         STAGES=p.stages,
         PAIR=p.pair,
-        RROWS=16 if b.frag else p.rrows,  # Gluon has no tl.dot: the router row by row
+        RROWS=p.rrows,
         UPF=p.upf,
         DPF=p.dpf,
         SFIRST=p.sfirst,

@@ -1,14 +1,15 @@
 """Time many FFN build variants in one GPU run: a table for tuning, not a guess.
 
-Each variant is (MONO_FFN_TILES overrides, experts subset, MXFP4 layout: the packed
-``rot`` or the checkpoint's ``k32``); each is built, packed and timed
+Each variant is (MONO_FFN_TILES overrides, experts subset, MXFP4 layout: ``frag`` (the
+Gluon build), ``rot`` (the Triton build) or the checkpoint's ``k32``); each is built, packed
+and timed
 under graph replay over `layers` distinct layers, like `bench`, with no op-by-op path.
 Subsets isolate stages: `shared` runs the seam, router, route and the shared expert only;
 `routed` the routed experts only. From a shell:
 
     python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \\
         --variants "|stages=2|uks=2,uks0=4" --experts all,shared,routed \\
-        --layouts rot,k32 [--timeline DIR]
+        --layouts frag,rot,k32 [--timeline DIR]
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from .bench import random_layer, rank_config
 from .runner import FfnRunner
 from .spec import TILES_ENV, Experts
 
+# an MXFP4 layout -> (FfnRunner's pack, engine): the build that streams it
+LAYOUTS = {"frag": (True, "gluon"), "rot": (True, "triton"), "k32": (False, "triton")}
+
 
 def time_variant(
     tiles: str,
@@ -33,13 +37,13 @@ def time_variant(
     layers: int,
     device,
     timeline: str | None = None,
-    pack: bool = True,
+    layout: str = "frag",
 ) -> dict[int, float]:
     """us per launch at each S for one variant (the environment override set meanwhile).
     With `timeline` (a folder): timeline builds; each S's last launch is summarised on
     screen and drawn to timeline-S.png there."""
     os.environ[TILES_ENV] = tiles
-    layout = "rot" if pack else "k32"
+    pack, engine = LAYOUTS[layout]
     cfg = rank_config()
     g = torch.Generator(device=device).manual_seed(0)
     runner = FfnRunner(
@@ -53,6 +57,7 @@ def time_variant(
         experts=experts,
         timeline=timeline is not None,
         pack=pack,
+        engine=engine,
     )
     try:
         ws = [runner.pack(random_layer(cfg, fmt, n, device)) for n in range(layers)]
@@ -96,14 +101,16 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="", help="'|'-separated MONO_FFN_TILES strings")
     p.add_argument("--experts", default="all")
     p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--layouts", default="rot", help="MXFP4 layouts: rot (packed), k32")
+    p.add_argument(
+        "--layouts", default="frag", help="MXFP4 layouts: frag (Gluon), rot (Triton), k32"
+    )
     p.add_argument("--timeline", metavar="DIR", help="timeline builds; pictures in DIR")
     a = p.parse_args(argv)
     rows = [int(r) for r in a.rows.split(",")]
     device = torch.device("cuda", torch.cuda.current_device())
     for layout in a.layouts.split(","):
-        if layout not in ("rot", "k32"):
-            p.error(f"--layouts: {layout!r} is not rot or k32")
+        if layout not in LAYOUTS:
+            p.error(f"--layouts: {layout!r} is not one of {', '.join(LAYOUTS)}")
         for tiles in a.variants.split("|"):
             for experts in a.experts.split(","):
                 try:
@@ -115,7 +122,7 @@ def main(argv=None) -> int:
                         a.layers,
                         device,
                         a.timeline,
-                        pack=layout == "rot",
+                        layout if a.format == "mxfp4" else "rot",
                     )
                     cells = "  ".join(f"S={s}: {us:7.1f} us" for s, us in got.items())
                 except Exception as err:  # noqa: BLE001 (a variant that fails is a row)

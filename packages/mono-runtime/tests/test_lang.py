@@ -1,0 +1,83 @@
+"""mono_runtime.lang: one `@triton.jit` helper body under the CPU interpreter (exactly
+`tl`'s values), compiled by Triton and by Gluon for sm_90 (its AutoLayout blocks resolved
+by the layouts the helpers give them), on a CPU; each in a child process, since
+TRITON_INTERPRET is read when a kernel is defined."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import triton
+import triton.language as tl
+from mono_peer.testing import child_json
+from mono_runtime import lang as lg
+
+
+@triton.jit
+def _helper(x, y, n):
+    """Every constructor and layout helper of lang, in one body: y[0:16] the row sums of
+    x[16, 16] (a plain dot of x and ones), y[16:24] the sums of row pairs (2i, 2i + 1) as
+    the bf16 pair split reads them, y[32] a scan's last value."""
+    acc = lg.anchor(lg.zeros((16, 16), tl.float32))
+    rows = lg.along(lg.arange(0, 16), acc, 1)
+    cols = lg.arange(0, 16)
+    xs = tl.load(x + rows[:, None] * 16 + cols[None, :], mask=rows[:, None] < n, other=0.0)
+    ones = lg.full((16, 16), 1.0, tl.float32)
+    acc = lg.dot_ieee(xs, ones, acc)
+    total = lg.zeros_like(rows, tl.float32) + tl.sum(acc, 1) / 16.0
+    tl.store(y + rows, total)
+    lo, hi = tl.split(tl.reshape(tl.trans(lg.row_pairs(acc)), (16, 8, 2)))
+    q = lg.arange(0, 8)
+    out = lg.like(y + 16 + q[None, :] * 0 + lg.arange(0, 16)[:, None] * 0 + q[None, :], lo)
+    tl.store(out, lo + hi, mask=lg.like((q[None, :] >= 0) & (lg.arange(0, 16)[:, None] == 0), lo))
+    used = tl.max(tl.where(acc > 0, 1, 0), 0)
+    pos = lg.along(tl.cumsum(lg.plain(used), 0), acc, 0)
+    tl.store(y + 32, tl.max(pos, 0))
+
+
+@triton.jit
+def _triton_kernel(x, y, n):
+    _helper(x, y, n)
+
+
+def interpreted() -> list:
+    import torch
+
+    x = torch.arange(256, dtype=torch.float32).reshape(16, 16)
+    y = torch.zeros(33)
+    _triton_kernel[(1,)](x, y, 12)
+    return y.tolist()
+
+
+def compiled() -> dict:
+    from mono_runtime.compile_check import compile_for
+    from triton.experimental import gluon
+
+    gluon_kernel = gluon.jit(_triton_kernel.fn)
+    types = {"x": "*fp32", "y": "*fp32", "n": "i32"}
+    out = {}
+    for name, fn in (("triton", _triton_kernel), ("gluon", gluon_kernel)):
+        k = compile_for(fn, types, {}, num_warps=4)
+        out[name] = "ld.global" in k.asm["ptx"] and "st.global" in k.asm["ptx"]
+    return out
+
+
+@pytest.mark.timeout(200)
+def test_helpers_give_tl_values_in_the_interpreter():
+    y, _ = child_json([__file__, "interpreted"], 180, TRITON_INTERPRET="1")
+    sums = [sum(range(16 * r, 16 * r + 16)) if r < 12 else 0.0 for r in range(16)]
+    assert y[:16] == sums
+    assert y[16:24] == [sums[2 * i] + sums[2 * i + 1] for i in range(8)]  # row pairs
+    assert y[32] == 16.0
+
+
+@pytest.mark.timeout(300)
+def test_one_body_compiles_under_triton_and_gluon():
+    got, _ = child_json([__file__, "compiled"], 280, TRITON_INTERPRET="0")
+    assert got == {"triton": True, "gluon": True}
+
+
+if __name__ == "__main__":
+    print(json.dumps(interpreted() if sys.argv[1] == "interpreted" else compiled()))
