@@ -68,6 +68,7 @@ def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(
         return [
             dict(
                 format=formats[0],
+                engine="triton",
                 layout="fp8-b128",
                 rows=s,
                 kernel_us=8.0,
@@ -86,6 +87,7 @@ def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(
     assert main(argv) == 0
     data = json.loads((tmp_path / "bench-ffn.json").read_text())
     assert data["settings"]["format"] == "fp8-b128"
+    assert data["kernel_label"] == "mono FFN (triton, fp8-b128)"  # the build that ran
     assert data["copy_gbps"] == 4000.0
     assert data["points"][0]["baselines_us"] == {"op-by-op": 24.0, "stock": 12.0}
     out = capsys.readouterr().out  # a speedup and a % of the limit for each baseline

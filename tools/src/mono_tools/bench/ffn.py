@@ -24,5 +24,5 @@ def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
         "shapes": "one TP4 rank's, launched at TP 1",
         "format": rows[0]["layout"],
     }
-    label = f"mono FFN (triton, {rows[0]['layout']})"
+    label = f"mono FFN ({rows[0]['engine']}, {rows[0]['layout']})"
     return of_layer_rows("ffn", label, machine.gpu_name or "gpu", rows, BASELINE, settings)

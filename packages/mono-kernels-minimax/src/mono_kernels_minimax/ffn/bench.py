@@ -275,6 +275,7 @@ def _row(cfg, fmt, runner, bases, layers, s, copy, l2, g) -> dict:
     t_stock = next((t for label, t in times.items() if label.startswith(STOCK)), None)
     return dict(
         format=fmt.value,
+        engine=runner.build_name,
         layout=runner.builds[s].layout,
         rows=s,
         layers=len(layers),
