@@ -31,9 +31,9 @@ def _same_choice(ids, weights, ref, where):
     assert torch.allclose(got_w, want_w, rtol=1e-3, atol=1e-6), f"{where}: expert weights"
 
 
-def _steps(cfg, w, widths, layers, seed):
-    """Eager steps of `widths` x `layers` against the reference: (S, layer, errors)."""
-    runner = K2Runner(cfg, None, 0, "cuda", widths=widths)
+def _steps(cfg, w, widths, layers, seed, engine="triton"):
+    """Eager steps of `widths` x `layers` on build `engine` against the reference."""
+    runner = K2Runner(cfg, None, 0, "cuda", widths=widths, engine=engine)
     w = runner.pack(w)
     runner.warm()
     try:
@@ -64,12 +64,14 @@ def test_tiny_widths_one_rank():
 
 
 @pytest.mark.timeout(600)
-def test_full_rank_shapes_one_rank():
-    """Kimi-K3 at a TP8 rank's o_proj and expert widths, launched at TP 1."""
+@pytest.mark.parametrize("engine", ["triton", "gluon"])
+def test_full_rank_shapes_one_rank(engine):
+    """Kimi-K3 at a TP8 rank's o_proj and expert widths, launched at TP 1 (the Gluon build
+    needs real shapes: the tiny config's streams are one K step)."""
     from mono_kernels_kimi.k2.bench import LAYER_IDX, random_layer, rank_config
 
     cfg = rank_config()
-    _steps(cfg, random_layer(cfg, 2, "cuda"), [1, 16], (LAYER_IDX,), 20)
+    _steps(cfg, random_layer(cfg, 2, "cuda"), [1, 4, 16], (LAYER_IDX,), 20, engine)
 
 
 @pytest.mark.timeout(600)

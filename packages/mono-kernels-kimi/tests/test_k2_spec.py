@@ -8,7 +8,7 @@ import inspect
 import pytest
 from mono_kernels_kimi.config import KimiK3Config
 from mono_kernels_kimi.k2 import triton_build
-from mono_kernels_kimi.k2.build import K2Triton, launch_spec
+from mono_kernels_kimi.k2.build import K2Gluon, K2Triton, launch_spec
 from mono_kernels_kimi.k2.spec import (
     ALIGN,
     MAX_ROWS,
@@ -151,7 +151,7 @@ def test_build_keys_differ_by_width_tp_and_layout():
 
 
 def test_registered_and_the_launch_spec_is_the_kernel_args_keywords():
-    assert registry.get("k2 triton") is K2Triton
+    assert registry.get("k2 triton") is K2Triton and registry.get("k2 gluon") is K2Gluon
     example = K2Triton.example().key
     assert (example.cfg, example.rows) == (KimiK3Config(tp=8), 4)
     names = list(launch_spec(example).names)
@@ -160,6 +160,13 @@ def test_registered_and_the_launch_spec_is_the_kernel_args_keywords():
     assert launch_spec(example).by_name["weights"].layout == "mxfp4-rot"
     assert K2Triton.example().supports("sm90") is None
     assert "not cpu" in K2Triton.example().supports("cpu")
+    gluon = K2Gluon.example()
+    assert gluon.key.layout == "mxfp4-frag" and gluon.supports("sm90") is None
+    assert "no interpreter" in gluon.supports("interpreter")
+    assert "one K step" in K2Gluon(K2Build(KimiK3Config.tiny(1), 2, frag=True)).supports("sm90")
+    assert "Gluon build" in K2Triton(gluon.key).supports("sm90")
+    with pytest.raises(ValueError, match="packed=True"):
+        K2Build(KimiK3Config.tiny(1), 2, packed=False, frag=True)
 
 
 def test_kernel_parameters_are_the_launch_args_then_constexprs():

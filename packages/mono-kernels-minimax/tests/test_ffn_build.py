@@ -65,7 +65,7 @@ def test_the_launch_spec_is_the_backends_keywords():
         (FfnGluon(FRAG), "gfx950", "not gfx950"),
         (FfnGluon(MX), "sm90", "mxfp4-frag (frag=True)"),
         (FfnTriton(FRAG), "sm90", "in the FFN's Gluon build"),
-        (FfnGluon(replace(FRAG, tp=2)), "sm90", "one K step (I = 64 a rank)"),
+        (FfnGluon(replace(FRAG, tp=2)), "sm90", "one K step (routed down (I = 64 a rank)"),
     ],
 )
 def test_what_each_build_serves(build, target, says):

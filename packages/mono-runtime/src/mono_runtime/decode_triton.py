@@ -16,6 +16,7 @@ import triton.language as tl
 from . import lang as lg
 from . import protocol_triton as pt
 from .stream import device as st
+from .stream import frag_gluon as fg
 from .timeline import STAMP_WORDS
 
 _STAMP_WORDS = tl.constexpr(STAMP_WORDS)
@@ -80,6 +81,101 @@ def prefetch_rows(
             st.prefetch_l2(w + row0 * K + k0, K, KLEN, NROWS, CPU)
         else:
             st.prefetch_l2(w + row0 * K + k0, 2 * K, 2 * KLEN, NROWS, CPU)
+
+
+@triton.jit
+def gl_stream_rows(
+    w,
+    ws,
+    x,
+    S: tl.constexpr,
+    row0,
+    k0,
+    NSTEP: tl.constexpr,
+    K: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    FMT: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """`stream_rows` for kernels compiled by Gluon (the engine of `stream.frag_gluon`, 4
+    warps): ``mxfp4-frag`` (FMT 1; `stacked_expert` offsets as for mxfp4-rot) or bf16
+    (FMT 0) weight rows row0.. times the 16 token rows of x, fp32 [BN, 16] in the mma.sync
+    layout."""
+    if FMT == 1:
+        return fg.frag_stream_rows(
+            w.to(tl.pointer_type(tl.int32)),
+            ws.to(tl.pointer_type(tl.int32)),
+            x, S, row0, k0, NSTEP, K, BN, BK, STAGES, 4, 16,
+        )  # fmt: skip
+    else:
+        return fg.bf16_stream_rows(w, x, S, row0, k0, NSTEP, K, BN, BK, STAGES, 4, 16)
+
+
+@triton.jit
+def any_stream_rows(
+    w,
+    ws,
+    x,
+    row0,
+    k0,
+    NSTEP: tl.constexpr,
+    K: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    S: tl.constexpr,
+    FMT: tl.constexpr,
+    STAGES: tl.constexpr,
+    CPU: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """`stream.device.stream_rows` (same arguments) in a Triton kernel, `gl_stream_rows` in
+    a Gluon one: a kernel body compiled by both streams its weights through this."""
+    if lg.gluon():
+        return gl_stream_rows(w, ws, x, S, row0, k0, NSTEP, K, BN, BK, FMT, STAGES)
+    else:
+        return st.stream_rows(w, ws, x, row0, k0, NSTEP, K, BN, BK, S, FMT, STAGES, CPU, ASM)
+
+
+@triton.jit
+def any_stream_row_pair(
+    w,
+    ws,
+    x,
+    row_a,
+    row_b,
+    k0,
+    NSTEP: tl.constexpr,
+    K: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    S: tl.constexpr,
+    FMT: tl.constexpr,
+    STAGES: tl.constexpr,
+    CPU: tl.constexpr,
+    ASM: tl.constexpr,
+    ONE_TILE: tl.constexpr,
+):
+    """`stream.device.stream_row_pair` (same arguments) in a Triton kernel; in a Gluon one
+    the two row blocks one after the other (`gl_stream_rows`)."""
+    if lg.gluon():
+        a = gl_stream_rows(w, ws, x, S, row_a, k0, NSTEP, K, BN, BK, FMT, STAGES)
+        b = gl_stream_rows(w, ws, x, S, row_b, k0, NSTEP, K, BN, BK, FMT, STAGES)
+        return a, b
+    else:
+        return st.stream_row_pair(
+            w, ws, x, row_a, row_b, k0, NSTEP, K, BN, BK, S, FMT, STAGES, CPU, ASM, ONE_TILE
+        )
+
+
+@triton.jit
+def stream_zeros(BN: tl.constexpr):
+    """fp32 zeros [BN, 16] in the layout `any_stream_rows` returns: a sum of its results
+    that a loop carries starts here."""
+    if lg.gluon():
+        return fg.mma_zeros(BN, 16, 4)
+    else:
+        return lg.zeros((BN, 16), tl.float32)
 
 
 @triton.jit
@@ -160,13 +256,13 @@ def split_k(acc, buf, cnt, kp, PARTS: tl.constexpr, BN: tl.constexpr, S: tl.cons
     n = lg.arange(0, BN)
     t = lg.arange(0, acc.shape[1])
     live = t[None, :] < S
-    base = buf + n[:, None] * S + t[None, :]
+    base = lg.like(buf + n[:, None] * S + t[None, :], acc)
     total = acc
     last = kp == kp
     if PARTS > 1:
         tl.store(base + kp * (BN * S), acc, mask=live)
         last = last_arrival(cnt, PARTS)
-        total = lg.zeros((BN, acc.shape[1]), tl.float32)
+        total = lg.zeros_like(acc, tl.float32)
         if last:
             total = sum_parts(base, PARTS, BN * S, live)
     return last, total

@@ -57,6 +57,13 @@ def zeros(shape, dtype, _semantic=None):
     return full(shape, 0, dtype, _semantic=_semantic)
 
 
+@_builtin
+def gluon(_semantic=None):
+    """constexpr True in a kernel compiled by Gluon, False under Triton and the
+    interpreter: a helper branches on it statically (`if lg.gluon():`)."""
+    return tl.constexpr(_semantic is not None and _gluon(_semantic))
+
+
 def _plain_layout(semantic, rank: int):
     """The plain blocked layout: the last dimension across a warp's lanes, the first
     across warps."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import lang as lg
+
 
 @triton.jit
 def sigmoid_topk_row(
@@ -28,13 +30,13 @@ def sigmoid_topk_row(
     order (ties -> lower id, NaN keys last), weighted by the unbiased scores, renormalized
     to sum 1 when RENORM, times SCALE; lanes >= K of the result are 0. KP: K rounded up to
     a power of two."""
-    ex = tl.arange(0, logits.shape[0])
+    ex = lg.like(lg.arange(0, logits.shape[0]), logits)
     score = tl.sigmoid(logits)
     key = score + bias
     key = tl.where((key != key) | (ex >= E), float("-inf"), key)
-    kk = tl.arange(0, KP)
-    ids = tl.zeros((KP,), tl.int32)
-    w = tl.zeros((KP,), tl.float32)
+    kk = lg.anchor(lg.arange(0, KP))
+    ids = lg.zeros_like(kk, tl.int32)
+    w = lg.zeros_like(kk, tl.float32)
     wsum = tl.sum(w, 0)
     taken = ex >= E
     for k in tl.static_range(K):

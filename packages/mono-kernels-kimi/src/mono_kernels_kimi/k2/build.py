@@ -14,7 +14,7 @@ from typing import Any
 
 from mono_runtime.kernel import INTERPRETER, RUNTIME_ARGS, Arg, Build, KernelSpec
 from mono_runtime.kernel.registry import register
-from mono_runtime.kernel.triton_build import TritonBuild, warm_triton
+from mono_runtime.kernel.triton_build import TritonBuild, gluon_refusal, warm_triton
 
 from ..config import KimiK3Config
 from . import triton_build
@@ -66,6 +66,8 @@ class K2Triton(TritonBuild):
         return launch_spec(self.key)
 
     def supports(self, target: str) -> str | None:
+        if self.key.frag:
+            return "mxfp4-frag experts stream in K2's Gluon build, not its Triton build"
         if target == INTERPRETER or target.startswith("sm") or target.startswith("gfx"):
             return None
         return f"K2's Triton build serves GPUs and the interpreter, not {target}"
@@ -75,7 +77,7 @@ class K2Triton(TritonBuild):
         at once (mono_runtime.kernel.triton_build); nothing on a CPU."""
         self.spec.check(args)
         warm_triton(
-            triton_build.k2_kernel,
+            triton_build.kernel_of(self.key),
             triton_build.kernel_args(self.key, **args),
             triton_build.constexprs(self.key, False, triton_build.native_asm()),
             programs=programs,
@@ -83,3 +85,34 @@ class K2Triton(TritonBuild):
             device=args["scratch"].device,
             what=f"K2 width {self.key.rows}",
         )
+
+
+@register
+class K2Gluon(K2Triton):
+    """The Gluon build: triton_build's kernel body compiled by Gluon, every weight stream on
+    the mma.sync engine (decode_triton.any_stream_rows), experts in ``mxfp4-frag``. Its
+    Triton twin runs the same body on a CPU. Compiled and checked for sm_90 here; not yet
+    run on a GPU, so `K2Runner` uses it only when asked (`engine="gluon"`)."""
+
+    backend = "gluon"
+
+    @classmethod
+    def example(cls) -> Build:
+        return cls(K2Build(KimiK3Config(tp=8), 4, frag=True))
+
+    def supports(self, target: str) -> str | None:
+        b, p = self.key, self.key.plan
+        if not b.frag:
+            return "K2's Gluon build streams experts in mxfp4-frag (frag=True)"
+        c = b.cfg
+        steps = {
+            "o_proj": c.o_proj_in // p.obk,
+            "router / latent down / shared up": c.hidden_size // p.dks // p.rbk,
+            "shared down": c.shared_intermediate // p.sdk,
+            "routed up / up_proj": c.latent_size // p.ubk,
+            "routed down": c.routed_intermediate // p.dbk,
+        }
+        return gluon_refusal(target, steps, {"ubk": p.ubk, "dbk": p.dbk})
+
+
+BY_BACKEND = {"triton": K2Triton, "gluon": K2Gluon}

@@ -23,7 +23,7 @@ from mono_runtime.runner import DEFAULT_DEADLINE_NS, MonoRunner
 from mono_runtime.timeline import from_stamps, read_stamps
 
 from ..config import KimiK3Config
-from .build import K2Triton
+from .build import BY_BACKEND
 from .spec import (
     K2Build,
     peer_bytes,
@@ -56,17 +56,24 @@ class K2Runner(MonoLayerRunner):
         pack: bool = True,
         timeline: bool = False,
         scratch_offset: int = 0,
+        engine: str = "triton",
     ) -> None:
         """`cfg.tp` ranks; `pack`: stream the experts as mxfp4-rot, which `pack(weights)`
         converts them to once, in place (False: the checkpoint's mxfp4-k32 as loaded).
         `timeline`: builds that stamp each item's program, start, ready and end
-        (`timeline(s)`)."""
+        (`timeline(s)`). `engine`: "triton", or "gluon" (NVIDIA sm_90+: the same kernel
+        body compiled by Gluon, experts packed as mxfp4-frag; not yet run on a GPU, so
+        not the default)."""
         self.cfg, self.rank, self.tp = cfg, rank, cfg.tp
         self._setup(device, widths, programs, scratch_offset)
+        if engine not in BY_BACKEND:
+            raise ValueError(f"engine={engine!r}: expected one of {sorted(BY_BACKEND)}")
+        frag = engine == "gluon"
         self.builds = {
-            s: K2Build(cfg, s, packed=bool(pack), timeline=bool(timeline)) for s in self.widths
+            s: K2Build(cfg, s, packed=bool(pack), timeline=bool(timeline), frag=frag)
+            for s in self.widths
         }
-        self.kernels = {s: K2Triton(b) for s, b in self.builds.items()}
+        self.kernels = {s: BY_BACKEND[engine](b) for s, b in self.builds.items()}
         target = target_name(self.device)
         for kernel in self.kernels.values():
             reason = kernel.supports(target)
@@ -92,7 +99,8 @@ class K2Runner(MonoLayerRunner):
         self._live()
         if not isinstance(weights, K2Weights):
             raise ValueError(f"weights: expected K2Weights, got {type(weights).__name__}")
-        return weights.packed(self.builds[self.widths[0]].packed)
+        b = self.builds[self.widths[0]]
+        return weights.packed(b.packed and not b.frag, b.frag)
 
     # -- views ----------------------------------------------------------------------------
     def _layout(self, s: int) -> dict:
@@ -133,7 +141,8 @@ class K2Runner(MonoLayerRunner):
             name: torch.empty(64, dtype=dtype, device=dev)
             for name, (_, dtype) in K2Weights.expected(c).items()
         }
-        w = K2Weights(**made, rot=self.builds[s].packed)
+        b = self.builds[s]
+        w = K2Weights(**made, rot=b.packed and not b.frag, frag=b.frag)
         return core, z, blocks, z, slots, w
 
     def _args(
@@ -234,12 +243,11 @@ class K2Runner(MonoLayerRunner):
         if not isinstance(weights, K2Weights):
             raise ValueError(f"weights: expected K2Weights, got {type(weights).__name__}")
         weights.validate(c, self.device)
-        if weights.rot != self.builds[s].packed:
-            have, want = (
-                ("mxfp4-rot" if x else "mxfp4-k32") for x in (weights.rot, self.builds[s].packed)
-            )
+        want = self.builds[s].layout
+        if weights.expert_layout != want:
+            packed = weights.rot or weights.frag
             raise ValueError(
-                f"weights: experts in {have}, this runner streams {want}"
-                + (": K2Runner.pack(weights) converts them once" if not weights.rot else "")
+                f"weights: experts in {weights.expert_layout}, this runner streams {want}"
+                + ("" if packed else ": K2Runner.pack(weights) converts them once")
             )
         return s, sources, reset

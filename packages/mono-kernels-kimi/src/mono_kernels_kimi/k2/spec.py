@@ -90,6 +90,7 @@ class K2Build:
     rows: int
     packed: bool = True  # stream the experts as mxfp4-rot (False: the checkpoint's mxfp4-k32)
     timeline: bool = False  # stamp each item's program, ticket, start, ready, end (GPU tuning)
+    frag: bool = False  # the Gluon build: experts in mxfp4-frag (packed), streams on mma.sync
 
     def __post_init__(self) -> None:
         c = self.cfg
@@ -110,6 +111,8 @@ class K2Build:
             raise ValueError("num_experts, latent_size and hidden_size must be >= 16")
         if c.experts_per_rank % 2 or c.latent_per_rank % 2 or c.hidden_per_rank % 16:
             raise ValueError("per-rank router / latent shares must be even, H/tp a multiple of 16")
+        if self.frag and not self.packed:
+            raise ValueError("frag: the Gluon build streams packed experts (packed=True)")
         self.plan  # noqa: B018 - the tiles must fit the shapes
 
     @property
@@ -118,6 +121,8 @@ class K2Build:
 
     @property
     def layout(self) -> str:
+        if self.frag:
+            return "mxfp4-frag"
         return "mxfp4-rot" if self.packed else "mxfp4-k32"
 
     @property

@@ -15,10 +15,11 @@ import torch
 import triton
 import triton.language as tl
 from mono_runtime import decode_triton as dt
+from mono_runtime import lang as lg
 from mono_runtime import protocol_triton as pt
 from mono_runtime.protocol import region_id
-from mono_runtime.stream import device as st
 from mono_runtime.topk_triton import sigmoid_topk_row
+from triton.experimental import gluon
 
 from .spec import K2Build, p2, peer_layout, scratch_layout, starts, table_offsets
 
@@ -45,32 +46,24 @@ def _situ(g, u, BETA: tl.constexpr, LBETA: tl.constexpr):
 
 
 @triton.jit
+def _share_row0(rank, g, SHARE: tl.constexpr, TOTAL: tl.constexpr, BN: tl.constexpr):
+    """`_share`'s first row alone (a prefetch needs no more)."""
+    return tl.minimum(rank * SHARE + g * BN, TOTAL - BN)
+
+
+@triton.jit
 def _share(rank, g, SHARE: tl.constexpr, TOTAL: tl.constexpr, BN: tl.constexpr):
     """Item g of this rank's SHARE rows of a whole [TOTAL, *] weight: (first row of the BN
     streamed, which rows of them to keep). A share smaller than BN streams neighbouring
     rows too (the weight is whole on every rank) and keeps only its own."""
     first = rank * SHARE + g * BN
-    r0 = tl.minimum(first, TOTAL - BN)
-    rows = r0 + tl.arange(0, BN)
+    r0 = _share_row0(rank, g, SHARE, TOTAL, BN)
+    rows = r0 + lg.arange(0, BN)
     keep = (rows >= first) & (rows < tl.minimum(first + BN, (rank + 1) * SHARE))
     return r0, rows, keep
 
 
-# Integer arguments that vary per launch or per rank: never specialized (a value of 1 or a
-# multiple of 16 would otherwise compile another binary: e.g. one per rank or layer).
-@triton.jit(
-    do_not_specialize=[
-        "blocks_row",
-        "blocks_block",
-        "sources",
-        "reset",
-        "slot",
-        "final",
-        "rank",
-        "world",
-    ]
-)
-def k2_kernel(
+def _k2_body(
     core,
     prefix,
     blocks,
@@ -215,7 +208,11 @@ def k2_kernel(
     ASM: tl.constexpr,
     TL: tl.constexpr,
     O_TL: tl.constexpr,
+    GL: tl.constexpr,
 ):
+    """The kernel, one body for two compilers: Triton (`k2_kernel`, also the interpreter's)
+    and Gluon (`k2_gluon`: the helpers stream on the mma.sync engine there). GL names the
+    compiler in the build's constexprs: Triton's compile cache does not tell the two apart."""
     tag = pt.step_tag(ctl, slot)
     counter = tickets + slot
     done = (scratch + O_DONE).to(tl.pointer_type(tl.int64))
@@ -333,10 +330,10 @@ def k2_kernel(
             cnt = (scratch + O_COUNT).to(tl.pointer_type(tl.int32)) + (t - T_ROUTER) // DKS
             buf = (scratch + O_KPART).to(tl.pointer_type(tl.float32))
             if t < T_LATDOWN:
-                r0, _, _ = _share(rank, (t - T_ROUTER) // DKS, EPR, E, 16)
+                r0 = _share_row0(rank, (t - T_ROUTER) // DKS, EPR, E, 16)
                 dt.prefetch_rows(router, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
             elif t < T_SHUP:
-                r0, _, _ = _share(rank, (t - T_LATDOWN) // DKS, LPR, LAT, 16)
+                r0 = _share_row0(rank, (t - T_LATDOWN) // DKS, LPR, LAT, 16)
                 dt.prefetch_rows(latent_down, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
             else:
                 r0 = ((t - T_SHUP) // DKS) * SB
@@ -701,6 +698,15 @@ def k2_kernel(
         t = pt.ticket_take(counter, total)
 
 
+# Integer arguments that vary per launch or per rank: never specialized (a value of 1 or a
+# multiple of 16 would otherwise compile another binary: e.g. one per rank or layer).
+_RUNTIME_INTS = ["blocks_row", "blocks_block", "sources", "reset", "slot", "final", "rank", "world"]
+k2_kernel = triton.jit(do_not_specialize=_RUNTIME_INTS)(_k2_body)
+# the same body compiled by Gluon: its weight streams on the mma.sync engine
+# (decode_triton.any_stream_rows), MXFP4 experts in mxfp4-frag
+k2_gluon = gluon.jit(do_not_specialize=_RUNTIME_INTS)(_k2_body)
+
+
 # -- the stages, in ticket order ---------------------------------------------------------
 
 
@@ -725,10 +731,10 @@ def _oproj(
 ):
     """OC columns of this rank's o_proj partial (bf16, as a GEMM leaves it) -> every rank's
     ar1[this rank]."""
-    acc = st.stream_rows(
+    acc = dt.any_stream_rows(
         o_proj, o_proj, core, i * OC, 0, KO // OBK, KO, OC, OBK, S, 0, STAGES, CPU, ASM
     )
-    q = i * (OC // 2) + tl.arange(0, OC // 2)
+    q = i * (OC // 2) + lg.arange(0, OC // 2)
     dt.push_pairs(
         peers,
         world,
@@ -780,7 +786,7 @@ def _col(
     """Row s, columns [ch RC, (ch + 1) RC): o = the ranks' partials in rank order (bf16);
     the new prefix (reset: o; else bf16(prefix + o)) -> pnew (and the prefix, live rows);
     each source's sum of squares and dot with norm * proj over the chunk."""
-    p = ch * (RC // 2) + tl.arange(0, RC // 2)
+    p = lg.anchor(ch * (RC // 2) + lg.arange(0, RC // 2))
     lo, hi, ok = dt.reduce_row(
         me, P_AR1 // 8, s, p, ch * (RC // 2), p >= 0, H // 2,
         tag, ctl, health, peers, rank, world, R_AR1, CPU,
@@ -836,8 +842,9 @@ def _mix(
 ):
     """Row s, columns [ch RC, (ch + 1) RC): softmax over the sources of (dot x rstd), then
     the mix (blocks in order, then the prefix) -> mix (fp32) and its sum of squares."""
-    jj = tl.arange(0, NS2)
-    cc = tl.arange(0, NCH2)
+    grid = lg.anchor(lg.zeros((NS2, NCH2), tl.int32))  # (Gluon: the sources x chunks layout)
+    jj = lg.along(lg.arange(0, NS2), grid, 1)
+    cc = lg.along(lg.arange(0, NCH2), grid, 0)
     m2 = (jj[:, None] <= NB) & (cc[None, :] < NCH)
     off = s * ((NB + 1) * NCH) + jj[:, None] * NCH + cc[None, :]
     ssq = (scratch + O_SSQ).to(tl.pointer_type(tl.float32))
@@ -848,8 +855,8 @@ def _mix(
     logit = tl.where(valid, dt / tl.sqrt_rn(sq / H + EPS), float("-inf"))
     ex = tl.where(valid, tl.exp(logit - tl.max(logit, 0)), 0.0)
     wts = ex / tl.sum(ex, 0)
-    k = ch * RC + tl.arange(0, RC)
-    acc = tl.zeros((RC,), tl.float32)
+    k = lg.anchor(ch * RC + lg.arange(0, RC))
+    acc = lg.zeros_like(k, tl.float32)
     for j in range(0, sources):
         wj = tl.sum(tl.where(jj == j, wts, 0.0), 0)
         acc += wj * tl.load(blocks + s * blocks_row + j * blocks_block + k).to(tl.float32)
@@ -878,11 +885,11 @@ def _norm(
     """Row s, the same columns: post_attention_layernorm over the row's chunk sums (in
     chunk order) -> x (bf16), the MoE input."""
     ssq2 = (scratch + O_SSQ2).to(tl.pointer_type(tl.float32)) + s * NCH
-    ss = tl.sum(tl.zeros((2,), tl.float32), 0)
+    ss = tl.sum(lg.anchor(lg.zeros((2,), tl.float32)), 0)
     for q in tl.static_range(NCH):  # unrolled: the loads fly together, summed in order
         ss += tl.load(ssq2 + q, volatile=True)
     rstd = 1.0 / tl.sqrt_rn(ss / H + EPS)
-    k = ch * RC + tl.arange(0, RC)
+    k = lg.anchor(ch * RC + lg.arange(0, RC))
     v = tl.load((scratch + O_MIX).to(tl.pointer_type(tl.float32)) + s * H + k, volatile=True)
     v = v * rstd * tl.load(post_norm + k).to(tl.float32)
     tl.store(
@@ -918,7 +925,7 @@ def _router(
     rank's lg (all-gather)."""
     r0, rows, keep = _share(rank, g, EPR, E, 16)
     KP: tl.constexpr = H // DKS
-    acc = st.stream_rows(
+    acc = dt.any_stream_rows(
         router, router, x, r0, kp * KP, KP // RBK, H, 16, RBK, S, 0, STAGES, CPU, ASM
     )
     last, acc = dt.split_k(acc, buf, cnt, kp, DKS, 16, S)
@@ -954,16 +961,16 @@ def _latdown(
     rank's lat (all-gather)."""
     r0, rows, keep = _share(rank, g, LPR, LAT, 16)
     KP: tl.constexpr = H // DKS
-    acc = st.stream_rows(
+    acc = dt.any_stream_rows(
         latent_down, latent_down, x, r0, kp * KP, KP // RBK, H, 16, RBK, S, 0, STAGES, CPU, ASM
     )
     last, acc = dt.split_k(acc, buf, cnt, kp, DKS, 16, S)
     if last:
-        q = r0 // 2 + tl.arange(0, 8)
-        kq = tl.sum(tl.reshape(keep.to(tl.int32), (8, 2)), 1) == 2
-        dt.push_pairs(
-            peers, world, P_LAT // 8, LAT // 2, q, dt.tile_pairs(acc, 16), kq[None, :], tag, S
-        )
+        q = r0 // 2 + lg.arange(0, 8)
+        pairs = dt.tile_pairs(acc, 16)
+        kq = tl.sum(tl.reshape(lg.anchor(keep).to(tl.int32), (8, 2)), 1) == 2
+        kq = lg.along(kq, pairs, 0)
+        dt.push_pairs(peers, world, P_LAT // 8, LAT // 2, q, pairs, kq[None, :], tag, S)
 
 
 @triton.jit
@@ -991,10 +998,10 @@ def _shup(
     """SB gate + SB up rows of the shared gate_up over K part kp; the last part: bf16 (as
     its GEMM leaves them), SiTU -> smid (bf16)."""
     KP: tl.constexpr = H // DKS
-    g = st.stream_rows(
+    g = dt.any_stream_rows(
         shared_w13, shared_w13, x, c * SB, kp * KP, KP // RBK, H, SB, RBK, S, 0, STAGES, CPU, ASM
     )
-    u = st.stream_rows(
+    u = dt.any_stream_rows(
         shared_w13,
         shared_w13,
         x,
@@ -1060,10 +1067,10 @@ def _shdown(
     )
     ready = dt.ready_clock(TL, CPU)
     smid = (scratch + O_SMID).to(tl.pointer_type(tl.bfloat16))
-    acc = st.stream_rows(
+    acc = dt.any_stream_rows(
         shared_w2, shared_w2, smid, d * SD, 0, SI // SDK, SI, SD, SDK, S, 0, STAGES, CPU, ASM
     )
-    q = d * (SD // 2) + tl.arange(0, SD // 2)
+    q = d * (SD // 2) + lg.arange(0, SD // 2)
     dt.push_pairs(
         peers,
         world,
@@ -1097,7 +1104,7 @@ def _gather(
     CPU: tl.constexpr,
 ):
     """Row s of the gathered latent input (every rank's share) -> xlat."""
-    i = tl.arange(0, LP2)
+    i = lg.anchor(lg.arange(0, LP2))
     m = i < LAT // 2
     v, ok = pt.poll(
         me + P_LAT // 8 + s * (LAT // 2) + i,
@@ -1144,7 +1151,7 @@ def _route(
 ):
     """Row s: top-k of the gathered fp32 logits (mono_runtime.routing's rule) -> topk_ids,
     topk_w (-1 and 0 on a padding row)."""
-    e = tl.arange(0, E2)
+    e = lg.anchor(lg.arange(0, E2))
     v, ok = pt.poll(
         me + P_LG // 8 + s * E + e, e < E, tag, ctl, health, peers, rank, world, R_LG, s * E, CPU
     )
@@ -1152,7 +1159,7 @@ def _route(
     b = tl.load(bias + e, mask=e < E, other=0.0)
     ids, w = sigmoid_topk_row(logits, b, E, K, KP, RSF, RENORM)
     live = tl.load(slots + s) >= 0
-    kk = tl.arange(0, KP)
+    kk = lg.anchor(lg.arange(0, KP))
     ids_p = (scratch + O_TABLE + T_IDS).to(tl.pointer_type(tl.int32))
     topw_p = (scratch + O_TABLE + T_TOPW).to(tl.pointer_type(tl.float32))
     tl.store(ids_p + s * K + kk, tl.where(live, ids, -1), mask=kk < K)
@@ -1182,12 +1189,12 @@ def _union(
     pos = (table + T_POS).to(tl.pointer_type(tl.int32))
     slot_e = (table + T_SLOTE).to(tl.pointer_type(tl.int32))
     wtab = (table + T_WTAB).to(tl.pointer_type(tl.float32))
-    ex = tl.arange(0, E2)
+    ex = lg.anchor(lg.arange(0, E2))
     tl.store(pos + ex, 0, mask=ex < E)
-    z = tl.arange(0, WT2)
+    z = lg.anchor(lg.arange(0, WT2))
     tl.store(wtab + z, 0.0, mask=z < MAXSLOTS * S)
     tl.debug_barrier()
-    i = tl.arange(0, SK2)
+    i = lg.anchor(lg.arange(0, SK2))
     ids = tl.load(
         (table + T_IDS).to(tl.pointer_type(tl.int32)) + i, mask=i < S * K, other=-1, volatile=True
     )
@@ -1255,7 +1262,7 @@ def _up(
         e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
         w, ws = dt.stacked_expert(e, w13, w13_scale, 2 * RI, LAT, FMT)
         xlat = (scratch + O_XLAT).to(tl.pointer_type(tl.bfloat16))
-        g, u = st.stream_row_pair(
+        g, u = dt.any_stream_row_pair(
             w, ws, xlat, c * BN, RI + c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU,
             ASM, ONE_TILE,
         )  # fmt: skip
@@ -1314,8 +1321,8 @@ def _down(
     j1 = tl.minimum((q + 1) * per, nslots)
     wtab = (scratch + O_TABLE + T_WTAB).to(tl.pointer_type(tl.float32))
     mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
-    t = tl.arange(0, 16)
-    acc = tl.zeros((DC, 16), tl.float32)
+    t = lg.arange(0, 16)
+    acc = dt.stream_zeros(DC)
     for j in range(tl.minimum(q * per, nslots), j1):
         e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
         wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
@@ -1324,12 +1331,12 @@ def _down(
         ok = ok & dt.wait_items(
             done, T_UP + j * NC, NC, NC2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
         )
-        y = st.stream_rows(
+        y = dt.any_stream_rows(
             w, ws, mid + j * S * RI, d * DC, 0, RI // DBK, RI, DC, DBK, S, FMT, STAGES, CPU, ASM
         )
         acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
     acc = tl.where(ok, acc, float("nan"))
-    n = tl.arange(0, DC)
+    n = lg.arange(0, DC)
     dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
     tl.store(dpart + ((d * NG + q) * DC + n[:, None]) * S + t[None, :], acc, mask=t[None, :] < S)
     return ready
@@ -1352,13 +1359,13 @@ def _dsum(
 ):
     """Column block d's groups summed in group order, rounded once -> every rank's
     rl[this rank]."""
-    n = tl.arange(0, DC)
-    t = tl.arange(0, 16)
+    n = lg.arange(0, DC)
+    t = lg.arange(0, 16)
     dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
     acc = dt.sum_parts(
-        dpart + (d * NG * DC + n[:, None]) * S + t[None, :], NG, DC * S, t[None, :] < S
+        lg.anchor(dpart + (d * NG * DC + n[:, None]) * S + t[None, :]), NG, DC * S, t[None, :] < S
     )
-    q = d * (DC // 2) + tl.arange(0, DC // 2)
+    q = d * (DC // 2) + lg.arange(0, DC // 2)
     dt.push_pairs(
         peers,
         world,
@@ -1366,7 +1373,7 @@ def _dsum(
         LAT // 2,
         q,
         dt.tile_pairs(acc, DC),
-        q >= 0,
+        True,
         tag,
         S,
     )
@@ -1395,7 +1402,7 @@ def _lred(
 ):
     """Row s: the ranks' routed partials in rank order -> bf16 -> routed_expert_norm
     (normalized in fp32, rounded, times the bf16 weight, rounded) -> nlat."""
-    i = tl.arange(0, LP2)
+    i = lg.anchor(lg.arange(0, LP2))
     m = i < LAT // 2
     lo, hi, ok = dt.reduce_row(
         me, P_RL // 8, s, i, 0, m, LAT // 2, tag, ctl, health, peers, rank, world, R_RL, CPU
@@ -1449,10 +1456,10 @@ def _upproj(
     dt.wait_items(done, T_LRED, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
     ready = dt.ready_clock(TL, CPU)
     nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.bfloat16))
-    acc = st.stream_rows(
+    acc = dt.any_stream_rows(
         up_proj, up_proj, nlat, r0, 0, LAT // UBK, LAT, UC, UBK, S, 0, STAGES, CPU, ASM
     )
-    q = r0 // 2 + tl.arange(0, UC // 2)
+    q = r0 // 2 + lg.arange(0, UC // 2)
     dt.push_pairs(peers, world, P_UPO // 8, H // 2, q, dt.tile_pairs(acc, UC), True, tag, S)
     return ready
 
@@ -1480,7 +1487,7 @@ def _final(
 ):
     """Row s, FC columns: bf16(the ranks' shared partials in rank order) + the column
     owner's up-projection -> out (bf16; 0 on a padding row)."""
-    p = f * (FC // 2) + tl.arange(0, FC // 2)
+    p = lg.anchor(f * (FC // 2) + lg.arange(0, FC // 2))
     lo, hi, ok = dt.reduce_row(
         me, P_SH // 8, s, p, f * (FC // 2), p >= 0, H // 2,
         tag, ctl, health, peers, rank, world, R_SH, CPU,
@@ -1540,7 +1547,8 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         LPR=c.latent_per_rank,
         HPR=c.hidden_per_rank,
         MAXSLOTS=b.max_slots,
-        FMT=1 if b.packed else 3,
+        FMT=1 if b.packed else 3,  # mxfp4-frag: mxfp4-rot's offsets (decode_triton)
+        GL=b.frag,
         OC=p.oc,
         OBK=p.obk,
         RC=p.rc,
@@ -1678,6 +1686,11 @@ def kernel_args(
     return [named[name] for name in LAUNCH_ARGS]
 
 
+def kernel_of(b: K2Build):
+    """The jitted kernel of build `b`: Gluon's for ``mxfp4-frag`` experts, else Triton's."""
+    return k2_gluon if b.frag else k2_kernel
+
+
 def compile_for(b: K2Build, target: str):
     """Compile build `b` ahead of time for `target` ("sm90" or "gfx950") without a GPU, with
     a real launch's specialization. Run it in a subprocess: a backend abort would take the
@@ -1685,7 +1698,7 @@ def compile_for(b: K2Build, target: str):
     from mono_runtime.compile_check import compile_for as compile_kernel
 
     return compile_kernel(
-        k2_kernel,
+        kernel_of(b),
         kernel_types(),
         constexprs(b, cpu=False, asm=target != "gfx950"),
         num_warps=b.plan.warps,
@@ -1700,6 +1713,6 @@ def native_asm() -> bool:
 
 def launch(b: K2Build, grid: int, cpu: bool, **args):
     """Launch build `b` on already-validated arguments (the runner checks them)."""
-    return k2_kernel[(grid,)](
+    return kernel_of(b)[(grid,)](
         *kernel_args(b, **args), **constexprs(b, cpu, native_asm()), num_warps=b.plan.warps
     )

@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 from mono_runtime.kernel import check_tensor
+from mono_runtime.stream.frag import pack_experts_frag, unpack_experts_frag
 from mono_runtime.stream.layout import (
     MX_GROUP,
     pack_experts_rot,
@@ -62,6 +63,7 @@ class K2Weights:
     w2: torch.Tensor
     w2_scale: torch.Tensor
     rot: bool = False  # w13 and w2 in mxfp4-rot (False: the checkpoint's mxfp4-k32)
+    frag: bool = False  # w13 and w2 in mxfp4-frag (the Gluon build's)
 
     @staticmethod
     def expected(cfg: KimiK3Config) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -93,7 +95,13 @@ class K2Weights:
             check_tensor(f"weights.{name}", getattr(self, name), shape, dtype, device)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rot"}
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("rot", "frag")
+        }
+
+    @property
+    def expert_layout(self) -> str:
+        return "mxfp4-frag" if self.frag else "mxfp4-rot" if self.rot else "mxfp4-k32"
 
     def dense(self, name: str, expert: int | None = None) -> torch.Tensor:
         """fp32 [E, N, K] of the routed experts `name` ("w13" or "w2"); with `expert`, that
@@ -102,17 +110,27 @@ class K2Weights:
         values, scales = getattr(self, name)[pick], getattr(self, f"{name}_scale")[pick]
         if self.rot:
             values, scales = unpack_mxfp4_rot(values, scales)
+        if self.frag:
+            values, scales = unpack_experts_frag(values, scales)
         got = unpack_mxfp4_k32(values, scales)
         return got if expert is None else got[0]
 
-    def packed(self, rot: bool) -> K2Weights:
-        """This bundle with w13 and w2 in ``mxfp4-rot`` (`rot`; False: as loaded),
-        converted in place: the engine's tensors are rewritten, never copied. One way."""
-        if rot == self.rot:
+    def packed(self, rot: bool, frag: bool = False) -> K2Weights:
+        """This bundle with w13 and w2 in ``mxfp4-rot`` (`rot`), ``mxfp4-frag`` (`frag`) or
+        as loaded (neither), converted in place: the engine's tensors are rewritten, never
+        copied. One way."""
+        if (rot, frag) == (self.rot, self.frag):
             return self
-        if self.rot:
-            raise ValueError("weights: already packed as mxfp4-rot; the kernel wants mxfp4-k32")
-        pack_experts_rot({n: (getattr(self, n), getattr(self, f"{n}_scale")) for n in EXPERTS})
+        want = "mxfp4-frag" if frag else "mxfp4-rot" if rot else "mxfp4-k32"
+        if self.rot or self.frag:
+            raise ValueError(
+                f"weights: already packed as {self.expert_layout}; the kernel wants {want}"
+            )
+        experts = {n: (getattr(self, n), getattr(self, f"{n}_scale")) for n in EXPERTS}
+        if frag:
+            pack_experts_frag(experts)
+            return replace(self, frag=True)
+        pack_experts_rot(experts)
         return replace(self, rot=True)
 
 

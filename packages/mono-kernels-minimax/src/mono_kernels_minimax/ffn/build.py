@@ -28,7 +28,7 @@ from mono_runtime.kernel import (
     target_name,
 )
 from mono_runtime.kernel.registry import register
-from mono_runtime.kernel.triton_build import TritonBuild, warm_triton
+from mono_runtime.kernel.triton_build import TritonBuild, gluon_refusal, warm_triton
 
 from ..config import MiniMaxM3Config
 from ..formats import WeightFormat
@@ -177,20 +177,15 @@ class FfnGluon(FfnTriton):
     def supports(self, target: str) -> str | None:
         if not self.key.frag:
             return "the FFN's Gluon build streams MXFP4 experts in mxfp4-frag (frag=True)"
-        if target == INTERPRETER:
-            return "Gluon has no interpreter; on a CPU the Triton build (the same body) runs"
-        arch = target[2:] if target.startswith("sm") else ""
-        if not arch.isdigit() or int(arch) < 90:
-            return f"the FFN's Gluon build serves NVIDIA sm_90 and later, not {target}"
         b, p = self.key, self.key.plan
         h, i = b.cfg.hidden_size, b.inter
-        steps = (h // p.ubk // p.uks, h // p.ubk0 // p.uks0, i // p.dbk, i // p.dbk0)
-        if min(steps) < 2:
-            return (
-                f"an expert stream of one K step (I = {i} a rank): triton 3.6's Gluon cannot "
-                "lower its ring; the Triton build serves this shape"
-            )
-        return None
+        steps = {
+            "routed up": h // p.ubk // p.uks,
+            "shared up": h // p.ubk0 // p.uks0,
+            f"routed down (I = {i} a rank)": i // p.dbk,
+            "shared down": i // p.dbk0,
+        }
+        return gluon_refusal(target, steps, {"ubk": p.ubk, "dbk": p.dbk})
 
 
 BY_BACKEND: dict[str, type[_Ffn]] = {

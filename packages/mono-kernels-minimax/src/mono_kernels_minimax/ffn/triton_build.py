@@ -51,8 +51,8 @@ def _up_item(
     after the other. GL: the Gluon engine's loops, one after the other."""
     k0 = kp * (NSTEP * BK)
     if GL:
-        g = _gl_rows(w, ws, xn, S, c * BN, k0, NSTEP, H, BN, BK, FMT, STAGES)
-        u = _gl_rows(w, ws, xn, S, I + c * BN, k0, NSTEP, H, BN, BK, FMT, STAGES)
+        g = dt.gl_stream_rows(w, ws, xn, S, c * BN, k0, NSTEP, H, BN, BK, FMT, STAGES)
+        u = dt.gl_stream_rows(w, ws, xn, S, I + c * BN, k0, NSTEP, H, BN, BK, FMT, STAGES)
     elif PAIR:
         g, u = st.stream_row_pair(
             w,
@@ -76,33 +76,6 @@ def _up_item(
         g = st.stream_rows(w, ws, xn, c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
         u = st.stream_rows(w, ws, xn, I + c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
     return g, u
-
-
-@triton.jit
-def _gl_rows(
-    w,
-    ws,
-    x,
-    S: tl.constexpr,
-    row0,
-    k0,
-    NSTEP: tl.constexpr,
-    K: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    FMT: tl.constexpr,
-    STAGES: tl.constexpr,
-):
-    """The Gluon engine's `stream_rows`: ``mxfp4-frag`` (FMT 1) or bf16 weight rows
-    row0.. times the 16 token rows of x, fp32 [BN, 16] in the mma.sync layout."""
-    if FMT == 1:
-        return fg.frag_stream_rows(
-            w.to(tl.pointer_type(tl.int32)),
-            ws.to(tl.pointer_type(tl.int32)),
-            x, S, row0, k0, NSTEP, K, BN, BK, STAGES, 4, 16,
-        )  # fmt: skip
-    else:
-        return fg.bf16_stream_rows(w, x, S, row0, k0, NSTEP, K, BN, BK, STAGES, 4, 16)
 
 
 @triton.jit
@@ -748,8 +721,10 @@ def _down_item(
                 done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
             if GL:
-                y = _gl_rows(sw2, sw2_scale, mid + j * S * I, S, d * DC, 0, I // DBK0, I, DC,
-                             DBK0, SFMT, STAGES)  # fmt: skip
+                y = dt.gl_stream_rows(
+                    sw2, sw2_scale, mid + j * S * I, S, d * DC, 0, I // DBK0, I, DC, DBK0, SFMT,
+                    STAGES,
+                )  # fmt: skip
             else:
                 y = st.stream_rows(
                     sw2, sw2_scale, mid + j * S * I, d * DC, 0, I // DBK0, I, DC, DBK0, S, SFMT,
@@ -763,7 +738,7 @@ def _down_item(
                 done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
             if GL:
-                y = _gl_rows(
+                y = dt.gl_stream_rows(
                     w, ws, mid + j * S * I, S, d * DC, 0, I // DBK, I, DC, DBK, FMT, STAGES
                 )
             else:

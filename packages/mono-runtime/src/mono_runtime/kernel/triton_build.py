@@ -55,3 +55,26 @@ class TritonBuild(Build):
     def launch(self, programs: int, **args: Any) -> None:
         self.spec.check(args)
         self.module.launch(self.key, programs, args["scratch"].device.type == "cpu", **args)
+
+
+def gluon_refusal(target: str, steps: Mapping[str, int], frag_bk: Mapping[str, int]) -> str | None:
+    """Why a kernel body compiled by Gluon (its weights on `stream.frag_gluon`) cannot
+    serve `target`, or None: it needs NVIDIA sm_90+ (no interpreter), every weight stream
+    of >= 2 K steps (`steps`: name -> count; triton 3.6's Gluon fails to lower the ring of
+    a one-step loop) and its ``mxfp4-frag`` streams K steps of whole 64-column blocks
+    (`frag_bk`: name -> step)."""
+    if target == "interpreter":
+        return "Gluon has no interpreter; on a CPU the Triton build (the same body) runs"
+    arch = target[2:] if target.startswith("sm") else ""
+    if not arch.isdigit() or int(arch) < 90:
+        return f"the Gluon build serves NVIDIA sm_90 and later, not {target}"
+    one = sorted(name for name, n in steps.items() if n < 2)
+    if one:
+        return (
+            f"a weight stream of one K step ({', '.join(one)}): triton 3.6's Gluon cannot "
+            "lower its ring; the Triton build serves this shape"
+        )
+    odd = sorted(name for name, bk in frag_bk.items() if bk % 64)
+    if odd:
+        return f"mxfp4-frag K steps must be multiples of 64 ({', '.join(odd)})"
+    return None
