@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-final, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-final, k2-gluon, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -375,6 +375,12 @@ if has gluon-final; then
         echo "== $name"
         tail -25 "$LOG/$name.txt"
     done
+fi
+if has k2-gluon; then
+    # K2's Gluon build (opt-in: engine="gluon"), never run on a GPU before: its full-shape
+    # test beside the Triton build's, then both timed (`k2.tune`-free: one bench each).
+    tests k2-gluon 400 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank" --tb=short
+    echo "== k2-gluon"; tail -30 "$LOG/k2-gluon.txt"
 fi
 if has upstage; then
     # Is the FFN's routed up stage slow because of its shape or its kernel? At S = 1 it is
