@@ -18,7 +18,6 @@ from mono_runtime import lang as lg
 from mono_runtime import protocol_triton as pt
 from mono_runtime.protocol import region_id
 from mono_runtime.stream import device as st
-from mono_runtime.stream import frag_gluon as fg
 from triton.experimental import gluon
 
 from ..formats import WeightFormat
@@ -44,37 +43,21 @@ def _up_item(
     STAGES: tl.constexpr,
     PAIR: tl.constexpr,
     CPU: tl.constexpr,
-    GL: tl.constexpr,
 ):
     """fp32 [BN, 16] gate and up of rows c*BN.. over K part kp (NSTEP steps of BK); with
     PAIR both in one pipelined loop (`stream_row_pair`; 2: as one tile), else one loop
-    after the other. GL: the Gluon engine's loops, one after the other."""
+    after the other."""
     k0 = kp * (NSTEP * BK)
-    if GL:
-        g = dt.gl_stream_rows(w, ws, xn, S, c * BN, k0, NSTEP, H, BN, BK, FMT, STAGES)
-        u = dt.gl_stream_rows(w, ws, xn, S, I + c * BN, k0, NSTEP, H, BN, BK, FMT, STAGES)
-    elif PAIR:
-        g, u = st.stream_row_pair(
-            w,
-            ws,
-            xn,
-            c * BN,
-            I + c * BN,
-            k0,
-            NSTEP,
-            H,
-            BN,
-            BK,
-            S,
-            FMT,
-            STAGES,
-            CPU,
-            True,
+    if PAIR:  # (Gluon: the engine's loops one after the other)
+        g, u = dt.any_stream_row_pair(
+            w, ws, xn, c * BN, I + c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True,
             PAIR == 2,
-        )
+        )  # fmt: skip
     else:
-        g = st.stream_rows(w, ws, xn, c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
-        u = st.stream_rows(w, ws, xn, I + c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
+        g = dt.any_stream_rows(w, ws, xn, c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)
+        u = dt.any_stream_rows(
+            w, ws, xn, I + c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True
+        )  # fmt: skip
     return g, u
 
 
@@ -422,7 +405,7 @@ def _ffn_body(
                 t_ready = pt.clock(0, CPU)
             g, v = _up_item(
                 xn, sw13, sw13_scale, c, kp, H // UBK0 // UKS0, UBK0, S, H, I, BN, SFMT, STAGES,
-                PAIR, CPU, GL,
+                PAIR, CPU,
             )  # fmt: skip
             _finish_up(
                 g,
@@ -461,7 +444,7 @@ def _ffn_body(
                     dt.prefetch_rows(w, c * BN, BN, H, kp * (H // UKS), H // UKS, FMT, CPU)
                     dt.prefetch_rows(w, I + c * BN, BN, H, kp * (H // UKS), H // UKS, FMT, CPU)
                 g, v = _up_item(
-                    xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT, STAGES, PAIR, CPU, GL
+                    xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT, STAGES, PAIR, CPU
                 )
                 rp = (
                     upart
@@ -531,7 +514,6 @@ def _ffn_body(
                     P_AR2,
                     R_ITEMS,
                     CPU,
-                    GL,
                 )
             elif u < nup + ND * NG + S * NF:
                 # final (row s, FC columns): the ranks' partials in rank order -> out; one
@@ -694,7 +676,6 @@ def _down_item(
     P_AR2: tl.constexpr,
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
-    GL: tl.constexpr,
 ):
     """Down rows [d*DC, (d+1)*DC) of the slots of group q (slot j waited for alone, with
     DPF its weights asked of L2 first), weighted per row by wtab, into dpart[d, q]. The group that
@@ -706,10 +687,7 @@ def _down_item(
     per = (nslots + NG - 1) // NG
     j0 = q * per
     j1 = tl.minimum(j0 + per, nslots)
-    if GL:
-        acc = fg.mma_zeros(DC, 16, 4)
-    else:
-        acc = lg.zeros((DC, 16), tl.float32)
+    acc = dt.stream_zeros(DC)
     ok = nslots >= 0
     for j in range(j0, j1):
         e = tl.load(slot_e + j, volatile=True)
@@ -720,16 +698,10 @@ def _down_item(
             ok = ok & dt.wait_items(
                 done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
-            if GL:
-                y = dt.gl_stream_rows(
-                    sw2, sw2_scale, mid + j * S * I, S, d * DC, 0, I // DBK0, I, DC, DBK0, SFMT,
-                    STAGES,
-                )  # fmt: skip
-            else:
-                y = st.stream_rows(
-                    sw2, sw2_scale, mid + j * S * I, d * DC, 0, I // DBK0, I, DC, DBK0, S, SFMT,
-                    STAGES, CPU, True,
-                )  # fmt: skip
+            y = dt.any_stream_rows(
+                sw2, sw2_scale, mid + j * S * I, d * DC, 0, I // DBK0, I, DC, DBK0, S, SFMT,
+                STAGES, CPU, True,
+            )  # fmt: skip
         else:
             w, ws = dt.stacked_expert(e, w2, w2_scale, H, I, FMT)
             if DPF:
@@ -737,27 +709,9 @@ def _down_item(
             ok = ok & dt.wait_items(
                 done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
-            if GL:
-                y = dt.gl_stream_rows(
-                    w, ws, mid + j * S * I, S, d * DC, 0, I // DBK, I, DC, DBK, FMT, STAGES
-                )
-            else:
-                y = st.stream_rows(
-                    w,
-                    ws,
-                    mid + j * S * I,
-                    d * DC,
-                    0,
-                    I // DBK,
-                    I,
-                    DC,
-                    DBK,
-                    S,
-                    FMT,
-                    STAGES,
-                    CPU,
-                    True,
-                )
+            y = dt.any_stream_rows(
+                w, ws, mid + j * S * I, d * DC, 0, I // DBK, I, DC, DBK, S, FMT, STAGES, CPU, True
+            )
         acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
     acc = tl.where(ok, acc, float("nan"))
     base = lg.like(dpart + d * (NG * DC * S) + n[:, None] * S + t[None, :], acc)
