@@ -30,14 +30,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 from mono_runtime.kernel import check_tensor
-from mono_runtime.stream.frag import pack_experts_frag, unpack_experts_frag
-from mono_runtime.stream.layout import (
-    MX_GROUP,
-    pack_experts_rot,
-    quantize_mxfp4_k32,
-    unpack_mxfp4_k32,
-    unpack_mxfp4_rot,
-)
+from mono_runtime.stream.experts import expert_layout, pack_experts, to_k32
+from mono_runtime.stream.layout import MX_GROUP, quantize_mxfp4_k32, unpack_mxfp4_k32
 
 from ..config import KimiK3Config
 
@@ -101,37 +95,26 @@ class K2Weights:
 
     @property
     def expert_layout(self) -> str:
-        return "mxfp4-frag" if self.frag else "mxfp4-rot" if self.rot else "mxfp4-k32"
+        return expert_layout(self.rot, self.frag)
 
     def dense(self, name: str, expert: int | None = None) -> torch.Tensor:
         """fp32 [E, N, K] of the routed experts `name` ("w13" or "w2"); with `expert`, that
         one's [N, K] alone (all of Kimi-K3's experts in fp32 are ~30 GB a rank)."""
         pick = slice(None) if expert is None else slice(expert, expert + 1)
         values, scales = getattr(self, name)[pick], getattr(self, f"{name}_scale")[pick]
-        if self.rot:
-            values, scales = unpack_mxfp4_rot(values, scales)
-        if self.frag:
-            values, scales = unpack_experts_frag(values, scales)
-        got = unpack_mxfp4_k32(values, scales)
+        got = unpack_mxfp4_k32(*to_k32(values, scales, self.expert_layout))
         return got if expert is None else got[0]
 
     def packed(self, rot: bool, frag: bool = False) -> K2Weights:
         """This bundle with w13 and w2 in ``mxfp4-rot`` (`rot`), ``mxfp4-frag`` (`frag`) or
         as loaded (neither), converted in place: the engine's tensors are rewritten, never
         copied. One way."""
-        if (rot, frag) == (self.rot, self.frag):
+        want = expert_layout(rot, frag)
+        if want == self.expert_layout:
             return self
-        want = "mxfp4-frag" if frag else "mxfp4-rot" if rot else "mxfp4-k32"
-        if self.rot or self.frag:
-            raise ValueError(
-                f"weights: already packed as {self.expert_layout}; the kernel wants {want}"
-            )
         experts = {n: (getattr(self, n), getattr(self, f"{n}_scale")) for n in EXPERTS}
-        if frag:
-            pack_experts_frag(experts)
-            return replace(self, frag=True)
-        pack_experts_rot(experts)
-        return replace(self, rot=True)
+        pack_experts(experts, self.expert_layout, want)
+        return replace(self, rot=rot and not frag, frag=frag)
 
 
 def random_weights(

@@ -24,8 +24,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 from mono_runtime.kernel import check_tensor
-from mono_runtime.stream.frag import pack_experts_frag, unpack_experts_frag
-from mono_runtime.stream.layout import pack_experts_rot, unpack_mxfp4_rot
+from mono_runtime.stream.experts import expert_layout, pack_experts, to_k32
 
 from ..config import MiniMaxM3Config
 from ..formats import FP8_BLOCK, MX_BLOCK, WeightFormat, dequantize, quantize
@@ -87,17 +86,15 @@ class FfnWeights:
     def expert_layout(self) -> str:
         """The routed experts' layout: the format's own, or the packed one they are in."""
         if self.fmt is WeightFormat.MXFP4:
-            return "mxfp4-frag" if self.frag else "mxfp4-rot" if self.rot else "mxfp4-k32"
+            return expert_layout(self.rot, self.frag)
         return self.fmt.layout
 
     def dense(self, name: str) -> torch.Tensor:
         """fp32 dequantized view of a weight (w13, w2, shared_w13, shared_w2)."""
         fmt = self.fmt.shared_format if name.startswith("shared") else self.fmt
         values, scales = getattr(self, name), getattr(self, f"{name}_scale")
-        if fmt is WeightFormat.MXFP4 and self.rot and name in ("w13", "w2"):
-            values, scales = unpack_mxfp4_rot(values, scales)
-        if fmt is WeightFormat.MXFP4 and self.frag and name in ("w13", "w2"):
-            values, scales = unpack_experts_frag(values, scales)
+        if fmt is WeightFormat.MXFP4 and name in ("w13", "w2"):
+            values, scales = to_k32(values, scales, self.expert_layout)
         return dequantize(values, scales, fmt)
 
     def packed(self, rot: bool, frag: bool = False) -> FfnWeights:
@@ -105,19 +102,12 @@ class FfnWeights:
         the checkpoint layout (neither), converted in place: the engine's tensors are
         replaced, never copied. Only MXFP4 experts have a packed layout, and packing is
         one way."""
-        if self.fmt is not WeightFormat.MXFP4 or (rot, frag) == (self.rot, self.frag):
+        want = expert_layout(rot, frag)
+        if self.fmt is not WeightFormat.MXFP4 or want == self.expert_layout:
             return self
-        want = "mxfp4-frag" if frag else "mxfp4-rot" if rot else "mxfp4-k32"
-        if self.rot or self.frag:
-            raise ValueError(
-                f"weights: already packed as {self.expert_layout}; the kernel wants {want}"
-            )
         experts = {n: (getattr(self, n), getattr(self, f"{n}_scale")) for n in ("w13", "w2")}
-        if frag:
-            pack_experts_frag(experts)
-            return replace(self, frag=True)
-        pack_experts_rot(experts)
-        return replace(self, rot=True)
+        pack_experts(experts, self.expert_layout, want)
+        return replace(self, rot=rot and not frag, frag=frag)
 
 
 def _format_shapes(name, lead, n, k, fmt):
