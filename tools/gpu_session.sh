@@ -377,10 +377,15 @@ if has gluon-final; then
     done
 fi
 if has k2-gluon; then
-    # K2's Gluon build (opt-in: engine="gluon"), never run on a GPU before: its full-shape
-    # test beside the Triton build's, then both timed (`k2.tune`-free: one bench each).
-    tests k2-gluon 400 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank" --tb=short
-    echo "== k2-gluon"; tail -30 "$LOG/k2-gluon.txt"
+    # K2's Gluon build is refused on GPUs (K2Gluon.DEFECT): its refusal test, then the
+    # repro past the refusal, one program alone and a full grid (what each run saw).
+    tests k2-gluon 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "gluon" --tb=short
+    step k2-repro-1 150 python3 tools/k2_gluon_repro.py --programs 1
+    step k2-repro 150 python3 tools/k2_gluon_repro.py
+    for name in k2-gluon k2-repro-1 k2-repro; do
+        echo "== $name"
+        tail -12 "$LOG/$name.txt"
+    done
 fi
 if has upstage; then
     # Is the FFN's routed up stage slow because of its shape or its kernel? At S = 1 it is

@@ -64,14 +64,24 @@ def test_tiny_widths_one_rank():
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("engine", ["triton", "gluon"])
-def test_full_rank_shapes_one_rank(engine):
-    """Kimi-K3 at a TP8 rank's o_proj and expert widths, launched at TP 1 (the Gluon build
-    needs real shapes: the tiny config's streams are one K step)."""
+def test_full_rank_shapes_one_rank():
+    """Kimi-K3 at a TP8 rank's o_proj and expert widths, launched at TP 1."""
     from mono_kernels_kimi.k2.bench import LAYER_IDX, random_layer, rank_config
 
     cfg = rank_config()
-    _steps(cfg, random_layer(cfg, 2, "cuda"), [1, 4, 16], (LAYER_IDX,), 20, engine)
+    _steps(cfg, random_layer(cfg, 2, "cuda"), [1, 4, 16], (LAYER_IDX,), 20)
+
+
+def test_gluon_build_is_refused_before_any_launch():
+    """K2's Gluon build faults on the H200 (K2Gluon.DEFECT): asking for it is an error
+    that names why, raised before anything is allocated or launched."""
+    from mono_kernels_kimi.k2.bench import rank_config
+    from mono_kernels_kimi.k2.build import K2Gluon
+    from mono_runtime.errors import MonoUnsupported
+
+    with pytest.raises(MonoUnsupported, match="refused on GPUs"):
+        K2Runner(rank_config(), None, 0, "cuda", widths=(1,), engine="gluon")
+    assert "refused on GPUs" in K2Gluon.DEFECT
 
 
 @pytest.mark.timeout(600)

@@ -202,6 +202,7 @@ def _row(cfg, runner, base, layers, s, copy, l2, seed) -> dict:
         except Exception as err:  # noqa: BLE001 (reported in the row, not fatal)
             note = f"op-by-op path failed: {type(err).__name__}: {err}"[:300]
     return dict(
+        engine=runner.build_name,
         rows=s,
         layers=len(layers),
         kernel_us=t_kernel * 1e6,
@@ -231,11 +232,17 @@ def check(rows, layers) -> tuple[int, ...]:
 
 
 def bench(
-    rows=(1, 2, 4, 8, 16), layers: int = 8, device: str = "cuda", seed: int = 0, baseline=True
+    rows=(1, 2, 4, 8, 16),
+    layers: int = 8,
+    device: str = "cuda",
+    seed: int = 0,
+    baseline=True,
+    engine: str = "triton",
 ) -> list[dict]:
-    """One row per S: kernel_us, bytes, copy_tbps, limit_pct, l2_x (bytes one graph reads
-    over the L2 size), opbyop_us, speedup, experts_read (the routed union, mean over the
-    layers), note (why the op-by-op path has no figure)."""
+    """One row per S (`engine`: K2Runner's): engine, kernel_us, bytes, copy_tbps,
+    limit_pct, l2_x (bytes one graph reads over the L2 size), opbyop_us, speedup,
+    experts_read (the routed union, mean over the layers), note (why the op-by-op path has
+    no figure)."""
     rows = check(rows, layers)
     device = torch.device(device)
     copy = copy_bandwidth(device)  # first: without a GPU, its error says so
@@ -244,7 +251,7 @@ def bench(
     cfg = rank_config()
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
     ws = [random_layer(cfg, seed + n, device) for n in range(layers)]
-    runner, base = K2Runner(cfg, None, 0, device, widths=rows), None
+    runner, base = K2Runner(cfg, None, 0, device, widths=rows, engine=engine), None
     try:
         base = OpByOp(cfg, ws) if baseline else None  # its bf16 copies: checkpoint layout
         ws = [runner.pack(w) for w in ws]  # in place, as at load
@@ -256,7 +263,9 @@ def bench(
             base.layers.clear()  # torch.compile's caches may keep `base` itself alive
 
 
-def timelines(rows=(1, 16), layers: int = 8, device: str = "cuda", seed: int = 0, out=None):
+def timelines(
+    rows=(1, 16), layers: int = 8, device: str = "cuda", seed: int = 0, out=None, engine="triton"
+):
     """Per S, the item timeline of the last launch of an eager step over `layers` layers
     (timeline builds: the same plan, every ticket stamped): printed per stage, and a
     picture in `out` (a folder) when given."""
@@ -265,7 +274,7 @@ def timelines(rows=(1, 16), layers: int = 8, device: str = "cuda", seed: int = 0
     rows = check(rows, layers)
     cfg = rank_config()
     ws = [random_layer(cfg, seed + n, device) for n in range(layers)]
-    runner = K2Runner(cfg, None, 0, device, widths=rows, timeline=True)
+    runner = K2Runner(cfg, None, 0, device, widths=rows, timeline=True, engine=engine)
     try:
         ws = [runner.pack(w) for w in ws]
         runner.warm()
@@ -314,6 +323,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--timeline", metavar="DIR", help="instead: each S's item timeline, pictures in DIR"
     )
+    parser.add_argument("--engine", default="triton", help="the build: triton or gluon")
     args = parser.parse_args(argv)
     try:
         rows = [int(v) for v in args.rows.split(",")]
@@ -324,9 +334,9 @@ def main(argv=None) -> int:
     except ValueError as err:
         parser.error(str(err))
     if args.timeline:
-        timelines(rows, args.layers, out=args.timeline)
+        timelines(rows, args.layers, out=args.timeline, engine=args.engine)
         return 0
-    got = bench(rows, args.layers, baseline=not args.no_baseline)
+    got = bench(rows, args.layers, baseline=not args.no_baseline, engine=args.engine)
     print("\n".join(json.dumps(r) for r in got) if args.json else table(got))
     return 0
 

@@ -61,14 +61,14 @@ class K2Runner(MonoLayerRunner):
         """`cfg.tp` ranks; `pack`: stream the experts as mxfp4-rot, which `pack(weights)`
         converts them to once, in place (False: the checkpoint's mxfp4-k32 as loaded).
         `timeline`: builds that stamp each item's program, start, ready and end
-        (`timeline(s)`). `engine`: "triton", or "gluon" (NVIDIA sm_90+: the same kernel
-        body compiled by Gluon, experts packed as mxfp4-frag; not yet run on a GPU, so
-        not the default)."""
+        (`timeline(s)`). `engine`: "triton"; "gluon" (the same kernel body compiled by
+        Gluon, experts packed as mxfp4-frag) is refused with MonoUnsupported on every GPU
+        for now (K2Gluon.DEFECT)."""
         self.cfg, self.rank, self.tp = cfg, rank, cfg.tp
         self._setup(device, widths, programs, scratch_offset)
         if engine not in BY_BACKEND:
             raise ValueError(f"engine={engine!r}: expected one of {sorted(BY_BACKEND)}")
-        frag = engine == "gluon"
+        self.build_name, frag = engine, engine == "gluon"
         self.builds = {
             s: K2Build(cfg, s, packed=bool(pack), timeline=bool(timeline), frag=frag)
             for s in self.widths
