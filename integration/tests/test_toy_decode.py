@@ -326,7 +326,12 @@ class ToyMiniMax:
     """A MiniMax-M3-shaped text model at TP 1: a dense first layer, then sparse MoE
     layers of [Gemma add-norm, a stand-in for attention, the FFN tail]. The stand-in mixes
     the layer's input with the one it saw at the previous step (its "KV cache"), so the
-    decode does not just cycle through a few tokens."""
+    decode does not just cycle through a few tokens. As in `ToyKimi`, each layer's
+    correction bias puts its top-k experts ahead by 2.0: with random biases the k-th and
+    (k+1)-th scores came within 1e-5 to 1e-3 (CPU, 32 steps), and on the H200 the bf16
+    decode's logits came 15% apart at step 30 (stop 37; likely such a flip between the GPU
+    reference's fp32 sums and the kernel's: the interpreter matched the CPU reference bit
+    for bit over all 32 steps)."""
 
     def __init__(self, layers: int, device, fmt: str = "mxfp4", seed: int = 0) -> None:
         from mono_kernels_minimax.config import MiniMaxM3Config
@@ -353,6 +358,9 @@ class ToyMiniMax:
             i: random_weights(cfg, 1, self.fmt, seed=seed + i, device=device)
             for i in range(1, layers)
         }
+        for w in self.weights.values():  # each layer's experts chosen by a wide margin
+            pick = torch.randperm(cfg.num_experts, generator=gen)[: cfg.top_k]
+            w.bias.copy_(torch.zeros(cfg.num_experts).index_fill_(0, pick, 2.0))
         self.slots = torch.arange(1, dtype=torch.int64, device=device)
 
     def caches(self):
