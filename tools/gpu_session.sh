@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-final, k2-gluon, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-final, k2-gluon, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -359,6 +359,23 @@ if has gluon-tune; then
         echo "== $name"
         tail -30 "$LOG/$name.txt"
     done
+fi
+if has gluon-waves; then
+    # The Gluon FFN's routed up stage by item count (stop 37's reading of the timeline: at
+    # S = 1 its 192 items fill 0.73 of the 264 programs, at S = 4 and 8 1.3-1.5 waves):
+    # each K-part count for every width (each variant's widths compiled in its own process
+    # side by side, then all timed in one table).
+    V=("" "uks=8" "uks=8,ubk=128" "uks=4" "uks=2" "uks=1")
+    for v in "${V[@]}"; do
+        step "warm-waves-${v//[=,]/_}" 300 env MONO_FFN_TILES="$v" python3 -m \
+            mono_kernels_minimax.ffn.bench --rows ${ROWS:-1,4,8,16} --formats mxfp4 --layers 1 \
+            --no-baseline --engine gluon &
+    done
+    wait
+    joined=$(IFS='|'; echo "${V[*]}")
+    step tune-waves 240 python3 -m mono_kernels_minimax.ffn.tune --rows ${ROWS:-1,4,8,16} \
+        --layouts frag --layers 12 --variants "$joined"
+    tail -30 "$LOG/tune-waves.txt"
 fi
 if has gluon-final; then
     # The Gluon FFN's remaining GPU tests (two ranks, graph replay, the device's default
