@@ -399,9 +399,14 @@ if has k2-gluon; then
     tests k2-gluon 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "gluon" --tb=short
     step k2-repro-1 150 python3 tools/k2_gluon_repro.py --programs 1
     step k2-repro 150 python3 tools/k2_gluon_repro.py
-    for name in k2-gluon k2-repro-1 k2-repro; do
+    # what the oproj items alone left in ar1 (row 0), each build
+    for e in gluon triton; do
+        step k2-dump-$e 150 python3 tools/k2_gluon_repro.py --programs 1 --stages-after _oproj \
+            --dump 40 --engine $e
+    done
+    for name in k2-gluon k2-repro-1 k2-repro k2-dump-gluon k2-dump-triton; do
         echo "== $name"
-        tail -12 "$LOG/$name.txt"
+        tail -45 "$LOG/$name.txt"
     done
 fi
 if has upstage; then

@@ -6,9 +6,11 @@ prints what happened: the MonoFault's give-up records (which region, which pair,
 seen), or the CUDA error, or the output's error against the plain-torch reference. With
 `--programs 1` one program runs every item in ticket order (stop 37: it gives up at ar1
 pair 0 while K2's Triton build passes the same run); `--stages-after NAME` makes every
-stage helper after NAME a no-op (a bisection: the items still mark themselves done).
+stage helper after NAME a no-op (a bisection: the items still mark themselves done);
+`--dump N` prints the first N ar1 pairs of row 0 as the launch left them (tag, payload),
+and `--engine triton` runs the Triton build the same way, to compare.
 
-    python3 tools/k2_gluon_repro.py --rows 1 [--programs N] [--stages-after _col]
+    python3 tools/k2_gluon_repro.py --rows 1 [--programs N] [--stages-after _col] [--dump 8]
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--programs", type=int, default=None, help="default: the runner's")
     parser.add_argument("--stages-after", choices=STAGES, help="no-op every later stage")
+    parser.add_argument("--dump", type=int, default=0, help="print the first N ar1 pairs")
+    parser.add_argument("--engine", default="gluon", choices=("gluon", "triton"))
     args = parser.parse_args(argv)
 
     import torch
@@ -60,6 +64,8 @@ def main(argv=None) -> int:
     from mono_kernels_kimi.k2.inputs import step_inputs
     from mono_kernels_kimi.k2.reference import k2_reference
     from mono_kernels_kimi.k2.runner import K2Runner
+    from mono_kernels_kimi.k2.spec import peer_layout
+    from mono_runtime import protocol as P
 
     real = K2Gluon.supports
     K2Gluon.supports = lambda self, target: (
@@ -70,7 +76,7 @@ def main(argv=None) -> int:
         for name in STAGES[STAGES.index(args.stages_after) + 1 :]:
             setattr(triton_build, name, _noop(getattr(triton_build, name), name, folder))
     cfg, s = rank_config(), args.rows
-    runner = K2Runner(cfg, None, 0, "cuda", widths=(s,), engine="gluon", programs=args.programs)
+    runner = K2Runner(cfg, None, 0, "cuda", widths=(s,), engine=args.engine, programs=args.programs)
     w = runner.pack(random_layer(cfg, 2, "cuda"))
     runner.warm()
     step = step_inputs(cfg, s, seed=3, device="cuda")
@@ -82,6 +88,17 @@ def main(argv=None) -> int:
     except Exception as err:  # noqa: BLE001 (the fault is what this reports)
         print(f"launch failed: {type(err).__name__}: {err}")
         return 1
+    if args.dump:  # ar1[rank 0][row 0][pair], as this rank's peer buffer holds it
+        start = P.PEER_HEAD + peer_layout(cfg)["ar1"][0]
+        words = runner.mono.peer.bytes[start : start + 8 * args.dump].view(torch.int64)
+        for i, word in enumerate(words.tolist()):
+            tag, payload = P.unpack_pair(word)
+            lo, hi = (
+                torch.tensor([payload - (payload >> 31 << 32)], dtype=torch.int32)
+                .view(torch.bfloat16)
+                .tolist()
+            )
+            print(f"ar1 pair {i}: tag {P.decode_tag(tag)} ({tag:#010x}), bf16 {lo:.4g} {hi:.4g}")
     try:
         runner.after_step()
     except Exception as err:  # noqa: BLE001
