@@ -1,8 +1,8 @@
 """K2's Gluon build compiled for sm_90 on a CPU (Gluon has no interpreter; on the H200 the
-build computes wrong, so it is refused on GPUs: K2Gluon.DEFECT): the binary is Gluon's (no ttir stage: the compile cache keeps the
-two compilers apart) and its weight streams are mma.sync loops without shared-memory
-stores of decoded weights; the split-broadcast check flags its first ticket draw (see the
-xfail's reason)."""
+build computes wrong, so it is refused on GPUs: K2Gluon.DEFECT): the binary is Gluon's (no
+ttir stage: the compile cache keeps the two compilers apart) and its weight streams are
+mma.sync loops without shared-memory stores of decoded weights; the split-broadcast check
+flags its first ticket draw (see the xfail's reason)."""
 
 from __future__ import annotations
 
