@@ -363,11 +363,16 @@ fi
 if has gluon-waves; then
     # The Gluon FFN's routed up stage by item count (stop 37's reading of the timeline: at
     # S = 1 its 192 items fill 0.73 of the 264 programs, at S = 4 and 8 1.3-1.5 waves):
-    # each K-part count for every width (each variant's widths compiled in its own process
-    # side by side, then all timed in one table).
-    V=("" "uks=8" "uks=8,ubk=128" "uks=4" "uks=2" "uks=1")
+    # each K-part count for every width, pair=3 (an up item's gate and up in one ring,
+    # twice the bytes in flight; its GPU tests beside the compiles: test_frag.py's row pair
+    # and test_ffn_gpu.py's full shapes with pair=3; read them before the table), and down
+    # K steps of 128 (6 a slot, not 3). Each variant's widths compiled in its own process
+    # side by side, then all timed in one table.
+    tests ring 240 $P/mono-runtime/tests/test_frag.py \
+        $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "row_pair or one-ring" --tb=short &
+    V=("" "pair=3" "pair=3,uks=8" "uks=8" "uks=8,ubk=128" "uks=2" "dbk=128" "pair=3,dbk=128")
     for v in "${V[@]}"; do
-        step "warm-waves-${v//[=,]/_}" 300 env MONO_FFN_TILES="$v" python3 -m \
+        step "warm-waves-${v//[=,]/_}" 240 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows ${ROWS:-1,4,8,16} --formats mxfp4 --layers 1 \
             --no-baseline --engine gluon &
     done
@@ -375,6 +380,7 @@ if has gluon-waves; then
     joined=$(IFS='|'; echo "${V[*]}")
     step tune-waves 240 python3 -m mono_kernels_minimax.ffn.tune --rows ${ROWS:-1,4,8,16} \
         --layouts frag --layers 12 --variants "$joined"
+    tail -12 "$LOG/ring.txt"
     tail -30 "$LOG/tune-waves.txt"
 fi
 if has gluon-final; then

@@ -57,11 +57,21 @@ def test_gluon_tiny_every_width_one_rank(experts):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
-    "fmt,engine", [("mxfp4", "triton"), ("fp8", "triton"), ("mxfp4", "gluon"), ("mxfp4", None)]
+    "fmt,engine,tiles",
+    [
+        ("mxfp4", "triton", ""),
+        ("fp8", "triton", ""),
+        ("mxfp4", "gluon", ""),
+        ("mxfp4", None, ""),
+        ("mxfp4", "gluon", "pair=3"),
+    ],
+    ids=["mxfp4-triton", "fp8-triton", "mxfp4-gluon", "mxfp4-None", "mxfp4-gluon-one-ring"],
 )
-def test_full_rank_shapes_one_rank(fmt, engine):
+def test_full_rank_shapes_one_rank(fmt, engine, tiles, monkeypatch):
     """MiniMax-M3 at a TP4 rank's expert width (I = 768), launched at TP 1 (engine None:
-    the device's choice, Gluon on the H200)."""
+    the device's choice, Gluon on the H200; `tiles`: MONO_FFN_TILES, e.g. pair=3, the
+    Gluon build's gate and up in one ring)."""
+    monkeypatch.setenv("MONO_FFN_TILES", tiles)
     from mono_kernels_minimax.ffn.bench import rank_config
     from mono_kernels_minimax.ffn.reference import ffn_reference
     from mono_kernels_minimax.ffn.runner import FfnRunner

@@ -1,6 +1,7 @@
 """The ``mxfp4-frag`` layout (pure torch) and its Gluon engine: the layout against the
 checkpoint's codes and the decode's bit contract on a CPU, the compiled sm_90 loop's cost
-without a GPU, and the GEMV against float64 on an NVIDIA GPU (`-m gpu`)."""
+without a GPU, and on an NVIDIA GPU (`-m gpu`) the GEMV against float64 and the two-block
+ring (`frag_stream_row_pair`) against two rings."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import pytest
 import torch
 from mono_peer.testing import child_json
+from mono_runtime.stream import frag_gluon as fg
 from mono_runtime.stream import layout as L
 from mono_runtime.stream.frag import (
     pack_experts_frag,
@@ -17,6 +19,8 @@ from mono_runtime.stream.frag import (
     unpack_experts_frag,
     unpack_mxfp4_frag,
 )
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 
 def _k32(n, k, g, lead=()):
@@ -175,6 +179,74 @@ def test_frag_gemv_matches_float64_on_the_gpu(s):
         y = gemv(words, sw, x.cuda(), L.MXFP4_FRAG, tiles).double().cpu()
         assert y.shape == (s, 256)
         assert ((y - ref).abs() <= 1e-5 * terms).all(), tiles
+
+
+@gluon.jit
+def _pair_kernel(
+    w,
+    ws,
+    x,
+    y,
+    S,
+    row_a,
+    row_b,
+    K: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    MX: gl.constexpr,
+    ONE_RING: gl.constexpr,
+):
+    """y[0], y[1] (fp32 [BN, 16]) = rows row_a.. and row_b.. of W times x, by one ring of
+    both blocks (ONE_RING) or one ring each."""
+    if ONE_RING:
+        if MX:
+            a, b = fg.frag_stream_row_pair(
+                w, ws, x, S, row_a, row_b, 0, K // BK, K, BN, BK, 3, 4, 16
+            )
+        else:
+            a, b = fg.bf16_stream_row_pair(w, x, S, row_a, row_b, 0, K // BK, K, BN, BK, 3, 4, 16)
+    else:
+        if MX:
+            a = fg.frag_stream_rows(w, ws, x, S, row_a, 0, K // BK, K, BN, BK, 3, 4, 16)
+            b = fg.frag_stream_rows(w, ws, x, S, row_b, 0, K // BK, K, BN, BK, 3, 4, 16)
+        else:
+            a = fg.bf16_stream_rows(w, x, S, row_a, 0, K // BK, K, BN, BK, 3, 4, 16)
+            b = fg.bf16_stream_rows(w, x, S, row_b, 0, K // BK, K, BN, BK, 3, 4, 16)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8]
+    )
+    n = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    t = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))
+    gl.store(y + n[:, None] * 16 + t[None, :], a)
+    gl.store(y + BN * 16 + n[:, None] * 16 + t[None, :], b)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mx", [True, False])
+def test_frag_row_pair_is_two_rings_in_one_on_the_gpu(mx):
+    """frag_stream_row_pair / bf16_stream_row_pair (a gate block and its up block in one
+    ring) give, bit for bit, what two rings give."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("mma.sync bf16 needs sm_80+")
+    g = torch.Generator().manual_seed(7)
+    n, k, s = 384, 1024, 3
+    x = torch.randn(s, k, generator=g).to(torch.bfloat16).cuda()
+    if mx:
+        codes, scales = _k32(n, k, g)
+        w, ws = (t.cuda() for t in pack_mxfp4_frag(codes, scales))
+    else:
+        w = (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16).cuda()
+        ws = w
+    cases = [(64, 256, (0, 192)), (128, 64, (128, 0))]  # MXFP4 pairs: blocks of >= 64 rows
+    for bn, bk, rows in cases if mx else [*cases, (32, 128, (64, 320))]:
+        got = []
+        for one_ring in (True, False):
+            y = torch.full((2, bn, 16), float("nan"), device="cuda")
+            _pair_kernel[(1,)](w, ws, x, y, s, *rows, k, bn, bk, mx, one_ring, num_warps=4)
+            got.append(y[:, :, :s].cpu())
+        assert torch.equal(got[0], got[1]), (bn, bk, rows)
+        assert got[0].isfinite().all() and got[0].abs().sum() > 0, (bn, bk, rows)
 
 
 if __name__ == "__main__":

@@ -198,7 +198,10 @@ class TaskPlan:
     warps: int  # warps of a program: 4 (one warpgroup) or 8 (two warps per scheduler)
     occ: int  # programs per SM the runner launches (2 fits with stages <= 3 at 4 warps)
     regs: int  # cap on a thread's registers (ptxas maxnreg; 0: the compiler's choice)
-    pair: int  # an up item's gate and up rows in one loop (stream_row_pair): 1 two dots, 2 one
+    # an up item's gate and up rows in one loop (stream_row_pair): 1 two dots, 2 one tile,
+    # 3 one tile and, in the Gluon build, one ring (`frag_stream_row_pair`; Gluon runs 1
+    # and 2 as two rings one after the other)
+    pair: int
     rrows: int  # S at most this: the router dots one row at a time, else one fp32 tl.dot
     upf: int  # 1: a routed up item asks L2 for its rows before streaming them
     dpf: int  # 1: a down item asks L2 for a slot's rows before waiting for the slot
@@ -351,7 +354,7 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         t["regs"] == 0 or (64 <= t["regs"] <= 255 and t["regs"] % 8 == 0),
         "regs is 0 or 64..255, a multiple of 8",
     )
-    need(t["pair"] in (0, 1, 2), "pair is 0, 1 or 2")
+    need(t["pair"] in (0, 1, 2, 3), "pair is 0, 1, 2 or 3")
     need(
         all(t[k] in (0, 1) for k in ("upf", "dpf", "sfirst", "rcall")),
         "upf, dpf, sfirst and rcall are 0 or 1",

@@ -45,13 +45,13 @@ def _up_item(
     CPU: tl.constexpr,
 ):
     """fp32 [BN, 16] gate and up of rows c*BN.. over K part kp (NSTEP steps of BK); with
-    PAIR both in one pipelined loop (`stream_row_pair`; 2: as one tile), else one loop
-    after the other."""
+    PAIR both in one pipelined loop (`stream_row_pair`; 2, 3: as one tile), else one loop
+    after the other. Gluon: in one ring at PAIR 3, else one ring after the other."""
     k0 = kp * (NSTEP * BK)
-    if PAIR:  # (Gluon: the engine's loops one after the other)
+    if PAIR:
         g, u = dt.any_stream_row_pair(
             w, ws, xn, c * BN, I + c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True,
-            PAIR == 2,
+            PAIR >= 2, PAIR == 3,
         )  # fmt: skip
     else:
         g = dt.any_stream_rows(w, ws, xn, c * BN, k0, NSTEP, H, BN, BK, S, FMT, STAGES, CPU, True)

@@ -110,7 +110,39 @@ def frag_stream_rows(
     the rows): weight rows row0.. (a multiple of 16) of an ``mxfp4-frag`` weight of K
     columns times x[:S, k_begin : k_begin + NSTEP * BK] (bf16, row stride K; rows past S
     read as zero): the engine's one loop, for any Gluon kernel to stream weights with."""
-    return _ring(w, ws, x, S, row0, k_begin, NSTEP, K, BN, BK, STAGES, W, NT, True)
+    return _ring(
+        w, ws, x, S, row0, row0 + _half(BN), k_begin, NSTEP, K, BN, BK, STAGES, W, NT, True,
+        False,
+    )  # fmt: skip
+
+
+@gluon.jit
+def frag_stream_row_pair(
+    w,
+    ws,
+    x,
+    S,
+    row_a,
+    row_b,
+    k_begin,
+    NSTEP: gl.constexpr,
+    K: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    W: gl.constexpr,
+    NT: gl.constexpr,
+):
+    """`frag_stream_rows` of two row blocks (row_a.., row_b.., BN rows each, multiples of
+    16: a gate block and its up block) in ONE ring: each K step's copies carry both blocks
+    and one activation slice, whose B fragments both blocks' MMAs share. Twice the bytes
+    in flight of two streams one after the other, and one prologue and drain instead of
+    two. (acc_a, acc_b), each fp32 [BN, NT] in the streams' layout. BN >= 16 W: the two
+    blocks' decoded rows are apart within each thread only then."""
+    gl.static_assert(BN >= 16 * W, "frag_stream_row_pair: BN must be >= 16 x warps")
+    return _ring(
+        w, ws, x, S, row_a, row_b, k_begin, NSTEP, K, 2 * BN, BK, STAGES, W, NT, True, True
+    )
 
 
 @gluon.jit
@@ -131,7 +163,39 @@ def bf16_stream_rows(
     """`frag_stream_rows` for a plain bf16 weight (row-major [*, K]): the same ring and
     result layout, the weight tile read into the MMA's A fragment by ldmatrix, so a Gluon
     kernel streams its bf16 matrices (a shared expert) beside its MXFP4 ones."""
-    return _ring(w, w, x, S, row0, k_begin, NSTEP, K, BN, BK, STAGES, W, NT, False)
+    return _ring(
+        w, w, x, S, row0, row0 + _half(BN), k_begin, NSTEP, K, BN, BK, STAGES, W, NT, False,
+        False,
+    )  # fmt: skip
+
+
+@gluon.jit
+def bf16_stream_row_pair(
+    w,
+    x,
+    S,
+    row_a,
+    row_b,
+    k_begin,
+    NSTEP: gl.constexpr,
+    K: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    W: gl.constexpr,
+    NT: gl.constexpr,
+):
+    """`frag_stream_row_pair` for a plain bf16 weight."""
+    return _ring(
+        w, w, x, S, row_a, row_b, k_begin, NSTEP, K, 2 * BN, BK, STAGES, W, NT, False, True
+    )
+
+
+@gluon.jit
+def _half(BN: gl.constexpr):
+    """Rows of a tile's first part: the ring reads rows [0, _half) from its first row base
+    and the rest from its second (the whole 16-row blocks that fit in half the tile)."""
+    return (BN // 32) * 16
 
 
 @gluon.jit
@@ -141,6 +205,7 @@ def _ring(
     x,
     S,
     row0,
+    row1,
     k_begin,
     NSTEP: gl.constexpr,
     K: gl.constexpr,
@@ -150,12 +215,15 @@ def _ring(
     W: gl.constexpr,
     NT: gl.constexpr,
     MX: gl.constexpr,
+    TWO: gl.constexpr,
 ):
-    """Both streams' loop: a STAGES-deep cp.async ring of BK-column steps (weights, with
+    """Every stream's loop: a STAGES-deep cp.async ring of BK-column steps (weights, with
     MX their scale words, and the activation slice), two mma.sync accumulator chains over
-    each step's halves. MX: ``mxfp4-frag`` words decoded in registers into the A fragment
-    (the fp32 sums x 2^63 at the end: the decode's scales leave it); else bf16 tiles read
-    into it by ldmatrix."""
+    each step's halves. The tile's BN rows are rows [0, _half(BN)) from row0 and the rest
+    from row1 (one block: row1 = row0 + _half(BN)). MX: ``mxfp4-frag`` words decoded in
+    registers into the A fragment (the fp32 sums x 2^63 at the end: the decode's scales
+    leave it); else bf16 tiles read into it by ldmatrix. TWO: the two parts' sums apart
+    (two [BN / 2, NT] results, BN / 2 a multiple of 16), else one [BN, NT]."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8]
     )
@@ -164,8 +232,10 @@ def _ring(
     sw: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     if MX:
         RB: gl.constexpr = BN // 16
+        RH: gl.constexpr = _half(BN) // 16
         CB: gl.constexpr = BK // 64
-        blk0 = (row0 // 16).to(gl.int64)  # row0's 16-row block (stacked experts pass 2^31 B)
+        blk0 = (row0 // 16).to(gl.int64)  # the parts' first 16-row blocks (stacked experts
+        blk1 = (row1 // 16).to(gl.int64) - RH  # pass 2^31 B); blk1 + r for blocks r >= RH
         # copies, 16 bytes a thread (scales 8): words [R, c, 128], scales [R, c, 8], x [NT, BK]
         wc_l: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [W, 1, 1], [2, 1, 0])
         sc_l: gl.constexpr = gl.BlockedLayout([1, 1, 2], [2, 4, 4], [W, 1, 1], [2, 1, 0])
@@ -187,12 +257,14 @@ def _ring(
         wr = gl.arange(0, RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, wc_l)))
         wcb = gl.arange(0, CB, layout=gl.SliceLayout(0, gl.SliceLayout(2, wc_l)))
         we = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, wc_l)))
-        w_off = ((blk0 + wr)[:, None, None] * (K // 64) + wcb[None, :, None]) * 128
+        wb = gl.where(wr < RH, blk0 + wr, blk1 + wr) if TWO else blk0 + wr
+        w_off = (wb[:, None, None] * (K // 64) + wcb[None, :, None]) * 128
         w_off = w_off + we[None, None, :]
         sr = gl.arange(0, RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, sc_l)))
         scb = gl.arange(0, CB, layout=gl.SliceLayout(0, gl.SliceLayout(2, sc_l)))
         se = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, sc_l)))
-        s_off = ((blk0 + sr)[:, None, None] * (K // 64) + scb[None, :, None]) * 8
+        sb = gl.where(sr < RH, blk0 + sr, blk1 + sr) if TWO else blk0 + sr
+        s_off = (sb[:, None, None] * (K // 64) + scb[None, :, None]) * 8
         s_off = s_off + se[None, None, :]
     else:
         TK: gl.constexpr = min(BK // 8, 32)  # threads along K, 16 bytes each
@@ -202,7 +274,8 @@ def _ring(
         xbuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, NT, BK], sw)
         wn = gl.arange(0, BN, layout=gl.SliceLayout(1, wc_l))
         wk = gl.arange(0, BK, layout=gl.SliceLayout(0, wc_l))
-        w_off = (row0 + wn).to(gl.int64)[:, None] * K + wk[None, :]
+        wrow = gl.where(wn < _half(BN), row0 + wn, row1 + wn - _half(BN)) if TWO else row0 + wn
+        w_off = wrow.to(gl.int64)[:, None] * K + wk[None, :]
     xn = gl.arange(0, NT, layout=gl.SliceLayout(1, xc_l))
     xk = gl.arange(0, BK, layout=gl.SliceLayout(0, xc_l))
     x_off = xn[:, None] * K + xk[None, :]
@@ -218,8 +291,12 @@ def _ring(
         cp.async_copy_global_to_shared(xbuf.index(st), x + x_off + k0, mask=x_live)
         cp.commit_group()
 
-    acc = gl.zeros([BN, NT], gl.float32, mma)
-    acc1 = gl.zeros([BN, NT], gl.float32, mma)
+    AR: gl.constexpr = BN // 2 if TWO else BN  # rows of an accumulator
+    acc = gl.zeros([AR, NT], gl.float32, mma)
+    acc1 = gl.zeros([AR, NT], gl.float32, mma)
+    if TWO:  # the second part's two chains
+        acc2 = gl.zeros([AR, NT], gl.float32, mma)
+        acc3 = gl.zeros([AR, NT], gl.float32, mma)
     for i in range(NSTEP):
         cp.wait_group(STAGES - 2)
         _barrier()  # every lane's copies of step i landed; step i - 1's slot is free
@@ -248,23 +325,39 @@ def _ring(
             t = gl.permute(t, [0, 6, 2, 1, 4, 7, 3, 5])  # [R, mr, g, c, j, mk, t, e]
             # two accumulators, each over half the step's columns: two dependent mma.sync
             # chains of half the length (H200: 72% -> 77% of copy at S = 1, 67 MB weight)
-            h = gl.permute(gl.reshape(t, [BN, 2, BK // 2]), [0, 2, 1])
-            a0, a1 = gl.split(h)
+            if TWO:  # and the rows in two parts (the tile's outer row blocks)
+                h = gl.permute(gl.reshape(t, [2, AR, 2, BK // 2]), [1, 3, 2, 0])
+                ha, hb = gl.split(h)  # [AR, BK / 2, column half] of each part
+                a0, a1 = gl.split(ha)
+                c0, c1 = gl.split(hb)
+                c0 = gl.convert_layout(c0, a_l)
+                c1 = gl.convert_layout(c1, a_l)
+            else:
+                h = gl.permute(gl.reshape(t, [BN, 2, BK // 2]), [0, 2, 1])
+                a0, a1 = gl.split(h)
             a0 = gl.convert_layout(a0, a_l)
             a1 = gl.convert_layout(a1, a_l)
         else:
-            a0 = wbuf.index(cur).slice(0, BK // 2, dim=1).load(a_l)
-            a1 = wbuf.index(cur).slice(BK // 2, BK // 2, dim=1).load(a_l)
+            a0 = wbuf.index(cur).slice(0, AR, dim=0).slice(0, BK // 2, dim=1).load(a_l)
+            a1 = wbuf.index(cur).slice(0, AR, dim=0).slice(BK // 2, BK // 2, dim=1).load(a_l)
+            if TWO:
+                c0 = wbuf.index(cur).slice(AR, AR, dim=0).slice(0, BK // 2, dim=1).load(a_l)
+                c1 = wbuf.index(cur).slice(AR, AR, dim=0).slice(BK // 2, BK // 2, dim=1)
+                c1 = c1.load(a_l)
         b0 = xbuf.index(cur).slice(0, BK // 2, dim=1).permute([1, 0]).load(b_l)
         b1 = xbuf.index(cur).slice(BK // 2, BK // 2, dim=1).permute([1, 0]).load(b_l)
         acc = ampere.mma_v2(a0, b0, acc)
         acc1 = ampere.mma_v2(a1, b1, acc1)
+        if TWO:
+            acc2 = ampere.mma_v2(c0, b0, acc2)
+            acc3 = ampere.mma_v2(c1, b1, acc3)
     cp.wait_group(0)
     _barrier()  # every warp is done with the ring: a caller's next stream may reuse it
-    if MX:
-        return (acc + acc1) * (2.0**63)  # the decode's scales leave 2^63 to the fp32 sums
+    lift: gl.constexpr = 2.0**63 if MX else 1.0  # the decode's scales leave 2^63 to the sums
+    if TWO:
+        return (acc + acc1) * lift, (acc2 + acc3) * lift
     else:
-        return acc + acc1
+        return (acc + acc1) * lift
 
 
 @gluon.jit
