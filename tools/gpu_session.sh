@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-final, k2-gluon, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-final, k2-gluon, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -414,6 +414,12 @@ if has k2-gluon; then
         echo "== $name"
         tail -45 "$LOG/$name.txt"
     done
+fi
+if has toy; then
+    # The toy greedy decodes on the kernels (32 steps, eager and graph): the MiniMax-M3 toy
+    # on the Gluon FFN (mxfp4) and the Triton one (bf16), the Kimi-K3 toy with K1 (+ K2).
+    tests toy 280 integration/tests/test_toy_decode.py -k "gpu" --tb=short
+    echo "== toy"; tail -12 "$LOG/toy.txt"
 fi
 if has upstage; then
     # Is the FFN's routed up stage slow because of its shape or its kernel? At S = 1 it is
