@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-final, k2-gluon, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -382,6 +382,23 @@ if has gluon-waves; then
         --layouts frag --layers 12 --variants "$joined"
     tail -12 "$LOG/ring.txt"
     tail -30 "$LOG/tune-waves.txt"
+fi
+if has gluon-down; then
+    # The Gluon FFN's down stage at S = 8 and 16 (0.86x the stock path at 16; its items
+    # stream ~6 slots each, one ring a slot): twice the slot groups (ng 16: half the slots
+    # an item, twice the items), 128 latent columns an item, both; compiled side by side,
+    # then one table. (ng 16 exceeds S = 1-4's slot count: those widths keep theirs.)
+    V=("" "ng=16" "dc=128" "ng=16,dc=128")
+    for v in "${V[@]}"; do
+        step "warm-down-${v//[=,]/_}" 240 env MONO_FFN_TILES="$v" python3 -m \
+            mono_kernels_minimax.ffn.bench --rows 8,16 --formats mxfp4 --layers 1 \
+            --no-baseline --engine gluon &
+    done
+    wait
+    joined=$(IFS='|'; echo "${V[*]}")
+    step tune-down 200 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --layouts frag \
+        --layers 12 --variants "$joined"
+    tail -20 "$LOG/tune-down.txt"
 fi
 if has gluon-final; then
     # The Gluon FFN's remaining GPU tests (two ranks, graph replay, the device's default
