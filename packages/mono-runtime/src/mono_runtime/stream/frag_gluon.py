@@ -110,10 +110,7 @@ def frag_stream_rows(
     the rows): weight rows row0.. (a multiple of 16) of an ``mxfp4-frag`` weight of K
     columns times x[:S, k_begin : k_begin + NSTEP * BK] (bf16, row stride K; rows past S
     read as zero): the engine's one loop, for any Gluon kernel to stream weights with."""
-    return _ring(
-        w, ws, x, S, row0, row0 + _half(BN), k_begin, NSTEP, K, BN, BK, STAGES, W, NT, True,
-        False,
-    )  # fmt: skip
+    return _ring(w, ws, x, S, row0, row0, k_begin, NSTEP, K, BN, BK, STAGES, W, NT, True, False)
 
 
 @gluon.jit
@@ -163,10 +160,7 @@ def bf16_stream_rows(
     """`frag_stream_rows` for a plain bf16 weight (row-major [*, K]): the same ring and
     result layout, the weight tile read into the MMA's A fragment by ldmatrix, so a Gluon
     kernel streams its bf16 matrices (a shared expert) beside its MXFP4 ones."""
-    return _ring(
-        w, w, x, S, row0, row0 + _half(BN), k_begin, NSTEP, K, BN, BK, STAGES, W, NT, False,
-        False,
-    )  # fmt: skip
+    return _ring(w, w, x, S, row0, row0, k_begin, NSTEP, K, BN, BK, STAGES, W, NT, False, False)
 
 
 @gluon.jit
@@ -192,13 +186,6 @@ def bf16_stream_row_pair(
 
 
 @gluon.jit
-def _half(BN: gl.constexpr):
-    """Rows of a tile's first part: the ring reads rows [0, _half) from its first row base
-    and the rest from its second (the whole 16-row blocks that fit in half the tile)."""
-    return (BN // 32) * 16
-
-
-@gluon.jit
 def _ring(
     w,
     ws,
@@ -219,11 +206,11 @@ def _ring(
 ):
     """Every stream's loop: a STAGES-deep cp.async ring of BK-column steps (weights, with
     MX their scale words, and the activation slice), two mma.sync accumulator chains over
-    each step's halves. The tile's BN rows are rows [0, _half(BN)) from row0 and the rest
-    from row1 (one block: row1 = row0 + _half(BN)). MX: ``mxfp4-frag`` words decoded in
-    registers into the A fragment (the fp32 sums x 2^63 at the end: the decode's scales
-    leave it); else bf16 tiles read into it by ldmatrix. TWO: the two parts' sums apart
-    (two [BN / 2, NT] results, BN / 2 a multiple of 16), else one [BN, NT]."""
+    each step's halves. MX: ``mxfp4-frag`` words decoded in registers into the A fragment
+    (the fp32 sums x 2^63 at the end: the decode's scales leave it); else bf16 tiles read
+    into it by ldmatrix. TWO: the tile's BN rows are BN / 2 from row0 and BN / 2 from row1,
+    their sums returned apart (two [BN / 2, NT]); else BN rows from row0 (row1 unused), one
+    [BN, NT]."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8]
     )
@@ -232,7 +219,7 @@ def _ring(
     sw: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     if MX:
         RB: gl.constexpr = BN // 16
-        RH: gl.constexpr = _half(BN) // 16
+        RH: gl.constexpr = BN // 32  # blocks of a part (TWO)
         CB: gl.constexpr = BK // 64
         blk0 = (row0 // 16).to(gl.int64)  # the parts' first 16-row blocks (stacked experts
         blk1 = (row1 // 16).to(gl.int64) - RH  # pass 2^31 B); blk1 + r for blocks r >= RH
@@ -274,7 +261,7 @@ def _ring(
         xbuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, NT, BK], sw)
         wn = gl.arange(0, BN, layout=gl.SliceLayout(1, wc_l))
         wk = gl.arange(0, BK, layout=gl.SliceLayout(0, wc_l))
-        wrow = gl.where(wn < _half(BN), row0 + wn, row1 + wn - _half(BN)) if TWO else row0 + wn
+        wrow = gl.where(wn < BN // 2, row0 + wn, row1 + wn - BN // 2) if TWO else row0 + wn
         w_off = wrow.to(gl.int64)[:, None] * K + wk[None, :]
     xn = gl.arange(0, NT, layout=gl.SliceLayout(1, xc_l))
     xk = gl.arange(0, BK, layout=gl.SliceLayout(0, xc_l))
