@@ -156,6 +156,39 @@ def test_frag_loop_is_cheaper_than_the_triton_engines():
     assert per_value <= 0.08 and per_value < 0.9 * costs["rot"], costs
 
 
+def pair_ring_cost() -> dict:
+    """The sm_90 code of the two-block ring at the FFN's up tile (64 + 64 rows, K steps of
+    256, 3 stages) beside two one-block rings (child process: TRITON_INTERPRET unset)."""
+    from mono_runtime.compile_check import compile_for, resources_of
+    from mono_runtime.sass import loops, sass_of
+
+    types = {"w": "*i32", "ws": "*i32", "x": "*bf16", "y": "*fp32", "S": "i32"}
+    types.update(row_a="i32", row_b="i32")
+    out = {}
+    for one_ring in (True, False):
+        consts = dict(K=6144, BN=64, BK=256, MX=True, ONE_RING=one_ring)
+        k = compile_for(_pair_kernel, types, consts, num_warps=4)
+        mma = [b for b in loops(sass_of(k)) if any("HMMA" in line for line in b)]
+        out[str(one_ring)] = {
+            "loops": [len(b) for b in mma],
+            "sts": sum(any(" STS" in line for line in b) for b in mma),
+            "spills": resources_of(k).spill_bytes,
+        }
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_frag_row_pair_is_one_loop_without_spills():
+    """sm_90: the two-block ring is one mma.sync loop (two one-block rings: two), no
+    shared-memory round trip of the decoded tile, no spills, and fewer instructions a
+    trip than the two loops together."""
+    got, _ = child_json([__file__, "pair"], 280, TRITON_INTERPRET="0")
+    one, two = got["True"], got["False"]
+    assert len(one["loops"]) == 1 and len(two["loops"]) == 2, got
+    assert one["sts"] == 0 and one["spills"] == 0, got
+    assert one["loops"][0] < sum(two["loops"]), got
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("s", [1, 3, 8, 9, 16])
@@ -252,3 +285,5 @@ def test_frag_row_pair_is_two_rings_in_one_on_the_gpu(mx):
 if __name__ == "__main__":
     if sys.argv[1] == "costs":
         print(json.dumps(frag_loop_cost()))
+    if sys.argv[1] == "pair":
+        print(json.dumps(pair_ring_cost()))
