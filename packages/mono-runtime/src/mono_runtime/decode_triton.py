@@ -113,34 +113,6 @@ def gl_stream_rows(
 
 
 @triton.jit
-def gl_stream_row_pair(
-    w,
-    ws,
-    x,
-    S: tl.constexpr,
-    row_a,
-    row_b,
-    k0,
-    NSTEP: tl.constexpr,
-    K: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    FMT: tl.constexpr,
-    STAGES: tl.constexpr,
-):
-    """`gl_stream_rows` of two row blocks in one ring (`frag_gluon.frag_stream_row_pair`):
-    (rows row_a.., rows row_b..), each fp32 [BN, 16] in the mma.sync layout."""
-    if FMT == 1:
-        return fg.frag_stream_row_pair(
-            w.to(tl.pointer_type(tl.int32)),
-            ws.to(tl.pointer_type(tl.int32)),
-            x, S, row_a, row_b, k0, NSTEP, K, BN, BK, STAGES, 4, 16,
-        )  # fmt: skip
-    else:
-        return fg.bf16_stream_row_pair(w, x, S, row_a, row_b, k0, NSTEP, K, BN, BK, STAGES, 4, 16)
-
-
-@triton.jit
 def any_stream_rows(
     w,
     ws,
@@ -186,11 +158,19 @@ def any_stream_row_pair(
     RING: tl.constexpr = False,
 ):
     """`stream.device.stream_row_pair` (same arguments) in a Triton kernel; in a Gluon one
-    the two row blocks in one ring with RING (`gl_stream_row_pair`: not yet run on a GPU,
-    so no build's default), else one after the other (`gl_stream_rows`)."""
+    the two row blocks in one ring with RING (`frag_gluon.frag_stream_row_pair`: not yet
+    run on a GPU, so no build's default), else one after the other (`gl_stream_rows`)."""
     if lg.gluon():
-        if RING:
-            return gl_stream_row_pair(w, ws, x, S, row_a, row_b, k0, NSTEP, K, BN, BK, FMT, STAGES)
+        if RING and FMT == 1:
+            return fg.frag_stream_row_pair(
+                w.to(tl.pointer_type(tl.int32)),
+                ws.to(tl.pointer_type(tl.int32)),
+                x, S, row_a, row_b, k0, NSTEP, K, BN, BK, STAGES, 4, 16,
+            )  # fmt: skip
+        elif RING:
+            return fg.bf16_stream_row_pair(
+                w, x, S, row_a, row_b, k0, NSTEP, K, BN, BK, STAGES, 4, 16
+            )  # fmt: skip
         else:
             a = gl_stream_rows(w, ws, x, S, row_a, k0, NSTEP, K, BN, BK, FMT, STAGES)
             b = gl_stream_rows(w, ws, x, S, row_b, k0, NSTEP, K, BN, BK, FMT, STAGES)
