@@ -387,8 +387,9 @@ if has gluon-down; then
     # The Gluon FFN's down stage at S = 8 and 16 (0.86x the stock path at 16; its items
     # stream ~6 slots each, one ring a slot): twice the slot groups (ng 16: half the slots
     # an item, twice the items), 128 latent columns an item, both; compiled side by side,
-    # then one table. (ng 16 exceeds S = 1-4's slot count: those widths keep theirs.)
-    V=("" "ng=16" "dc=128" "ng=16,dc=128")
+    # then one table, beside the one-ring pair (pair 3: 0.93-0.95x the time at S = 8 / 16
+    # in stop 38's gluon-waves). (ng 16 exceeds S = 1-4's slot count: those keep theirs.)
+    V=("" "pair=3" "ng=16" "pair=3,ng=16" "pair=3,dc=128" "pair=3,ng=16,dc=128")
     for v in "${V[@]}"; do
         step "warm-down-${v//[=,]/_}" 240 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows 8,16 --formats mxfp4 --layers 1 \
@@ -401,17 +402,16 @@ if has gluon-down; then
     tail -20 "$LOG/tune-down.txt"
 fi
 if has gluon-final; then
-    # The Gluon FFN's remaining GPU tests (two ranks, graph replay, the device's default
-    # engine at full shapes) beside one tile's compile, then that tile, then `mono bench
-    # ffn` with the default engine (Gluon) and the stock path (carry humming).
-    tests ffn-gluon 220 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
-        -k "two_ranks or graph or mxfp4-None" --tb=short &
-    step warm-tune 220 python3 -m mono_kernels_minimax.ffn.tune --rows 1 --layers 1 --variants "${VARIANTS:-stages=2,occ=3,regs=168}" &
+    # The Gluon FFN's remaining GPU tests (two ranks, graph replay, full shapes with the
+    # device's default engine and with Gluon named) beside the bench's compiles, then `mono
+    # bench ffn` with the default engine (Gluon) and the stock path (carry humming).
+    tests ffn-gluon 300 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
+        -k "two_ranks or graph or mxfp4-None or mxfp4-gluon" --tb=short &
+    step warm-bench 300 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
+        --formats mxfp4 --layers 1 --no-baseline --engine gluon &
     wait
-    step tune-gluon 120 python3 -m mono_kernels_minimax.ffn.tune --rows 1,4,16 --layouts frag --layers 12 \
-        --variants "|${VARIANTS:-stages=2,occ=3,regs=168}"
     step bench-ffn 170 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
-    for name in ffn-gluon warm-tune tune-gluon bench-ffn; do
+    for name in ffn-gluon bench-ffn; do
         echo "== $name"
         tail -25 "$LOG/$name.txt"
     done

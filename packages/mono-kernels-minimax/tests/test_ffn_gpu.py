@@ -80,7 +80,7 @@ def test_full_rank_shapes_one_rank(fmt, engine, tiles, monkeypatch):
 
     cfg = rank_config()
     w = random_weights(cfg, 1, WeightFormat(fmt), seed=2, device="cuda")
-    widths = [1, 4, 16] if fmt == "mxfp4" else [1, 16]
+    widths = [1, 4, 8, 16] if fmt == "mxfp4" else [1, 16]  # 8: the Gluon build's wide tiles
     runner = FfnRunner(cfg, WeightFormat(fmt), None, 0, 1, "cuda", widths=widths, engine=engine)
     w = runner.pack(w)
     runner.warm()

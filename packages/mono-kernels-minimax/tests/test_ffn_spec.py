@@ -215,6 +215,27 @@ def test_tile_overrides_are_checked(monkeypatch):
             _ = FfnBuild(MiniMaxM3Config(), 1, 4).plan
 
 
+def test_gluon_wide_tiles(monkeypatch):
+    """The Gluon build at S > 4 takes its own tiles (one-ring pair, 128 down rows, 16 slot
+    groups), the Triton build and S <= 4 keep theirs; the one-ring pair with gate blocks
+    too narrow for the warps is refused before any compile."""
+    from mono_kernels_minimax.ffn.spec import TILES_ENV
+
+    monkeypatch.delenv(TILES_ENV, raising=False)
+    cfg = MiniMaxM3Config()
+
+    def tiles(rows, frag):
+        p = FfnBuild(cfg, rows, 4, frag=frag).plan
+        return p.pair, p.dc, p.ng
+
+    assert tiles(8, True) == (3, 128, 16) and tiles(16, True) == (3, 128, 16)
+    assert tiles(8, False) == (1, 64, 8) and tiles(4, True) == (2, 128, 8)
+    monkeypatch.setenv(TILES_ENV, "pair=3,bn=32")
+    with pytest.raises(ValueError, match="pair 3 .* needs bn >= 16 x warps"):
+        _ = FfnBuild(cfg, 8, 4, frag=True).plan
+    assert FfnBuild(cfg, 8, 4).plan.pair == 3  # Triton runs pair 3 as one tile
+
+
 @pytest.mark.parametrize("sfirst", [0, 1])
 def test_shared_up_order_follows_sfirst(monkeypatch, sfirst):
     """The shared expert's up items take the tickets right after the router's (sfirst 1)

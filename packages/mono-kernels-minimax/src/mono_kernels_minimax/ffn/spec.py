@@ -225,6 +225,11 @@ class TaskPlan:
         # us at S = 1 / 2 / 4 / 8 / 16, two dots 71.3 / 101.1 / 129.8 / 195.0 / 299.0.
         # Tiny builds the same, so that the interpreter runs both
         pair = 2 if s <= 4 else 1
+        # The Gluon build at S > 4: gate and up in one ring, 128 down rows an item, 16 slot
+        # groups; H200 (stop 38, ffn.tune, 12 layers, same call) 125.9 / 216.5 us at
+        # S = 8 / 16 against 146.7 / 241.2 with the Triton build's tiles (one ring alone
+        # 137.1 / 232.7; at S = 1 / 4 it changes nothing: 48.1 / 89.8 against 47.1 / 90.2)
+        gluon_wide = b.frag and s > 4
         if big:
             tiles = dict(
                 bn=64,
@@ -236,10 +241,10 @@ class TaskPlan:
                 # the registers); H200 (ffn.tune, 2 runs, mxfp4): 305.8 / 304.6 us at
                 # S = 16 against 312.2 / 312.8 with 128 rows, 74.3 / 73.8 against 72.7 / 73.4
                 # at S = 1. FP8 keeps 128 (not measured)
-                dc=128 if s <= 4 or fp8 else 64,
+                dc=128 if s <= 4 or fp8 or gluon_wide else 64,
                 dbk=_step(i, 128 if fp8 else 256),
                 dbk0=_step(i, 128),
-                ng=min(b.max_slots, 8),
+                ng=min(b.max_slots, 16 if gluon_wide else 8),
                 # two programs an SM, 3 stages each (110 KB of shared memory): twice the
                 # loads in flight of one 4-stage program; on the H200 (ffn.tune, same run)
                 # 103.9 / 475.5 us at S = 1 / 16 against 117.8 / 588.0 (8 warps: 129.5 / 666.6)
@@ -250,7 +255,7 @@ class TaskPlan:
                 # loop); a cap of 168 spills 1.6 KB, 6-7 reloads a trip (sm_90 compile),
                 # room for 3 programs an SM if their shared memory fits
                 regs=0,
-                pair=pair,
+                pair=3 if gluon_wide else pair,
                 # the router item alone on the H200 (16 experts x 384 columns): its fp32
                 # tl.dot takes 8 us at any S (each K step waits for the last: one serial FMA
                 # chain, 32-column dots too, as Triton folds `acc += dot` into the chain);
@@ -355,6 +360,10 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         "regs is 0 or 64..255, a multiple of 8",
     )
     need(t["pair"] in (0, 1, 2, 3), "pair is 0, 1, 2 or 3")
+    need(
+        t["pair"] != 3 or not b.frag or t["bn"] >= 16 * t["warps"],
+        "pair 3 (the Gluon build's one-ring pair) needs bn >= 16 x warps",
+    )
     need(
         all(t[k] in (0, 1) for k in ("upf", "dpf", "sfirst", "rcall")),
         "upf, dpf, sfirst and rcall are 0 or 1",
