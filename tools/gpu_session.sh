@@ -417,19 +417,21 @@ if has gluon-final; then
     done
 fi
 if has k2-gluon; then
-    # K2's Gluon build is refused on GPUs (K2Gluon.DEFECT): its refusal test, then the
-    # repro past the refusal, one program alone and a full grid (what each run saw).
-    tests k2-gluon 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "gluon" --tb=short
-    step k2-repro-1 150 python3 tools/k2_gluon_repro.py --programs 1
-    step k2-repro 150 python3 tools/k2_gluon_repro.py
-    # what the oproj items alone left in ar1 (row 0), each build
+    # K2's Gluon build: its GPU tests (full TP8-rank shapes, graph replay) beside both
+    # builds' bench compiles, then both timed one after the other.
+    tests k2-gluon 300 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "gluon" --tb=short &
     for e in gluon triton; do
-        step k2-dump-$e 150 python3 tools/k2_gluon_repro.py --programs 1 --stages-after _oproj \
-            --dump 40 --engine $e
+        step warm-k2-$e 300 python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 1 \
+            --no-baseline --engine $e &
     done
-    for name in k2-gluon k2-repro-1 k2-repro k2-dump-gluon k2-dump-triton; do
+    wait
+    for e in gluon triton; do
+        step k2-bench-$e 120 python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 8 \
+            --no-baseline --engine $e
+    done
+    for name in k2-gluon k2-bench-gluon k2-bench-triton; do
         echo "== $name"
-        tail -45 "$LOG/$name.txt"
+        tail -20 "$LOG/$name.txt"
     done
 fi
 if has toy; then

@@ -10,7 +10,11 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from mono_peer.testing import child_json
+from mono_runtime import decode_triton as dt
+from mono_runtime import lang as lg
 from mono_runtime.stream import frag_gluon as fg
 from mono_runtime.stream import layout as L
 from mono_runtime.stream.frag import (
@@ -280,6 +284,70 @@ def test_frag_row_pair_is_two_rings_in_one_on_the_gpu(mx):
             got.append(y[:, :, :s].cpu())
         assert torch.equal(got[0], got[1]), (bn, bk, rows)
         assert got[0].isfinite().all() and got[0].abs().sum() > 0, (bn, bk, rows)
+
+
+@triton.jit
+def _pairs_body(
+    w, ws, x, y, S, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MX: tl.constexpr
+):
+    """y[16 tokens, BN / 2] (int32 bf16 pairs) = `tile_pairs` of rows 0..BN of W times x, as
+    K2's o_proj items push their result: the stream's sums straight into pairs."""
+    row0 = tl.program_id(0) * 0  # a runtime row, as a kernel's items have
+    acc = dt.any_stream_rows(
+        w, ws, x, row0, 0, K // BK, K, BN, BK, S, 1 if MX else 0, 3, False, True
+    )
+    pairs = dt.tile_pairs(acc, BN)
+    t = lg.arange(0, 16)[:, None]
+    q = lg.arange(0, BN // 2)[None, :]
+    tl.store(lg.like(y + t * (BN // 2) + q, pairs), pairs, mask=lg.like((t < S) & (q >= 0), pairs))
+
+
+_pairs_gluon = gluon.jit(_pairs_body.fn)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mx", [False, True])
+def test_tile_pairs_of_a_gluon_stream_on_the_gpu(mx):
+    """A Gluon stream's result made into bf16 pairs (`tile_pairs`, as K2's o_proj items
+    push it) holds the sums, every pair of every live row written, whatever an earlier
+    launch left in shared memory (a ring of scale words)."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("mma.sync bf16 needs sm_80+")
+    g = torch.Generator().manual_seed(11)
+    k, s = 1024, 1
+    codes, scales = _k32(128, k, g)
+    fw, fws = (t.cuda() for t in pack_mxfp4_frag(codes, scales))
+    x = torch.randn(4, k, generator=g).to(torch.bfloat16).cuda()
+    if mx:
+        w, ws = fw, fws
+        ref = L.dequantize(codes, scales, L.MXFP4_K32).double()
+    else:
+        ref = torch.randn(128, k, generator=g) * 0.05
+        w = ref.to(torch.bfloat16).cuda()
+        ws = w
+        ref = w.double().cpu()
+    want = (x[:s].double().cpu() @ ref.T).float()
+    for bn, bk in ((64, 128), (16, 128), (128, 256)):
+        # an MXFP4 ring first, on every SM: its scale words stay in shared memory
+        _pairs_gluon[(264,)](
+            fw,
+            fws,
+            x,
+            torch.empty(16, 64, dtype=torch.int32, device="cuda"),
+            4,
+            k,
+            128,
+            256,
+            True,
+            num_warps=4,
+        )
+        y = torch.zeros(16, bn // 2, dtype=torch.int32, device="cuda")
+        _pairs_gluon[(1,)](w, ws, x, y, s, k, bn, bk, mx, num_warps=4)
+        got = y[:s].cpu().view(torch.bfloat16).float()
+        assert (y[:s] != 0).all(), (bn, bk, "pairs left unwritten", (y[:s] == 0).nonzero().tolist())
+        err = ((got - want[:, :bn]).norm() / want[:, :bn].norm()).item()
+        assert err < 1e-2, (bn, bk, err, got[0, :8].tolist(), want[0, :8].tolist())
 
 
 if __name__ == "__main__":

@@ -61,9 +61,9 @@ class K2Runner(MonoLayerRunner):
         """`cfg.tp` ranks; `pack`: stream the experts as mxfp4-rot, which `pack(weights)`
         converts them to once, in place (False: the checkpoint's mxfp4-k32 as loaded).
         `timeline`: builds that stamp each item's program, start, ready and end
-        (`timeline(s)`). `engine`: "triton"; "gluon" (the same kernel body compiled by
-        Gluon, experts packed as mxfp4-frag) is refused with MonoUnsupported on every GPU
-        for now (K2Gluon.DEFECT)."""
+        (`timeline(s)`). `engine`: "triton", or "gluon" (the same kernel body compiled by
+        Gluon, experts packed as mxfp4-frag; a shape it cannot lower is refused with
+        MonoUnsupported, naming why)."""
         self.cfg, self.rank, self.tp = cfg, rank, cfg.tp
         self._setup(device, widths, programs, scratch_offset)
         if engine not in BY_BACKEND:

@@ -219,483 +219,513 @@ def _k2_body(
     me = pt.peer_data(peers, rank)
     pt.fault_stall(ctl, peers, rank, world, CPU)
     total = T_HS + final  # the handshake closes final launches
-    t = pt.ticket_take(counter, total)
-    while t < total:
-        if TL:
-            t_begin = pt.clock(0, CPU)
-            t_ready = t_begin
-        if t < T_COL:
-            _oproj(
-                t, core, o_proj, peers, rank, world, tag, S, H, KO, OC, OBK, STAGES, P_AR1, CPU, ASM
-            )
-        elif t < T_MIX:
-            _col(
-                t,
-                (t - T_COL) // NCH,
-                (t - T_COL) % NCH,
-                prefix,
-                blocks,
-                slots,
-                mlp_res_norm,
-                mlp_res_proj,
-                scratch,
-                done,
-                blocks_row,
-                blocks_block,
-                sources,
-                reset,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                me,
-                S,
-                H,
-                NB,
-                RC,
-                NCH,
-                O_PNEW,
-                O_SSQ,
-                O_DOT,
-                P_AR1,
-                R_AR1,
-                CPU,
-            )
-        elif t < T_NORM:
-            s_ = (t - T_MIX) // NCH
-            dt.wait_items(
-                done,
-                T_COL + s_ * NCH,
-                NCH,
-                NCH2,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                R_ITEMS,
-                CPU,
-            )
+    # One ticket draw site, at the top of the loop (as the drafter's): a draw before the
+    # loop and one at its end let ptxas leave the first draw's lane-0 atomic without a
+    # reconvergence point before its broadcast barrier (sass.split_broadcasts); warp 0
+    # then reaches that barrier split, the warps' barriers pair one apart and each warp
+    # works another item (the Gluon build's H200 fault: rows of other warps' items in ar1)
+    more = total == total
+    while more:
+        t = pt.ticket_take(counter, total)
+        more = t < total
+        if more:
             if TL:
-                t_ready = pt.clock(0, CPU)
-            _mix(
-                s_,
-                (t - T_MIX) % NCH,
-                blocks,
-                scratch,
-                blocks_row,
-                blocks_block,
-                sources,
-                H,
-                NB,
-                RC,
-                NCH,
-                NS2,
-                NCH2,
-                O_PNEW,
-                O_SSQ,
-                O_DOT,
-                O_MIX,
-                O_SSQ2,
-                EPS,
-            )
-            pt.ticket_finish(done, t, tag)
-        elif t < T_ROUTER:
-            s_ = (t - T_NORM) // NCH
-            dt.wait_items(
-                done,
-                T_MIX + s_ * NCH,
-                NCH,
-                NCH2,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                R_ITEMS,
-                CPU,
-            )
-            if TL:
-                t_ready = pt.clock(0, CPU)
-            _norm(s_, (t - T_NORM) % NCH, post_norm, scratch, H, RC, NCH, O_MIX, O_SSQ2, O_X, EPS)
-            pt.ticket_finish(done, t, tag)
-        elif t < T_SHDOWN:
-            # router, latent down and shared up, each split over DKS parts of K: all read
-            # x, every row of it; their weights are asked of L2 while the norm items land
-            kp = (t - T_ROUTER) % DKS  # every stage of the three has DKS parts an item
-            cnt = (scratch + O_COUNT).to(tl.pointer_type(tl.int32)) + (t - T_ROUTER) // DKS
-            buf = (scratch + O_KPART).to(tl.pointer_type(tl.float32))
-            if t < T_LATDOWN:
-                r0 = _share_row0(rank, (t - T_ROUTER) // DKS, EPR, E, 16)
-                dt.prefetch_rows(router, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
-            elif t < T_SHUP:
-                r0 = _share_row0(rank, (t - T_LATDOWN) // DKS, LPR, LAT, 16)
-                dt.prefetch_rows(latent_down, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
-            else:
-                r0 = ((t - T_SHUP) // DKS) * SB
-                dt.prefetch_rows(shared_w13, r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
-                dt.prefetch_rows(shared_w13, SI + r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
-            dt.wait_items(
-                done, T_NORM, S * NCH, SNCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
-            )
-            if TL:
-                t_ready = pt.clock(0, CPU)
-            x = (scratch + O_X).to(tl.pointer_type(tl.bfloat16))
-            if t < T_LATDOWN:
-                g = (t - T_ROUTER) // DKS
-                _router(
-                    g,
-                    kp,
-                    x,
-                    router,
-                    buf + g * (DKS * 16 * S),
-                    cnt,
+                t_begin = pt.clock(0, CPU)
+                t_ready = t_begin
+            if t < T_COL:
+                _oproj(
+                    t,
+                    core,
+                    o_proj,
                     peers,
                     rank,
                     world,
                     tag,
                     S,
                     H,
-                    E,
-                    EPR,
-                    RBK,
-                    DKS,
+                    KO,
+                    OC,
+                    OBK,
                     STAGES,
-                    P_LG,
+                    P_AR1,
                     CPU,
                     ASM,
                 )
-            elif t < T_SHUP:
-                g = (t - T_LATDOWN) // DKS
-                _latdown(
-                    g,
-                    kp,
-                    x,
-                    latent_down,
-                    buf + (NR + g) * (DKS * 16 * S),
-                    cnt,
-                    peers,
-                    rank,
-                    world,
-                    tag,
-                    S,
-                    H,
-                    LAT,
-                    LPR,
-                    RBK,
-                    DKS,
-                    STAGES,
-                    P_LAT,
-                    CPU,
-                    ASM,
-                )
-            else:
-                c = (t - T_SHUP) // DKS
-                _shup(
-                    c,
-                    kp,
-                    x,
-                    shared_w13,
+            elif t < T_MIX:
+                _col(
+                    t,
+                    (t - T_COL) // NCH,
+                    (t - T_COL) % NCH,
+                    prefix,
+                    blocks,
+                    slots,
+                    mlp_res_norm,
+                    mlp_res_proj,
                     scratch,
-                    buf + (NR + NL) * (DKS * 16 * S) + c * (DKS * 2 * SB * S),
-                    cnt,
+                    done,
+                    blocks_row,
+                    blocks_block,
+                    sources,
+                    reset,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    me,
+                    S,
+                    H,
+                    NB,
+                    RC,
+                    NCH,
+                    O_PNEW,
+                    O_SSQ,
+                    O_DOT,
+                    P_AR1,
+                    R_AR1,
+                    CPU,
+                )
+            elif t < T_NORM:
+                s_ = (t - T_MIX) // NCH
+                dt.wait_items(
+                    done,
+                    T_COL + s_ * NCH,
+                    NCH,
+                    NCH2,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    R_ITEMS,
+                    CPU,
+                )
+                if TL:
+                    t_ready = pt.clock(0, CPU)
+                _mix(
+                    s_,
+                    (t - T_MIX) % NCH,
+                    blocks,
+                    scratch,
+                    blocks_row,
+                    blocks_block,
+                    sources,
+                    H,
+                    NB,
+                    RC,
+                    NCH,
+                    NS2,
+                    NCH2,
+                    O_PNEW,
+                    O_SSQ,
+                    O_DOT,
+                    O_MIX,
+                    O_SSQ2,
+                    EPS,
+                )
+                pt.ticket_finish(done, t, tag)
+            elif t < T_ROUTER:
+                s_ = (t - T_NORM) // NCH
+                dt.wait_items(
+                    done,
+                    T_MIX + s_ * NCH,
+                    NCH,
+                    NCH2,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    R_ITEMS,
+                    CPU,
+                )
+                if TL:
+                    t_ready = pt.clock(0, CPU)
+                _norm(
+                    s_, (t - T_NORM) % NCH, post_norm, scratch, H, RC, NCH, O_MIX, O_SSQ2, O_X, EPS
+                )
+                pt.ticket_finish(done, t, tag)
+            elif t < T_SHDOWN:
+                # router, latent down and shared up, each split over DKS parts of K: all read
+                # x, every row of it; their weights are asked of L2 while the norm items land
+                kp = (t - T_ROUTER) % DKS  # every stage of the three has DKS parts an item
+                cnt = (scratch + O_COUNT).to(tl.pointer_type(tl.int32)) + (t - T_ROUTER) // DKS
+                buf = (scratch + O_KPART).to(tl.pointer_type(tl.float32))
+                if t < T_LATDOWN:
+                    r0 = _share_row0(rank, (t - T_ROUTER) // DKS, EPR, E, 16)
+                    dt.prefetch_rows(router, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
+                elif t < T_SHUP:
+                    r0 = _share_row0(rank, (t - T_LATDOWN) // DKS, LPR, LAT, 16)
+                    dt.prefetch_rows(latent_down, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
+                else:
+                    r0 = ((t - T_SHUP) // DKS) * SB
+                    dt.prefetch_rows(shared_w13, r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
+                    dt.prefetch_rows(
+                        shared_w13, SI + r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM
+                    )
+                dt.wait_items(
+                    done, T_NORM, S * NCH, SNCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+                )
+                if TL:
+                    t_ready = pt.clock(0, CPU)
+                x = (scratch + O_X).to(tl.pointer_type(tl.bfloat16))
+                if t < T_LATDOWN:
+                    g = (t - T_ROUTER) // DKS
+                    _router(
+                        g,
+                        kp,
+                        x,
+                        router,
+                        buf + g * (DKS * 16 * S),
+                        cnt,
+                        peers,
+                        rank,
+                        world,
+                        tag,
+                        S,
+                        H,
+                        E,
+                        EPR,
+                        RBK,
+                        DKS,
+                        STAGES,
+                        P_LG,
+                        CPU,
+                        ASM,
+                    )
+                elif t < T_SHUP:
+                    g = (t - T_LATDOWN) // DKS
+                    _latdown(
+                        g,
+                        kp,
+                        x,
+                        latent_down,
+                        buf + (NR + g) * (DKS * 16 * S),
+                        cnt,
+                        peers,
+                        rank,
+                        world,
+                        tag,
+                        S,
+                        H,
+                        LAT,
+                        LPR,
+                        RBK,
+                        DKS,
+                        STAGES,
+                        P_LAT,
+                        CPU,
+                        ASM,
+                    )
+                else:
+                    c = (t - T_SHUP) // DKS
+                    _shup(
+                        c,
+                        kp,
+                        x,
+                        shared_w13,
+                        scratch,
+                        buf + (NR + NL) * (DKS * 16 * S) + c * (DKS * 2 * SB * S),
+                        cnt,
+                        S,
+                        H,
+                        SI,
+                        SB,
+                        RBK,
+                        DKS,
+                        STAGES,
+                        O_SMID,
+                        BETA,
+                        LBETA,
+                        CPU,
+                        ASM,
+                    )
+                    pt.ticket_finish(done, t, tag)
+            elif t < T_GATHER:
+                ready = _shdown(
+                    t - T_SHDOWN,
+                    shared_w2,
+                    scratch,
+                    done,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
                     S,
                     H,
                     SI,
                     SB,
-                    RBK,
+                    SD,
+                    SDK,
                     DKS,
+                    SHUP2,
                     STAGES,
+                    T_SHUP,
                     O_SMID,
+                    P_SH,
+                    R_ITEMS,
+                    CPU,
+                    ASM,
+                    TL,
+                )
+                if TL:
+                    t_ready = ready
+            elif t < T_ROUTE:
+                _gather(
+                    t - T_GATHER,
+                    scratch,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    me,
+                    LAT,
+                    LP2,
+                    O_XLAT,
+                    P_LAT,
+                    R_LAT,
+                    CPU,
+                )
+                pt.ticket_finish(done, t, tag)
+            elif t < T_UNION:
+                _route(
+                    t - T_ROUTE,
+                    bias,
+                    slots,
+                    scratch,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    me,
+                    E,
+                    E2,
+                    K,
+                    KP,
+                    O_TABLE,
+                    T_IDS,
+                    T_TOPW,
+                    P_LG,
+                    R_LG,
+                    RSF,
+                    RENORM,
+                    CPU,
+                )
+                pt.ticket_finish(done, t, tag)
+            elif t < T_UP:
+                dt.wait_items(
+                    done, T_ROUTE, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+                )
+                if TL:
+                    t_ready = pt.clock(0, CPU)
+                _union(
+                    scratch,
+                    S,
+                    E,
+                    K,
+                    MAXSLOTS,
+                    E2,
+                    SK2,
+                    WT2,
+                    O_TABLE,
+                    T_SLOTE,
+                    T_WTAB,
+                    T_IDS,
+                    T_TOPW,
+                    T_POS,
+                )
+                pt.ticket_finish(done, t, tag)
+            elif t < T_DOWN:
+                ok = dt.wait_items(
+                    done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+                )
+                ok = ok & dt.wait_items(
+                    done, T_GATHER, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+                )
+                if TL:
+                    t_ready = pt.clock(0, CPU)
+                _up(
+                    (t - T_UP) // NC,
+                    (t - T_UP) % NC,
+                    w13,
+                    w13_scale,
+                    scratch,
+                    ok,
+                    S,
+                    E,
+                    LAT,
+                    RI,
+                    MAXSLOTS,
+                    BN,
+                    UBK,
+                    FMT,
+                    STAGES,
+                    UPAIR == 2,
+                    O_TABLE,
+                    T_SLOTE,
+                    O_XLAT,
+                    O_MID,
                     BETA,
                     LBETA,
                     CPU,
                     ASM,
                 )
                 pt.ticket_finish(done, t, tag)
-        elif t < T_GATHER:
-            ready = _shdown(
-                t - T_SHDOWN,
-                shared_w2,
-                scratch,
-                done,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                S,
-                H,
-                SI,
-                SB,
-                SD,
-                SDK,
-                DKS,
-                SHUP2,
-                STAGES,
-                T_SHUP,
-                O_SMID,
-                P_SH,
-                R_ITEMS,
-                CPU,
-                ASM,
-                TL,
-            )
-            if TL:
-                t_ready = ready
-        elif t < T_ROUTE:
-            _gather(
-                t - T_GATHER,
-                scratch,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                me,
-                LAT,
-                LP2,
-                O_XLAT,
-                P_LAT,
-                R_LAT,
-                CPU,
-            )
-            pt.ticket_finish(done, t, tag)
-        elif t < T_UNION:
-            _route(
-                t - T_ROUTE,
-                bias,
-                slots,
-                scratch,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                me,
-                E,
-                E2,
-                K,
-                KP,
-                O_TABLE,
-                T_IDS,
-                T_TOPW,
-                P_LG,
-                R_LG,
-                RSF,
-                RENORM,
-                CPU,
-            )
-            pt.ticket_finish(done, t, tag)
-        elif t < T_UP:
-            dt.wait_items(done, T_ROUTE, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
-            if TL:
-                t_ready = pt.clock(0, CPU)
-            _union(
-                scratch,
-                S,
-                E,
-                K,
-                MAXSLOTS,
-                E2,
-                SK2,
-                WT2,
-                O_TABLE,
-                T_SLOTE,
-                T_WTAB,
-                T_IDS,
-                T_TOPW,
-                T_POS,
-            )
-            pt.ticket_finish(done, t, tag)
-        elif t < T_DOWN:
-            ok = dt.wait_items(
-                done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
-            )
-            ok = ok & dt.wait_items(
-                done, T_GATHER, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
-            )
-            if TL:
-                t_ready = pt.clock(0, CPU)
-            _up(
-                (t - T_UP) // NC,
-                (t - T_UP) % NC,
-                w13,
-                w13_scale,
-                scratch,
-                ok,
-                S,
-                E,
-                LAT,
-                RI,
-                MAXSLOTS,
-                BN,
-                UBK,
-                FMT,
-                STAGES,
-                UPAIR == 2,
-                O_TABLE,
-                T_SLOTE,
-                O_XLAT,
-                O_MID,
-                BETA,
-                LBETA,
-                CPU,
-                ASM,
-            )
-            pt.ticket_finish(done, t, tag)
-        elif t < T_DSUM:
-            ready = _down(
-                (t - T_DOWN) // NG,
-                (t - T_DOWN) % NG,
-                w2,
-                w2_scale,
-                scratch,
-                done,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                S,
-                E,
-                LAT,
-                RI,
-                MAXSLOTS,
-                NC,
-                NC2,
-                NG,
-                DC,
-                DBK,
-                FMT,
-                STAGES,
-                T_UNION,
-                T_UP,
-                O_TABLE,
-                T_SLOTE,
-                T_WTAB,
-                O_MID,
-                O_DPART,
-                R_ITEMS,
-                CPU,
-                ASM,
-                TL,
-            )
-            if TL:
-                t_ready = ready
-            pt.ticket_finish(done, t, tag)
-        elif t < T_LRED:
-            dt.wait_items(
-                done,
-                T_DOWN + (t - T_DSUM) * NG,
-                NG,
-                NG2,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                R_ITEMS,
-                CPU,
-            )
-            if TL:
-                t_ready = pt.clock(0, CPU)
-            _dsum(t - T_DSUM, scratch, peers, rank, world, tag, S, LAT, NG, DC, O_DPART, P_RL)
-        elif t < T_UPPROJ:
-            _lred(
-                t - T_LRED,
-                latent_norm,
-                scratch,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                me,
-                LAT,
-                LP2,
-                O_NLAT,
-                P_RL,
-                R_RL,
-                EPS,
-                LNORM,
-                CPU,
-            )
-            pt.ticket_finish(done, t, tag)
-        elif t < T_FINAL:
-            ready = _upproj(
-                t - T_UPPROJ,
-                up_proj,
-                scratch,
-                done,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                S,
-                H,
-                LAT,
-                HPR,
-                UC,
-                UBK,
-                S2,
-                STAGES,
-                T_LRED,
-                O_NLAT,
-                P_UPO,
-                R_ITEMS,
-                CPU,
-                ASM,
-                TL,
-            )
-            if TL:
-                t_ready = ready
-        elif t < T_HS:
-            _final(
-                (t - T_FINAL) // NF,
-                (t - T_FINAL) % NF,
-                out,
-                slots,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                me,
-                H,
-                FC,
-                P_SH,
-                P_UPO,
-                R_SH,
-                R_UPO,
-                CPU,
-            )
-            pt.ticket_finish(done, t, tag)
-        else:
-            # the TP fault handshake: every final item here is done; tell every rank, hear
-            # from every rank (a rank that gave up has set its alarm here)
-            dt.wait_items(
-                done, T_FINAL, S * NF, SNF2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
-            )
-            if TL:
-                t_ready = pt.clock(0, CPU)
-            dt.handshake(me, peers, rank, world, P_HS // 8, 8, tag, ctl, health, R_HS, CPU)
-        if TL:  # the item's (program, ticket, start, ready, end)
-            dt.stamp_item((scratch + O_TL).to(tl.pointer_type(tl.int64)), t, t_begin, t_ready, CPU)
-        t = pt.ticket_take(counter, total)
+            elif t < T_DSUM:
+                ready = _down(
+                    (t - T_DOWN) // NG,
+                    (t - T_DOWN) % NG,
+                    w2,
+                    w2_scale,
+                    scratch,
+                    done,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    S,
+                    E,
+                    LAT,
+                    RI,
+                    MAXSLOTS,
+                    NC,
+                    NC2,
+                    NG,
+                    DC,
+                    DBK,
+                    FMT,
+                    STAGES,
+                    T_UNION,
+                    T_UP,
+                    O_TABLE,
+                    T_SLOTE,
+                    T_WTAB,
+                    O_MID,
+                    O_DPART,
+                    R_ITEMS,
+                    CPU,
+                    ASM,
+                    TL,
+                )
+                if TL:
+                    t_ready = ready
+                pt.ticket_finish(done, t, tag)
+            elif t < T_LRED:
+                dt.wait_items(
+                    done,
+                    T_DOWN + (t - T_DSUM) * NG,
+                    NG,
+                    NG2,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    R_ITEMS,
+                    CPU,
+                )
+                if TL:
+                    t_ready = pt.clock(0, CPU)
+                _dsum(t - T_DSUM, scratch, peers, rank, world, tag, S, LAT, NG, DC, O_DPART, P_RL)
+            elif t < T_UPPROJ:
+                _lred(
+                    t - T_LRED,
+                    latent_norm,
+                    scratch,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    me,
+                    LAT,
+                    LP2,
+                    O_NLAT,
+                    P_RL,
+                    R_RL,
+                    EPS,
+                    LNORM,
+                    CPU,
+                )
+                pt.ticket_finish(done, t, tag)
+            elif t < T_FINAL:
+                ready = _upproj(
+                    t - T_UPPROJ,
+                    up_proj,
+                    scratch,
+                    done,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    S,
+                    H,
+                    LAT,
+                    HPR,
+                    UC,
+                    UBK,
+                    S2,
+                    STAGES,
+                    T_LRED,
+                    O_NLAT,
+                    P_UPO,
+                    R_ITEMS,
+                    CPU,
+                    ASM,
+                    TL,
+                )
+                if TL:
+                    t_ready = ready
+            elif t < T_HS:
+                _final(
+                    (t - T_FINAL) // NF,
+                    (t - T_FINAL) % NF,
+                    out,
+                    slots,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    me,
+                    H,
+                    FC,
+                    P_SH,
+                    P_UPO,
+                    R_SH,
+                    R_UPO,
+                    CPU,
+                )
+                pt.ticket_finish(done, t, tag)
+            else:
+                # the TP fault handshake: every final item here is done; tell every rank, hear
+                # from every rank (a rank that gave up has set its alarm here)
+                dt.wait_items(
+                    done, T_FINAL, S * NF, SNF2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+                )
+                if TL:
+                    t_ready = pt.clock(0, CPU)
+                dt.handshake(me, peers, rank, world, P_HS // 8, 8, tag, ctl, health, R_HS, CPU)
+            if TL:  # the item's (program, ticket, start, ready, end)
+                dt.stamp_item(
+                    (scratch + O_TL).to(tl.pointer_type(tl.int64)), t, t_begin, t_ready, CPU
+                )
 
 
 # Integer arguments that vary per launch or per rank: never specialized (a value of 1 or a
