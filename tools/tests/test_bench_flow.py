@@ -64,7 +64,7 @@ def test_bench_kda_table_json_and_plot(monkeypatch, tmp_path, capsys, on_a_gpu):
 def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(
     monkeypatch, tmp_path, capsys, on_a_gpu
 ):
-    def bench(rows, formats):
+    def bench(rows, formats, engine):
         return [
             dict(
                 format=formats[0],
@@ -179,6 +179,8 @@ def test_bench_flags_are_refused_before_the_machine_is_looked_at(monkeypatch, ca
         (["bench", "ffn", "--ranks", "2"], "--ranks applies to `mono bench allreduce` only"),
         (["bench", "allreduce", "--format", "fp8"], "--format applies to"),
         (["bench", "allreduce", "--ranks", "2"], "--ranks 2 needs 2 GPUs"),
+        (["bench", "kda", "--engine", "gluon"], "--engine applies to `mono bench ffn|k2` only"),
+        (["bench", "k2", "--engine", "cuda"], "--engine cuda: K2 builds are triton or gluon"),
     ],
 )
 def test_bench_refusals_on_a_gpu_machine(capsys, tmp_path, on_a_gpu, argv, says):
@@ -187,14 +189,21 @@ def test_bench_refusals_on_a_gpu_machine(capsys, tmp_path, on_a_gpu, argv, says)
     assert len(err) == 1 and says in err[0], err
 
 
-def test_bench_k2_writes_its_rows(monkeypatch, tmp_path, on_a_gpu):
-    def bench(rows):
+@pytest.mark.parametrize("engine", [None, "gluon"])
+def test_bench_k2_writes_its_rows(monkeypatch, tmp_path, on_a_gpu, engine):
+    seen = []
+
+    def bench(rows, engine):
+        seen.append(engine)
         return [dict(rows=s, kernel_us=20.0, bytes=80_000_000, copy_tbps=4.0, layers=8,
                      l2_x=30.0, opbyop_us=60.0, note=None) for s in rows]  # fmt: skip
 
     _fake_module(monkeypatch, "mono_kernels_kimi.k2.bench", bench=bench)
-    assert main(["bench", "k2", "--rows", "1,16", "--out", str(tmp_path)]) == 0
+    flag = ["--engine", engine] if engine else []
+    assert main(["bench", "k2", "--rows", "1,16", *flag, "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bench-k2.json").read_text())
+    assert seen == [engine or "triton"]
+    assert data["kernel_label"] == f"mono K2 ({seen[0]}, {'mxfp4-frag' if engine else 'mxfp4-rot'})"
     assert [p["rows"] for p in data["points"]] == [1, 16]
     assert data["settings"]["model"] == "Kimi-K3" and data["settings"]["layers a timed graph"] == 8
     assert (tmp_path / "bench-k2.png").exists()

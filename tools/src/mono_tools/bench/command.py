@@ -29,6 +29,8 @@ class Kernel:
     formats: tuple[str, ...] = ()  # what --format may name; () refuses --format
     several_formats: bool = False
     ranks: bool = False  # takes --ranks
+    engines: tuple[str, ...] = ()  # what --engine may name (the kernel's builds); ()
+    # refuses --engine
     family: str | None = None  # its builds' family in the kernel registry
 
     def problem(self, args: argparse.Namespace) -> str | None:
@@ -38,6 +40,10 @@ class Kernel:
             return f"--rows {too_many}: {self.what} serves at most {self.max_rows} rows"
         if args.ranks is not None and not self.ranks:
             return f"--ranks applies to `mono bench {_taking('ranks')}` only"
+        if args.engine is not None and args.engine not in self.engines:
+            if not self.engines:
+                return f"--engine applies to `mono bench {_taking('engines')}` only"
+            return f"--engine {args.engine}: {self.what} builds are {' or '.join(self.engines)}"
         if args.format is None:
             return None
         if not self.formats:
@@ -59,9 +65,12 @@ KERNELS = {
         "the FFN kernel",
         ("mxfp4", "fp8"),
         family="ffn",
+        engines=("triton", "gluon"),
     ),
     "kda": Kernel("mono_tools.bench.kda", (1, 2, 4, 8), 16, "K1", family="kda"),  # one row tile
-    "k2": Kernel("mono_tools.bench.k2", (1, 2, 4, 8, 16), 16, "K2", family="k2"),
+    "k2": Kernel(
+        "mono_tools.bench.k2", (1, 2, 4, 8, 16), 16, "K2", family="k2", engines=("triton", "gluon")
+    ),
     # rows are requests; 8 is one launch of the wide build (the runner splits beyond)
     "drafter": Kernel("mono_tools.bench.drafter", (1, 2, 4, 8), 8, "the drafter", family="drafter"),
     "allreduce": Kernel(
@@ -136,6 +145,11 @@ def add_parser(commands) -> None:
     )
     p.add_argument("--out", default="mono-bench", metavar="DIR", help="default: ./mono-bench")
     p.add_argument("--ranks", type=int, help="allreduce: ranks, one per GPU (default: all)")
+    p.add_argument(
+        "--engine",
+        help="ffn, k2: the build, triton or gluon (default: the runner's; ffn: gluon for "
+        "packed MXFP4 on sm_90+, k2: triton)",
+    )
     p.set_defaults(handler=run)
 
 

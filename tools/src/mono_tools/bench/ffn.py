@@ -17,7 +17,7 @@ def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
     from mono_kernels_minimax.ffn import bench
 
     (fmt,) = args.format or ("mxfp4",)  # one format a run (bench.command.KERNELS)
-    rows = bench.bench(rows=tuple(args.rows), formats=(fmt,))
+    rows = bench.bench(rows=tuple(args.rows), formats=(fmt,), engine=args.engine)
     settings = {
         "model": "MiniMax-M3",
         "layer": "FFN tail",

@@ -21,6 +21,7 @@ def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
         "layer": "K2 (o_proj to the MoE output)",
         "shapes": "a TP8 rank's o_proj and experts at TP 1; router, latent and up whole",
     }
-    rows = bench.bench(rows=tuple(args.rows))
-    device = machine.gpu_name or "gpu"
-    return of_layer_rows("k2", "mono K2 (triton, mxfp4-rot)", device, rows, BASELINE, settings)
+    engine = args.engine or "triton"  # K2Runner's default
+    rows = bench.bench(rows=tuple(args.rows), engine=engine)
+    label = f"mono K2 ({engine}, {'mxfp4-frag' if engine == 'gluon' else 'mxfp4-rot'})"
+    return of_layer_rows("k2", label, machine.gpu_name or "gpu", rows, BASELINE, settings)
