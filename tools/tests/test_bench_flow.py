@@ -195,8 +195,10 @@ def test_bench_k2_writes_its_rows(monkeypatch, tmp_path, on_a_gpu, engine):
 
     def bench(rows, engine):
         seen.append(engine)
-        return [dict(rows=s, kernel_us=20.0, bytes=80_000_000, copy_tbps=4.0, layers=8,
-                     l2_x=30.0, opbyop_us=60.0, note=None) for s in rows]  # fmt: skip
+        layout = "mxfp4-frag" if engine == "gluon" else "mxfp4-rot"  # K2Build.layout's
+        return [dict(rows=s, engine=engine, layout=layout, kernel_us=20.0, bytes=80_000_000,
+                     copy_tbps=4.0, layers=8, l2_x=30.0, opbyop_us=60.0, note=None)
+                for s in rows]  # fmt: skip
 
     _fake_module(monkeypatch, "mono_kernels_kimi.k2.bench", bench=bench)
     flag = ["--engine", engine] if engine else []

@@ -203,6 +203,7 @@ def _row(cfg, runner, base, layers, s, copy, l2, seed) -> dict:
             note = f"op-by-op path failed: {type(err).__name__}: {err}"[:300]
     return dict(
         engine=runner.build_name,
+        layout=runner.builds[s].layout,
         rows=s,
         layers=len(layers),
         kernel_us=t_kernel * 1e6,
