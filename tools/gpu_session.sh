@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -434,6 +434,34 @@ if has k2-gluon; then
         tail -20 "$LOG/$name.txt"
     done
 fi
+if has ffn-both; then
+    # The issue's one table: `mono bench ffn` over both formats (MXFP4 on the Gluon build,
+    # FP8 on the Triton one, each against op-by-op and, MXFP4, the stock path; carry
+    # humming), its compiles warmed first beside K2's tiny-shape GPU tests.
+    tests k2 300 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "tiny or opbyop" --tb=short &
+    for f in mxfp4 fp8; do
+        step warm-ffn-$f 300 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
+            --formats $f --layers 1 --no-baseline &
+    done
+    wait
+    step bench-ffn 300 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --out "$LOG/bench"
+fi
+if has k2-both; then
+    # `mono bench k2` with its op-by-op path, each build (bench-k2-ENGINE.json), then the
+    # FFN's timelines at S = 1 and 16 (the Gluon build's default tiles; rows as JSON).
+    for e in gluon triton; do
+        step warm-k2-$e 300 python3 -m mono_kernels_kimi.k2.bench --rows 1,2,4,8,16 \
+            --layers 1 --no-baseline --engine $e &
+    done
+    wait
+    for e in gluon triton; do
+        step bench-k2-$e 150 $MONO bench k2 --rows 1,2,4,8,16 --engine $e --out "$LOG/k2-$e"
+        cp "$LOG/k2-$e/bench-k2.json" "$LOG/bench/bench-k2-$e.json" 2>/dev/null
+        cp "$LOG/k2-$e/bench-k2.png" "$LOG/bench-k2-$e.png" 2>/dev/null
+    done
+    step timeline-ffn 120 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
+        --format mxfp4 --timeline "$LOG/bench"
+fi
 if has toy; then
     # The toy greedy decodes on the kernels (32 steps, eager and graph): the MiniMax-M3 toy
     # on the Gluon FFN (mxfp4) and the Triton one (bf16), the Kimi-K3 toy with K1 (+ K2).
@@ -536,7 +564,7 @@ for name in ffn k1 k2 drafter sources rest; do
     grep -E "pytest exit" "$LOG/$name.txt"
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
-    bench-k2 bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
+    bench-k2 bench-k2-gluon bench-k2-triton bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
     tiles-ffn order-ffn route-probe timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"

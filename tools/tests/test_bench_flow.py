@@ -61,15 +61,19 @@ def test_bench_kda_table_json_and_plot(monkeypatch, tmp_path, capsys, on_a_gpu):
     assert "3.00x" in capsys.readouterr().out
 
 
-def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(
+def test_bench_ffn_runs_both_formats_in_one_table_and_notes_a_failed_baseline(
     monkeypatch, tmp_path, capsys, on_a_gpu
 ):
+    seen = {}
+
     def bench(rows, formats, engine):
+        seen.update(formats=formats, engine=engine)
+        build = {"fp8": ("triton", "fp8-b128"), "mxfp4": ("gluon", "mxfp4-frag")}
         return [
             dict(
-                format=formats[0],
-                engine="triton",
-                layout="fp8-b128",
+                format=fmt,
+                engine=build[fmt][0],
+                layout=build[fmt][1],
                 rows=s,
                 kernel_us=8.0,
                 bytes=16_000_000,
@@ -79,23 +83,35 @@ def test_bench_ffn_passes_the_format_and_notes_a_failed_baseline(
                 # the FFN's rows name every baseline they timed (op-by-op and stock)
                 baselines_us=None if s == 2 else {"op-by-op": 24.0, "stock": 12.0},
             )
+            for fmt in formats
             for s in rows
         ]
 
     _fake_module(monkeypatch, "mono_kernels_minimax.ffn.bench", bench=bench)
-    argv = ["bench", "ffn", "--rows", "1,2", "--format", "fp8", "--out", str(tmp_path)]
+    argv = ["bench", "ffn", "--rows", "1,2", "--format", "fp8,mxfp4", "--out", str(tmp_path)]
     assert main(argv) == 0
+    assert seen == {"formats": ("fp8", "mxfp4"), "engine": None}
     data = json.loads((tmp_path / "bench-ffn.json").read_text())
-    assert data["settings"]["format"] == "fp8-b128"
-    assert data["kernel_label"] == "mono FFN (triton, fp8-b128)"  # the build that ran
+    assert data["case_names"] == ["format", "build"]
+    assert [p["case"] for p in data["points"]] == [
+        ["fp8", "triton fp8-b128"],
+        ["fp8", "triton fp8-b128"],
+        ["mxfp4", "gluon mxfp4-frag"],
+        ["mxfp4", "gluon mxfp4-frag"],
+    ]
     assert data["copy_gbps"] == 4000.0
     assert data["points"][0]["baselines_us"] == {"op-by-op": 24.0, "stock": 12.0}
     out = capsys.readouterr().out  # a speedup and a % of the limit for each baseline
     assert "speedup vs stock" in out and "3.00x" in out and "1.50x" in out
     assert "op-by-op % limit" in out and "stock % limit" in out
+    assert "gluon mxfp4-frag" in out and "triton fp8-b128" in out
     assert data["points"][1]["baselines_us"] == {}
-    assert data["settings"]["baseline failures"] == {"rows 2": "Boom"}
+    assert data["settings"]["baseline failures"] == {
+        "rows 2 format fp8 build triton fp8-b128": "Boom",
+        "rows 2 format mxfp4 build gluon mxfp4-frag": "Boom",
+    }
     assert "layers a timed graph" not in data["settings"]  # rows without the rotation columns
+    assert (tmp_path / "bench-ffn.png").exists()
 
 
 def _gemv_rows(rows):
@@ -171,7 +187,6 @@ def test_bench_flags_are_refused_before_the_machine_is_looked_at(monkeypatch, ca
         (["bench", "kda", "--rows", "17"], "K1 serves at most 16 rows"),
         (["bench", "kda", "--format", "fp8"], "--format applies to `mono bench ffn|gemv` only"),
         (["bench", "ffn", "--format", "bf16"], "the FFN kernel reads mxfp4 or fp8"),
-        (["bench", "ffn", "--format", "fp8,mxfp4"], "the FFN kernel takes one format a run"),
         (["bench", "gemv", "--rows", "1,32"], "--rows [32]: the GEMV serves at most 16 rows"),
         (["bench", "gemv", "--ranks", "1"], "--ranks applies to"),
         (["bench", "gemv", "--format", "mxfp4,mxfp4"], "a format appears twice"),

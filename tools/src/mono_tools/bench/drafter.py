@@ -7,8 +7,6 @@ one launch); each is measured at every context length of CONTEXTS, a point's cas
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
-
 from mono_tools.bench.results import BenchResult, of_layer_rows
 from mono_tools.machine import Machine
 
@@ -27,13 +25,6 @@ def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
         "rows": "requests; the case is the context length (cached tokens a request)",
     }
     device = machine.gpu_name or "gpu"
-    result = of_layer_rows("drafter", "mono drafter (triton)", device, rows, BASELINE, settings)
-    # of_layer_rows keys a point by its rows alone: the context tells the points apart
-    result.points = [
-        replace(p, case=(str(r["context"]),)) for p, r in zip(result.points, rows, strict=True)
-    ]
-    result.case_names = ("context",)
-    notes = {f"rows {r['rows']} context {r['context']}": r["note"] for r in rows if r.get("note")}
-    if notes:  # of_layer_rows's keys (rows alone) would merge the contexts' notes
-        result.settings["baseline failures"] = notes
-    return result
+    return of_layer_rows(
+        "drafter", "mono drafter (triton)", device, rows, BASELINE, settings, case=("context",)
+    )

@@ -16,13 +16,16 @@ BASELINE = "op-by-op (cuBLAS + grouped GEMM + torch.compile)"
 def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
     from mono_kernels_minimax.ffn import bench
 
-    (fmt,) = args.format or ("mxfp4",)  # one format a run (bench.command.KERNELS)
-    rows = bench.bench(rows=tuple(args.rows), formats=(fmt,), engine=args.engine)
+    formats = args.format or ("mxfp4",)
+    rows = bench.bench(rows=tuple(args.rows), formats=formats, engine=args.engine)
+    for r in rows:  # a format's build: the engine its runner took and the packed layout
+        r["build"] = f"{r['engine']} {r['layout']}"
     settings = {
         "model": "MiniMax-M3",
         "layer": "FFN tail",
         "shapes": "one TP4 rank's, launched at TP 1",
-        "format": rows[0]["layout"],
     }
-    label = f"mono FFN ({rows[0]['engine']}, {rows[0]['layout']})"
-    return of_layer_rows("ffn", label, machine.gpu_name or "gpu", rows, BASELINE, settings)
+    device = machine.gpu_name or "gpu"
+    return of_layer_rows(
+        "ffn", "mono FFN", device, rows, BASELINE, settings, case=("format", "build")
+    )

@@ -108,12 +108,23 @@ def _baselines(row: dict, baseline: str) -> dict:
 
 
 def of_layer_rows(
-    kernel: str, label: str, device: str, rows: list[dict], baseline: str, settings: dict
+    kernel: str,
+    label: str,
+    device: str,
+    rows: list[dict],
+    baseline: str,
+    settings: dict,
+    case: tuple[str, ...] = (),
 ) -> BenchResult:
     """A layer kernel's result from its package's bench rows (rows, kernel_us, opbyop_us,
     bytes, copy_tbps, note): the points, and the settings with the layer rotation and the
-    op-by-op path's failures."""
-    notes = {f"rows {r['rows']}": r["note"] for r in rows if r.get("note")}
+    op-by-op path's failures. `case`: the row keys that tell points of equal rows apart
+    (the drafter's context, the FFN's format and build), the result's case columns."""
+
+    def where(r: dict) -> str:
+        return " ".join([f"rows {r['rows']}", *(f"{k} {r[k]}" for k in case)])
+
+    notes = {where(r): r["note"] for r in rows if r.get("note")}
     return BenchResult(
         kernel=kernel,
         kernel_label=label,
@@ -125,6 +136,7 @@ def of_layer_rows(
                 kernel_us=float(r["kernel_us"]),
                 baselines_us=_baselines(r, baseline),
                 bytes_moved=int(r["bytes"]),
+                case=tuple(str(r[k]) for k in case),
             )
             for r in rows
         ],
@@ -133,4 +145,5 @@ def of_layer_rows(
             **rotation(rows),
             **({"baseline failures": notes} if notes else {}),
         },
+        case_names=case,
     )
