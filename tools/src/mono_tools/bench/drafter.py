@@ -7,6 +7,7 @@ one launch); each is measured at every context length of CONTEXTS, a point's cas
 from __future__ import annotations
 
 import argparse
+
 from mono_tools.bench.results import BenchResult, of_layer_rows
 from mono_tools.machine import Machine
 
