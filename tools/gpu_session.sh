@@ -445,22 +445,23 @@ if has ffn-both; then
     done
     wait
     step bench-ffn 300 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --out "$LOG/bench"
+    step timeline-ffn 120 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
+        --format mxfp4 --timeline "$LOG/bench"
 fi
 if has k2-both; then
-    # `mono bench k2` with its op-by-op path, each build (bench-k2-ENGINE.json), then the
-    # FFN's timelines at S = 1 and 16 (the Gluon build's default tiles; rows as JSON).
+    # `mono bench gemv` (every format beside cuBLAS), then `mono bench k2` with its op-by-op
+    # path, each build (bench-k2-ENGINE.json), its compiles warmed first.
     for e in gluon triton; do
         step warm-k2-$e 300 python3 -m mono_kernels_kimi.k2.bench --rows 1,2,4,8,16 \
             --layers 1 --no-baseline --engine $e &
     done
     wait
+    step bench-gemv 200 $MONO bench gemv --rows 1,4,16 --out "$LOG/bench"
     for e in gluon triton; do
         step bench-k2-$e 150 $MONO bench k2 --rows 1,2,4,8,16 --engine $e --out "$LOG/k2-$e"
         cp "$LOG/k2-$e/bench-k2.json" "$LOG/bench/bench-k2-$e.json" 2>/dev/null
         cp "$LOG/k2-$e/bench-k2.png" "$LOG/bench-k2-$e.png" 2>/dev/null
     done
-    step timeline-ffn 120 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
-        --format mxfp4 --timeline "$LOG/bench"
 fi
 if has toy; then
     # The toy greedy decodes on the kernels (32 steps, eager and graph): the MiniMax-M3 toy
@@ -564,7 +565,7 @@ for name in ffn k1 k2 drafter sources rest; do
     grep -E "pytest exit" "$LOG/$name.txt"
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
-    bench-k2 bench-k2-gluon bench-k2-triton bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
+    bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
     tiles-ffn order-ffn route-probe timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
