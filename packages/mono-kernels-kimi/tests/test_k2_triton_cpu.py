@@ -161,3 +161,24 @@ def test_every_item_waits_for_what_the_spec_says():
         assert got.get(t, []) == want.get(t, []), (
             f"ticket {t} ({stage_of(b, t)}) waits for {got.get(t, [])}, spec: {want.get(t, [])}"
         )
+
+
+@pytest.mark.parametrize(
+    ("target", "tiny", "pack", "want"),
+    [
+        ("sm90", False, True, "gluon"),  # a TP8 rank's shapes, packed: the faster build
+        ("sm100", False, True, "gluon"),
+        ("sm90", False, False, "triton"),  # vLLM's own expert layout: no mxfp4-frag copy
+        ("sm90", True, True, "triton"),  # tiny shapes: streams of one K step
+        ("sm80", False, True, "triton"),
+        ("gfx950", False, True, "triton"),
+        ("interpreter", False, True, "triton"),
+    ],
+)
+def test_the_default_engine_is_gluon_where_it_serves(target, tiny, pack, want):
+    from mono_kernels_kimi.config import KimiK3Config
+    from mono_kernels_kimi.k2.bench import rank_config
+    from mono_kernels_kimi.k2.runner import choose_engine
+
+    cfg = KimiK3Config.tiny(1) if tiny else rank_config()
+    assert choose_engine(cfg, (1, 2, 4, 8, 16), target, pack, False) == want

@@ -142,8 +142,8 @@ def add_parser(commands) -> None:
     p.add_argument("--ranks", type=int, help="allreduce: ranks, one per GPU (default: all)")
     p.add_argument(
         "--engine",
-        help="ffn, k2: the build, triton or gluon (default: the runner's; ffn: gluon for "
-        "packed MXFP4 on sm_90+, k2: triton)",
+        help="ffn, k2: the build, triton or gluon (default: the runner's: gluon on sm_90+ "
+        "for packed MXFP4 experts where it serves the shapes, else triton)",
     )
     p.set_defaults(handler=run)
 

@@ -21,6 +21,6 @@ def measure(args: argparse.Namespace, machine: Machine) -> BenchResult:
         "layer": "K2 (o_proj to the MoE output)",
         "shapes": "a TP8 rank's o_proj and experts at TP 1; router, latent and up whole",
     }
-    rows = bench.bench(rows=tuple(args.rows), engine=args.engine or "triton")
+    rows = bench.bench(rows=tuple(args.rows), engine=args.engine)
     label = f"mono K2 ({rows[0]['engine']}, {rows[0]['layout']})"
     return of_layer_rows("k2", label, machine.gpu_name or "gpu", rows, BASELINE, settings)

@@ -238,7 +238,7 @@ def bench(
     device: str = "cuda",
     seed: int = 0,
     baseline=True,
-    engine: str = "triton",
+    engine: str | None = None,
 ) -> list[dict]:
     """One row per S (`engine`: K2Runner's): engine, kernel_us, bytes, copy_tbps,
     limit_pct, l2_x (bytes one graph reads over the L2 size), opbyop_us, speedup,
@@ -265,7 +265,7 @@ def bench(
 
 
 def timelines(
-    rows=(1, 16), layers: int = 8, device: str = "cuda", seed: int = 0, out=None, engine="triton"
+    rows=(1, 16), layers: int = 8, device: str = "cuda", seed: int = 0, out=None, engine=None
 ):
     """Per S, the item timeline of the last launch of an eager step over `layers` layers
     (timeline builds: the same plan, every ticket stamped): printed per stage, and a
@@ -324,7 +324,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--timeline", metavar="DIR", help="instead: each S's item timeline, pictures in DIR"
     )
-    parser.add_argument("--engine", default="triton", help="the build: triton or gluon")
+    parser.add_argument(
+        "--engine", default=None, help="the build: triton or gluon (default: the runner's)"
+    )
     args = parser.parse_args(argv)
     try:
         rows = [int(v) for v in args.rows.split(",")]

@@ -42,6 +42,24 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
 
 
+def _build(cfg: KimiK3Config, s: int, engine: str, pack: bool, timeline: bool) -> K2Build:
+    return K2Build(cfg, s, packed=pack, timeline=timeline, frag=engine == "gluon")
+
+
+def choose_engine(
+    cfg: KimiK3Config, widths: Iterable[int], target: str, pack: bool, timeline: bool
+) -> str:
+    """The build to run: "gluon" where it serves every width on `target` (NVIDIA sm_90+,
+    shapes it can lower) and the experts are packed (mxfp4-frag): on the H200 it runs 1.08x-1.73x the
+    op-by-op path at S = 1-16 where the Triton build runs 0.92x-1.43x (docs/PERFORMANCE.md,
+    stop 39); "triton" elsewhere: the interpreter, other GPUs, tiny shapes, vLLM's own
+    expert layout."""
+    if not pack:
+        return "triton"
+    gluon = [BY_BACKEND["gluon"](_build(cfg, s, "gluon", pack, timeline)) for s in widths]
+    return "gluon" if all(k.supports(target) is None for k in gluon) else "triton"
+
+
 class K2Runner(MonoLayerRunner):
     def __init__(
         self,
@@ -56,25 +74,24 @@ class K2Runner(MonoLayerRunner):
         pack: bool = True,
         timeline: bool = False,
         scratch_offset: int = 0,
-        engine: str = "triton",
+        engine: str | None = None,
     ) -> None:
-        """`cfg.tp` ranks; `pack`: stream the experts as mxfp4-rot, which `pack(weights)`
-        converts them to once, in place (False: the checkpoint's mxfp4-k32 as loaded).
+        """`cfg.tp` ranks; `pack`: stream the experts in the build's layout (mxfp4-rot, Gluon's
+        mxfp4-frag), which `pack(weights)` converts them to once, in place (False: the checkpoint's mxfp4-k32 as loaded).
         `timeline`: builds that stamp each item's program, start, ready and end
         (`timeline(s)`). `engine`: "triton", or "gluon" (the same kernel body compiled by
         Gluon, experts packed as mxfp4-frag; a shape it cannot lower is refused with
-        MonoUnsupported, naming why)."""
+        MonoUnsupported, naming why); None: `choose_engine`'s."""
         self.cfg, self.rank, self.tp = cfg, rank, cfg.tp
         self._setup(device, widths, programs, scratch_offset)
+        target = target_name(self.device)
+        if engine is None:
+            engine = choose_engine(cfg, self.widths, target, bool(pack), bool(timeline))
         if engine not in BY_BACKEND:
             raise ValueError(f"engine={engine!r}: expected one of {sorted(BY_BACKEND)}")
-        self.build_name, frag = engine, engine == "gluon"
-        self.builds = {
-            s: K2Build(cfg, s, packed=bool(pack), timeline=bool(timeline), frag=frag)
-            for s in self.widths
-        }
+        self.build_name = engine
+        self.builds = {s: _build(cfg, s, engine, bool(pack), bool(timeline)) for s in self.widths}
         self.kernels = {s: BY_BACKEND[engine](b) for s, b in self.builds.items()}
-        target = target_name(self.device)
         for kernel in self.kernels.values():
             reason = kernel.supports(target)
             if reason:
