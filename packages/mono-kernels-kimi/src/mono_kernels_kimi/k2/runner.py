@@ -50,10 +50,10 @@ def choose_engine(
     cfg: KimiK3Config, widths: Iterable[int], target: str, pack: bool, timeline: bool
 ) -> str:
     """The build to run: "gluon" where it serves every width on `target` (NVIDIA sm_90+,
-    shapes it can lower) and the experts are packed (mxfp4-frag): on the H200 it runs 1.08x-1.73x the
-    op-by-op path at S = 1-16 where the Triton build runs 0.92x-1.43x (docs/PERFORMANCE.md,
-    stop 39); "triton" elsewhere: the interpreter, other GPUs, tiny shapes, vLLM's own
-    expert layout."""
+    shapes it can lower) and the experts are packed (mxfp4-frag): on the H200 it runs
+    1.08x-1.73x the op-by-op path at S = 1-16 where the Triton build runs 0.92x-1.43x
+    (docs/PERFORMANCE.md, stop 39); "triton" elsewhere: the interpreter, other GPUs, tiny
+    shapes, vLLM's own expert layout."""
     if not pack:
         return "triton"
     gluon = [BY_BACKEND["gluon"](_build(cfg, s, "gluon", pack, timeline)) for s in widths]
@@ -76,8 +76,9 @@ class K2Runner(MonoLayerRunner):
         scratch_offset: int = 0,
         engine: str | None = None,
     ) -> None:
-        """`cfg.tp` ranks; `pack`: stream the experts in the build's layout (mxfp4-rot, Gluon's
-        mxfp4-frag), which `pack(weights)` converts them to once, in place (False: the checkpoint's mxfp4-k32 as loaded).
+        """`cfg.tp` ranks; `pack`: stream the experts in the build's layout (mxfp4-rot,
+        Gluon's mxfp4-frag), which `pack(weights)` converts them to once, in place (False:
+        the checkpoint's mxfp4-k32 as loaded).
         `timeline`: builds that stamp each item's program, start, ready and end
         (`timeline(s)`). `engine`: "triton", or "gluon" (the same kernel body compiled by
         Gluon, experts packed as mxfp4-frag; a shape it cannot lower is refused with
