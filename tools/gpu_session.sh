@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, route, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -462,6 +462,26 @@ if has k2-both; then
         cp "$LOG/k2-$e/bench-k2.json" "$LOG/bench/bench-k2-$e.json" 2>/dev/null
         cp "$LOG/k2-$e/bench-k2.png" "$LOG/bench-k2-$e.png" 2>/dev/null
     done
+fi
+if has route; then
+    # The route stage (tile rr: route items of rr rows after the router's, the last builds
+    # the slot table; rr=0 the last router item routes every row) and the router dot's
+    # accumulators (racc): the Gluon FFN's GPU tests beside each variant's compiles, then
+    # all timed in one call, then the default's timeline at S = 8 and 16.
+    tests ffn 360 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
+        -k "gluon or mxfp4-None or graph or two_ranks" --tb=short &
+    V=("" "rr=0,racc=1" "rr=0" "racc=1" "rr=2" "rr=1" "racc=4")
+    for v in "${V[@]}"; do
+        step "warm-ffn-${v//[=,]/_}" 300 env MONO_FFN_TILES="$v" python3 -m \
+            mono_kernels_minimax.ffn.bench --rows 1,4,8,16 --formats mxfp4 --layers 1 \
+            --no-baseline &
+    done
+    wait
+    joined=$(IFS='|'; echo "${V[*]}")
+    step tiles-ffn 200 python3 -m mono_kernels_minimax.ffn.tune --rows 1,4,8,16 \
+        --format mxfp4 --variants "$joined"
+    step timeline-ffn 120 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 \
+        --format mxfp4 --timeline "$LOG/bench"
 fi
 if has toy; then
     # The toy greedy decodes on the kernels (32 steps, eager and graph): the MiniMax-M3 toy

@@ -209,6 +209,9 @@ def test_tile_overrides_are_checked(monkeypatch):
         "sfirst=2",
         "rt=3",
         "rcall=2",
+        "rr=3",
+        "rr=32",
+        "racc=8",
     ):
         monkeypatch.setenv(TILES_ENV, bad)
         with pytest.raises(ValueError, match="FFN tiles|MONO_FFN_TILES"):
@@ -247,11 +250,36 @@ def test_shared_up_order_follows_sfirst(monkeypatch, sfirst):
     b = FfnBuild(MiniMaxM3Config(), 1, 4)
     bounds = stage_bounds(b, 5, final=True)
     names = [n for n, _, _ in bounds]
-    assert names.index("shared-up") == names.index("router") + (1 if sfirst else 2)
+    assert names.index("shared-up") == names.index("route") + (1 if sfirst else 2)
     assert all(hi == lo2 for (_, _, hi), (_, lo2, _) in zip(bounds, bounds[1:], strict=False))
     sizes = {n: hi - lo for n, lo, hi in bounds}
     assert sizes["shared-up"] == b.plan.nc * b.plan.uks0
     assert sizes["up"] == 4 * b.plan.nc * b.plan.uks
+
+
+@pytest.mark.parametrize(("rows", "tiles", "items"), [(1, "", 0), (4, "", 0), (5, "", 2),
+                                                      (16, "", 4), (16, "rr=0", 0),
+                                                      (2, "rr=1", 2)])  # fmt: skip
+def test_route_stage_follows_rr(monkeypatch, rows, tiles, items):
+    """Wide steps route in ceil(S / rr) items after the router's, each waiting for every
+    router item, the last also for the norm (it marks the route); without the stage the
+    last router item routes and waits for seam and norm."""
+    from mono_kernels_minimax.ffn.spec import TILES_ENV, route_items, stage_bounds, waits
+
+    monkeypatch.setenv(TILES_ENV, tiles)
+    b = FfnBuild(MiniMaxM3Config(), rows, 4)
+    assert route_items(b) == items
+    at = {n: range(lo, hi) for n, lo, hi in stage_bounds(b, 5, final=True)}
+    w = waits(b, 5, final=True)
+    seam, norm, router = list(at["seam"]), list(at["norm"]), list(at["router"])
+    assert len(at["route"]) == items
+    for t in router[:-1]:
+        assert w[t] == seam
+    if items:
+        assert w[router[-1]] == seam
+        assert [w[t] for t in at["route"]] == [router] * (items - 1) + [router + norm]
+    else:
+        assert w[router[-1]] == seam + norm
 
 
 def test_pack_converts_in_place_and_dense_reads_either_layout():

@@ -179,13 +179,15 @@ def test_timeline_build_stamps_every_item_of_the_launch():
 
 
 @pytest.mark.timeout(300)
-def test_every_item_waits_for_what_the_spec_says():
+@pytest.mark.parametrize("rows", [3, 5])
+def test_every_item_waits_for_what_the_spec_says(rows):
     """The kernel's waits, item by item, are spec.waits: a missing one passes every
     output check in the interpreter (it runs tickets in order), but on a GPU the producer
     may be late. The route's pair is also read once per program, before its first ticket
     past the static tasks (the slot count): here program 0's, the first routed up item.
-    Three rows (one of them padding): every stage has several items."""
-    (r,) = spawn(ranks.kernel_waits, 1, 280, 3, env=ENV)
+    Three rows (one of them padding): every stage has several items; five: the route is
+    a stage of its own (tile rr), three items."""
+    (r,) = spawn(ranks.kernel_waits, 1, 280, rows, env=ENV)
     seen, want = r["seen"], r["want"]
     assert seen.pop(r["first_routed"]) == [r["route"]], "the slot count is not learnt once"
     assert seen == want

@@ -15,10 +15,16 @@ pushes, so the launch finishes at any residency):
     norm    S x NCH      row s, one column chunk: Gemma RMSNorm over the row's sums -> `xn`
     router  RG x RP      16 experts x one K part of the fp32 router GEMV -> `logit[p, s, e]`,
                          normalising its own K part from `xs` (it waits for the seam, not
-                         the norm: one hand-off less before the route);
-                         the last router item to finish (a self-resetting counter) routes,
-                         then waits for the norm items before marking the route done (the
-                         routed up items read `xn` and wait only for the route):
+                         the norm: one hand-off less before the route); with no route stage
+                         (tile rr = 0) the last router item to finish (a self-resetting
+                         counter) routes every row, then waits for the norm items before
+                         marking the route done (the routed up items read `xn` and wait
+                         only for the route)
+    route   ceil(S / rr) rows [q rr, (q + 1) rr) (tile rr > 0: wide steps, where one
+                         program's route of every row was the critical path): after every
+                         router item, their top-k -> `topk_ids`, `topk_w`; the last route
+                         item to finish builds the slot table from them, then waits for the
+                         norm items and marks the route done:
             (route)      parts summed in order, sigmoid, + bias, top-k (ties -> lower id, NaN
                          last), weights renormalized x routed_scaling_factor; the slot table:
                          slot 0 = the shared expert (id E), slots 1.. = the union of the live
@@ -42,10 +48,11 @@ pushes, so the launch finishes at any residency):
                          up anywhere in the step has set its alarm here, so every rank records
                          a give-up in the same step
 
-Tasks that others wait on (seam, norm, final) mark `done[t]` = (tag, 1) with
-mono_runtime's `ticket_finish`; the up items of a slot count themselves and the last marks
-that slot's done pair (past the tickets), the routing router item the route's; a waiter
-polls the done pairs it needs (all set by smaller tickets) and then acquires them. Tickets
+Tasks that others wait on (seam, norm, router items when a route stage follows, final)
+mark `done[t]` = (tag, 1) with mono_runtime's `ticket_finish`; the up items of a slot
+count themselves and the last marks that slot's done pair (past the tickets), the item
+that builds the slot table the route's; a waiter polls the done pairs it needs (all set
+by smaller tickets) and then acquires them. Tickets
 come from the runtime's per-slot counter (`tickets[slot]`); programs that drew before the
 route's slot count was known learn it, and the launch's last taker resets the counter.
 
@@ -203,11 +210,16 @@ class TaskPlan:
     # and 2 as two rings one after the other)
     pair: int
     rrows: int  # S at most this: the router dots one row at a time, else one fp32 tl.dot
+    racc: int  # accumulators of that dot, K chunks dealt round-robin (independent chains)
     upf: int  # 1: a routed up item asks L2 for its rows before streaming them
     dpf: int  # 1: a down item asks L2 for a slot's rows before waiting for the slot
     sfirst: int  # 1: the shared expert's up items take tickets before the routed ones, 0 after
     rt: int  # the route's tiles hold max(rt, S rounded up to a power of two) rows
     rcall: int  # 1: the route runs as a called function (its own registers), 0 inlined
+    # rows a route item picks the experts of (a stage of ceil(S / rr) items after the
+    # router's; the last to finish builds the slot table); 0: the last router item to
+    # finish routes every row itself
+    rr: int
 
     @classmethod
     def of(cls, b: FfnBuild) -> TaskPlan:
@@ -261,6 +273,7 @@ class TaskPlan:
                 # chain, 32-column dots too, as Triton folds `acc += dot` into the chain);
                 # one row at a time 1.2 / 4.7 / 19 us at S = 1 / 4 / 16
                 rrows=4,
+                racc=2,
                 upf=0,
                 dpf=1,
                 # the shared expert's up items before the routed ones: after them (0), the
@@ -274,6 +287,7 @@ class TaskPlan:
                 rt=4,
                 # 1 spills nothing in the route (sm_90; inlined: 16 reloads at S = 1); to time
                 rcall=0,
+                rr=4 if s > 4 else 0,
             )
             tiles = tile_overrides(TILES_ENV, tiles)  # a real-shape build's, for tuning
         else:
@@ -293,11 +307,13 @@ class TaskPlan:
                 regs=0,
                 pair=pair,
                 rrows=4,
+                racc=2,
                 upf=0,
                 dpf=1,
                 sfirst=0 if s <= 4 else 1,  # the interpreter runs both orders
                 rt=4,
                 rcall=0,
+                rr=2 if s > 4 else 0,  # both routes too
             )
         _check_tiles(b, tiles)
         fc = min(h, 256)
@@ -349,7 +365,8 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
     for name in t:
         need(
             pow2(t[name])
-            or name in ("ng", "stages", "pair", "upf", "dpf", "sfirst", "rcall", "occ", "regs"),
+            or name
+            in ("ng", "stages", "pair", "upf", "dpf", "sfirst", "rcall", "occ", "regs", "rr"),
             f"{name} must be a power of two",
         )
     need(t["stages"] >= 1 and 1 <= t["ng"] <= b.max_slots, "stages >= 1, 1 <= ng <= max_slots")
@@ -369,6 +386,8 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         "upf, dpf, sfirst and rcall are 0 or 1",
     )
     need(t["rrows"] <= 16, "rrows is at most 16")
+    need(t["racc"] <= 4, "racc is 1, 2 or 4")
+    need(t["rr"] == 0 or (pow2(t["rr"]) and t["rr"] <= 16), "rr is 0 or a power of two <= 16")
     need(i % t["bn"] == 0 and t["bn"] >= 16, f"bn must divide I = {i}, >= 16")
     need(h % t["dc"] == 0 and t["dc"] >= 16, f"dc must divide H = {h}, >= 16")
     for bk, ks, k, f8 in (
@@ -396,6 +415,12 @@ def _layout(items: list[tuple[str, int]]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def route_items(b: FfnBuild) -> int:
+    """Items of the route stage (tile rr; none when the last router item routes)."""
+    rr = b.plan.rr
+    return -(-b.rows // rr) if rr else 0
+
+
 def stages(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int]]:
     """(stage, items) in ticket order of a launch that routed `nslots` slots (shared
     included): the one statement of the ticket order the kernel follows."""
@@ -410,6 +435,7 @@ def stages(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int]]:
         ("seam", s * p.seam_chunks),
         ("norm", s * p.seam_chunks),
         ("router", p.router_groups * p.router_parts),
+        ("route", route_items(b)),
         *(up if p.sfirst else up[::-1]),
         ("down", p.down * p.ng),
         ("final", s * p.final),
@@ -432,17 +458,19 @@ def slot_done(b: FfnBuild, j: int) -> int:
 
 
 def route_done(b: FfnBuild) -> int:
-    """The route's done pair: set by the router item that routes, once the norm is done."""
+    """The route's done pair: set by the item that builds the slot table, once the norm is
+    done."""
     return max_tickets(b) + b.max_slots
 
 
 def waits(b: FfnBuild, nslots: int, final: bool) -> dict[int, list[int]]:
     """Ticket -> the done pairs its item waits for (ticket t's pair is t; `slot_done`,
     `route_done`), in a launch that routed `nslots` slots; peers' pushes are not done
-    pairs. The router item that routes is whichever finishes last: listed as the last in
-    ticket order. Not listed: before its first ticket past the static tasks, a program
-    learns the slot count from the route's pair (once). The Triton build's plan (the
-    FlyDSL build still runs the first one: its README)."""
+    pairs. The item that builds the slot table (the last router item, or the last route
+    item, to finish) is whichever finishes last: listed as the last in ticket order. Not
+    listed: before its first ticket past the static tasks, a program learns the slot count
+    from the route's pair (once). The Triton build's plan (the FlyDSL build still runs the
+    first one: its README)."""
     p, s = b.plan, b.rows
     at = {name: range(lo, hi) for name, lo, hi in stage_bounds(b, nslots, final)}
     nch = p.seam_chunks
@@ -453,7 +481,13 @@ def waits(b: FfnBuild, nslots: int, final: bool) -> dict[int, list[int]]:
             out[norm[r * nch + ch]] = seam[r * nch : (r + 1) * nch]
     for t in at["router"]:
         out[t] = seam
-    out[at["router"][-1]] = seam + norm
+    router = list(at["router"])
+    if at["route"]:  # route items wait for every router item; the last also for the norm
+        for t in at["route"]:
+            out[t] = router
+        out[at["route"][-1]] = router + norm
+    else:
+        out[router[-1]] = seam + norm
     for t in at["shared-up"]:
         out[t] = norm
     per = -(-nslots // p.ng)
@@ -481,7 +515,7 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     count  int32 counters, each reset by the item that brings it to its end:
            ucount[max_slots * NC] K parts finished per (slot, row block),
            scount[max_slots] row blocks finished per slot, dcount[ND] groups finished per
-           down column block, rcount[1] router items finished
+           down column block, rcount[1] router items (or route items) finished
     xs     fp32[S, H]   the seam's new residual in fp32 (seam items -> norm, router items)
     ssq    fp32[S, seam chunks]  each seam item's sum of squares
     xn     bf16[16, H]  the normed MoE input (rows >= S never read unmasked)

@@ -21,7 +21,15 @@ from mono_runtime.stream import device as st
 from triton.experimental import gluon
 
 from ..formats import WeightFormat
-from .spec import Experts, FfnBuild, max_tickets, peer_layout, scratch_layout, table_offsets
+from .spec import (
+    Experts,
+    FfnBuild,
+    max_tickets,
+    peer_layout,
+    route_items,
+    scratch_layout,
+    table_offsets,
+)
 
 # -- the expert stages ----------------------------------------------------------------
 
@@ -202,10 +210,14 @@ def _ffn_body(
     STAGES: tl.constexpr,
     PAIR: tl.constexpr,
     RROWS: tl.constexpr,
+    RACC: tl.constexpr,
     UPF: tl.constexpr,
     DPF: tl.constexpr,
     SFIRST: tl.constexpr,
     RCALL: tl.constexpr,
+    RR: tl.constexpr,
+    NRQ: tl.constexpr,
+    NRG2: tl.constexpr,
     NF: tl.constexpr,
     NF2: tl.constexpr,
     FC: tl.constexpr,
@@ -251,7 +263,7 @@ def _ffn_body(
     ucount = (scratch + O_COUNT).to(tl.pointer_type(tl.int32))
     scount = ucount + MAXSLOTS * NC
     dcount = scount + MAXSLOTS
-    rcount = dcount + ND  # router items finished: the last one routes
+    rcount = dcount + ND  # router (or route) items finished: the last builds the table
     upart = (scratch + O_UPART).to(tl.pointer_type(tl.float32))
     dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
     xs = (scratch + O_XS).to(tl.pointer_type(tl.float32))
@@ -267,7 +279,8 @@ def _ffn_body(
     HAS_SHARED: tl.constexpr = SUBSET != 1  # slot 0 is the shared expert
     NORM0: tl.constexpr = NPUSH + S * NCH  # seam items, then norm items, S x NCH each
     ROUTER0: tl.constexpr = NORM0 + S * NCH
-    SHUP: tl.constexpr = ROUTER0 + RG * RP  # the router's items end here (shared up, if first)
+    ROUTE0: tl.constexpr = ROUTER0 + RG * RP  # route items (NRQ of them: tile rr)
+    SHUP: tl.constexpr = ROUTE0 + NRQ  # the route's items end here (shared up, if first)
     NSH: tl.constexpr = HAS_SHARED * NC * UKS0  # the shared expert's up items
     # routed up items start here (after the shared expert's up items, or before them)
     STATIC: tl.constexpr = SHUP + SFIRST * NSH
@@ -351,7 +364,7 @@ def _ffn_body(
                 ),
             )
             pt.ticket_finish(done, t, tag)
-        elif t < SHUP:
+        elif t < ROUTE0:
             # router: 16 experts x one K part, fp32
             u = t - ROUTER0
             g = u // RP
@@ -365,17 +378,19 @@ def _ffn_body(
                 t_ready = pt.clock(0, CPU)
             acc = _router_part(
                 xs, ssq, norm.to(tl.pointer_type(tl.bfloat16)), router, g, part_k,
-                S, H, NCH, RK, EPS, RROWS, GL,
+                S, H, NCH, RK, EPS, RROWS, RACC, GL,
             )  # fmt: skip
             rows = lg.arange(0, 16)
             ex = g * 16 + lg.arange(0, 16)
             tl.store(
                 logit + (part_k * S + rows[:, None]) * E + ex[None, :], acc, mask=rows[:, None] < S
             )
-            # the last router item to finish routes: no hand-off to a route task to notice;
-            # its done pair also vouches for the norm items (the routed up items read xn
-            # and wait for nothing else), so it waits for them before marking it
-            if dt.last_arrival(rcount, RG * RP):
+            if NRQ > 0:
+                pt.ticket_finish(done, t, tag)  # the route items wait for every router item
+            # else the last router item to finish routes: no hand-off to a route task to
+            # notice; its done pair also vouches for the norm items (the routed up items
+            # read xn and wait for nothing else), so it waits for them before marking it
+            elif dt.last_arrival(rcount, RG * RP):
                 if RCALL:
                     _route_called(
                         logit, bias, slots, nslots_p, slot_e, wtab, scratch,
@@ -390,6 +405,39 @@ def _ffn_body(
                     done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
                 )
                 pt.ticket_finish(done, ROUTED, tag)
+        elif t < SHUP:
+            if NRQ > 0:  # (no code for the stage where it has no items)
+                # route item: the top-k of rows [q RR, (q + 1) RR), once every router item is
+                # done; the last to finish builds the slot table from every row's picks
+                dt.wait_items(
+                    done, ROUTER0, RG * RP, NRG2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+                )
+                if TL:
+                    t_ready = pt.clock(0, CPU)
+                _route_rows(
+                    logit, bias, slots, scratch, (t - ROUTE0) * RR,
+                    S, E, K, RP, T_IDS, T_TOPW, O_TABLE, RSF, RR,
+                )  # fmt: skip
+                if dt.last_arrival(rcount, NRQ):
+                    _route_gathered(
+                        slots, nslots_p, slot_e, wtab, scratch,
+                        S, E, K, T_IDS, T_TOPW, O_TABLE, SUBSET, RT,
+                    )  # fmt: skip
+                    dt.wait_items(
+                        done,
+                        NORM0,
+                        S * NCH,
+                        NSN2,
+                        tag,
+                        ctl,
+                        health,
+                        peers,
+                        rank,
+                        world,
+                        R_ITEMS,
+                        CPU,
+                    )
+                    pt.ticket_finish(done, ROUTED, tag)
         elif (ush >= 0) & (ush < NSH):
             # the shared expert's up items: no routing needed (first: they stream while the
             # router items route, their weights asked for before xn exists)
@@ -602,14 +650,19 @@ def _router_part(
     RK: tl.constexpr,
     EPS: tl.constexpr,
     RROWS: tl.constexpr,
+    RACC: tl.constexpr,
     GL: tl.constexpr,
 ):
     """fp32 logits [16 rows, 16 experts] of experts g*16.. over columns part_k*RK.. of the
     normed input, normalised here from the seam's `xs` and sums of squares (rounded to
     bf16 as the norm items round `xn`): the router waits for the seam, not the norm.
-    At S <= RROWS one row at a time (its FMAs along K run side by side), else one fp32
-    tl.dot (whose K steps form one serial FMA chain)."""
+    At S <= RROWS one row at a time (its FMAs along K run side by side), else fp32 dots
+    of K chunks dealt round-robin to RACC accumulators, summed at the end: a dot's K steps
+    form one serial FMA chain (`acc += dot` folds into it), RACC chains run side by side."""
     acc = lg.anchor(lg.zeros((16, 16), tl.float32))
+    acc1 = lg.zeros_like(acc, tl.float32)
+    acc2 = lg.zeros_like(acc, tl.float32)
+    acc3 = lg.zeros_like(acc, tl.float32)
     rows = lg.along(lg.arange(0, 16), acc, 1)
     ex = g * 16 + lg.arange(0, 16)
     live = rows < S
@@ -631,11 +684,25 @@ def _router_part(
                 xs + rows[:, None] * H + k[None, :], mask=live[:, None], other=0.0, volatile=True
             )
             x = dt.bf16_round(_gemma(x, rstd[:, None], wn[None, :]))
-            if GL:  # Gluon's FMA dot (its tl.dot)
-                acc = lg.dot_ieee(x, tl.trans(wr), acc)
+            if c % RACC == 0:
+                acc = _fma_dot(x, wr, acc, GL)
+            elif c % RACC == 1:
+                acc1 = _fma_dot(x, wr, acc1, GL)
+            elif c % RACC == 2:
+                acc2 = _fma_dot(x, wr, acc2, GL)
             else:
-                acc += tl.dot(x, tl.trans(wr), input_precision="ieee")
-    return acc
+                acc3 = _fma_dot(x, wr, acc3, GL)
+    return (acc + acc1) + (acc2 + acc3)
+
+
+@triton.jit
+def _fma_dot(x, wr, acc, GL: tl.constexpr):
+    """acc + x @ wr^T in fp32 on the FMA units (Gluon's FMA dot; Triton's ieee tl.dot)."""
+    if GL:
+        out = lg.dot_ieee(x, tl.trans(wr), acc)
+    else:
+        out = acc + tl.dot(x, tl.trans(wr), input_precision="ieee")
+    return out
 
 
 @triton.jit
@@ -744,14 +811,13 @@ def _slot_count(
     return tl.minimum(tl.maximum(tl.load(nslots_p, volatile=True), 0), MAXSLOTS).to(tl.int64)
 
 
-def _route_body(
+@triton.jit
+def _route_rows(
     logit,
     bias,
     slots,
-    nslots_p,
-    slot_e,
-    wtab,
     scratch,
+    r0,
     S: tl.constexpr,
     E: tl.constexpr,
     K: tl.constexpr,
@@ -759,22 +825,20 @@ def _route_body(
     T_IDS: tl.constexpr,
     T_TOPW: tl.constexpr,
     O_TABLE: tl.constexpr,
-    SUBSET: tl.constexpr,
     RSF: tl.constexpr,
     RT: tl.constexpr,
 ):
-    """Top-k of sigmoid + bias (ties -> lower id, NaN last), renormalized weights x RSF, and
-    the slot table: shared expert first (unless ROUTED), then the union in ascending id.
-    Tiles hold RT rows (S rounded up to a power of two, at least tile `rt`): one program
-    runs it on the step's critical path, and 4 rows put one on each warp, so that its
-    reductions over the experts stay in a warp (2 rows split each over two warps).
-    Follows vLLM's `fused_topk_bias` (sigmoid branch) for the scores and weights."""
-    rows = lg.arange(0, RT)
+    """Top-k of sigmoid + bias (ties -> lower id, NaN last) of rows r0 .. r0 + RT - 1 (those
+    < S), their renormalized weights x RSF -> the table's topk_ids / topk_w (-1 / 0 for
+    padding rows). Returns (taken [RT, E]: k + 1 at a row's k-th pick, else 0; the weights
+    [RT, E], 0 off the picks and in padding rows; live [RT]; rows [RT]). Follows vLLM's
+    `fused_topk_bias` (sigmoid branch) for the scores and weights."""
+    rows = r0 + lg.arange(0, RT)
     ex = lg.arange(0, E)
     rmask = rows < S
     lsum = lg.anchor(lg.zeros((RT, E), tl.float32))
     for p in tl.static_range(RP):  # unrolled: the parts' loads fly together, summed in order
-        lsum += tl.load(  # other programs' stores: past L1 (the last router item routes)
+        lsum += tl.load(  # other programs' stores: past L1
             logit + (p * S + rows[:, None]) * E + ex[None, :],
             mask=rmask[:, None],
             other=0.0,
@@ -803,6 +867,26 @@ def _route_body(
         kw = tl.sum(tl.where(hit, wfull, 0.0), 1)
         tl.store(ids_p + rows * K + k, tl.where(live, kid, -1), mask=rmask)
         tl.store(topw_p + rows * K + k, kw, mask=rmask)
+    return taken, wfull, live, rows
+
+
+@triton.jit
+def _route_table(
+    taken,
+    wfull,
+    live,
+    rows,
+    nslots_p,
+    slot_e,
+    wtab,
+    S: tl.constexpr,
+    E: tl.constexpr,
+    SUBSET: tl.constexpr,
+):
+    """The slot table of every row's picks (`_route_rows`' taken, weights, live, rows over
+    all S rows): shared expert first (unless ROUTED), then the union in ascending id."""
+    ex = lg.arange(0, E)
+    rmask = rows < S
     used = tl.max(tl.where(live[:, None] & (taken > 0), 1, 0), 0)  # [E]
     if SUBSET == 2:
         used = used * 0
@@ -811,7 +895,7 @@ def _route_body(
     else:
         first = 1
     # (Gluon scans only a plain blocked layout: there and back)
-    pos = first + lg.along(tl.cumsum(lg.plain(used), 0), key, 0) - 1
+    pos = first + lg.along(tl.cumsum(lg.plain(used), 0), wfull, 0) - 1
     tl.store(slot_e + pos, ex, mask=used > 0)
     tl.store(
         wtab + pos[None, :] * S + rows[:, None], wfull, mask=(used[None, :] > 0) & rmask[:, None]
@@ -820,6 +904,70 @@ def _route_body(
         tl.store(slot_e, E)
         tl.store(wtab + rows, tl.where(live, 1.0, 0.0), mask=rmask)
     tl.store(nslots_p, first + tl.sum(used, 0))
+
+
+@triton.jit
+def _route_gathered(
+    slots,
+    nslots_p,
+    slot_e,
+    wtab,
+    scratch,
+    S: tl.constexpr,
+    E: tl.constexpr,
+    K: tl.constexpr,
+    T_IDS: tl.constexpr,
+    T_TOPW: tl.constexpr,
+    O_TABLE: tl.constexpr,
+    SUBSET: tl.constexpr,
+    RT: tl.constexpr,
+):
+    """The slot table from every row's picks as the route items stored them (other
+    programs' stores): the table `_route_body` builds from its registers, bit for bit."""
+    rows = lg.arange(0, RT)
+    ex = lg.arange(0, E)
+    rmask = rows < S
+    ids_p = (scratch + O_TABLE + T_IDS).to(tl.pointer_type(tl.int32))
+    topw_p = (scratch + O_TABLE + T_TOPW).to(tl.pointer_type(tl.float32))
+    taken = lg.anchor(lg.zeros((RT, E), tl.int32))
+    wfull = lg.zeros_like(taken, tl.float32)
+    for k in tl.static_range(K):
+        kid = tl.load(ids_p + rows * K + k, mask=rmask, other=-1, volatile=True)
+        kw = tl.load(topw_p + rows * K + k, mask=rmask, other=0.0, volatile=True)
+        hit = ex[None, :] == kid[:, None]
+        taken = tl.where(hit, k + 1, taken)
+        wfull = tl.where(hit, kw[:, None], wfull)
+    live = rmask & (tl.load(slots + rows, mask=rmask, other=-1) >= 0)
+    _route_table(taken, wfull, live, rows, nslots_p, slot_e, wtab, S, E, SUBSET)
+
+
+def _route_body(
+    logit,
+    bias,
+    slots,
+    nslots_p,
+    slot_e,
+    wtab,
+    scratch,
+    S: tl.constexpr,
+    E: tl.constexpr,
+    K: tl.constexpr,
+    RP: tl.constexpr,
+    T_IDS: tl.constexpr,
+    T_TOPW: tl.constexpr,
+    O_TABLE: tl.constexpr,
+    SUBSET: tl.constexpr,
+    RSF: tl.constexpr,
+    RT: tl.constexpr,
+):
+    """Every row's top-k and the slot table in one program (the last router item, where no
+    route stage follows). Tiles hold RT rows (S rounded up to a power of two, at least
+    tile `rt`): 4 rows put one on each warp, so that its reductions over the experts stay
+    in a warp (2 rows split each over two warps)."""
+    taken, wfull, live, rows = _route_rows(
+        logit, bias, slots, scratch, 0, S, E, K, RP, T_IDS, T_TOPW, O_TABLE, RSF, RT
+    )
+    _route_table(taken, wfull, live, rows, nslots_p, slot_e, wtab, S, E, SUBSET)
 
 
 _route = triton.jit(_route_body)
@@ -880,10 +1028,14 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         STAGES=p.stages,
         PAIR=p.pair,
         RROWS=p.rrows,
+        RACC=p.racc,
         UPF=p.upf,
         DPF=p.dpf,
         SFIRST=p.sfirst,
         RCALL=p.rcall,
+        RR=p.rr,
+        NRQ=route_items(b),
+        NRG2=_p2(p.router_groups * p.router_parts),
         NF=p.final,
         NF2=_p2(b.rows * p.final),
         FC=p.fc,
