@@ -212,6 +212,9 @@ class TaskPlan:
     rrows: int  # S at most this: the router dots one row at a time, else one fp32 tl.dot
     racc: int  # accumulators of that dot, K chunks dealt round-robin (independent chains)
     upf: int  # 1: a routed up item asks L2 for its rows before streaming them
+    # 1: a shared up item asks L2 for its rows before waiting for the norm (they come
+    # while the seam lands, competing with the seam's own loads), 0: not at all
+    spf: int
     dpf: int  # 1: a down item asks L2 for a slot's rows before waiting for the slot
     sfirst: int  # 1: the shared expert's up items take tickets before the routed ones, 0 after
     rt: int  # the route's tiles hold max(rt, S rounded up to a power of two) rows
@@ -275,6 +278,7 @@ class TaskPlan:
                 rrows=4,
                 racc=2,
                 upf=0,
+                spf=1,
                 dpf=1,
                 # the shared expert's up items before the routed ones: after them (0), the
                 # routed up items take the programs free when the route lands, yet H200
@@ -309,6 +313,7 @@ class TaskPlan:
                 rrows=4,
                 racc=2,
                 upf=0,
+                spf=1,
                 dpf=1,
                 sfirst=0 if s <= 4 else 1,  # the interpreter runs both orders
                 rt=4,
@@ -366,7 +371,19 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         need(
             pow2(t[name])
             or name
-            in ("ng", "stages", "pair", "upf", "dpf", "sfirst", "rcall", "occ", "regs", "rr"),
+            in (
+                "ng",
+                "stages",
+                "pair",
+                "upf",
+                "spf",
+                "dpf",
+                "sfirst",
+                "rcall",
+                "occ",
+                "regs",
+                "rr",
+            ),
             f"{name} must be a power of two",
         )
     need(t["stages"] >= 1 and 1 <= t["ng"] <= b.max_slots, "stages >= 1, 1 <= ng <= max_slots")
@@ -382,8 +399,8 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         "pair 3 (the Gluon build's one-ring pair) needs bn >= 16 x warps",
     )
     need(
-        all(t[k] in (0, 1) for k in ("upf", "dpf", "sfirst", "rcall")),
-        "upf, dpf, sfirst and rcall are 0 or 1",
+        all(t[k] in (0, 1) for k in ("upf", "spf", "dpf", "sfirst", "rcall")),
+        "upf, spf, dpf, sfirst and rcall are 0 or 1",
     )
     need(t["rrows"] <= 16, "rrows is at most 16")
     need(t["racc"] <= 4, "racc is 1, 2 or 4")

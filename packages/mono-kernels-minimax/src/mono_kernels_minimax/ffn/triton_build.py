@@ -212,6 +212,7 @@ def _ffn_body(
     RROWS: tl.constexpr,
     RACC: tl.constexpr,
     UPF: tl.constexpr,
+    SPF: tl.constexpr,
     DPF: tl.constexpr,
     SFIRST: tl.constexpr,
     RCALL: tl.constexpr,
@@ -444,8 +445,9 @@ def _ffn_body(
             u = ush
             c = u // UKS0
             kp = u % UKS0
-            dt.prefetch_rows(sw13, c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
-            dt.prefetch_rows(sw13, I + c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
+            if SPF:
+                dt.prefetch_rows(sw13, c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
+                dt.prefetch_rows(sw13, I + c * BN, BN, H, kp * (H // UKS0), H // UKS0, SFMT, CPU)
             dt.wait_items(
                 done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
             )
@@ -1030,6 +1032,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         RROWS=p.rrows,
         RACC=p.racc,
         UPF=p.upf,
+        SPF=p.spf,
         DPF=p.dpf,
         SFIRST=p.sfirst,
         RCALL=p.rcall,
