@@ -469,9 +469,8 @@ if has route; then
     # accumulators (racc) and the shared up items' early prefetch (spf): the Gluon FFN's
     # GPU tests beside each variant's compiles, then all timed in one call.
     tests ffn 240 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
-        -k "(gluon_tiny and all) or mxfp4-None or (two_ranks and gluon) or (graph and gluon)" \
-        --tb=short &
-    V=("" "rr=0,racc=1" "rr=0" "racc=1" "spf=0")
+        -k "(gluon_tiny and all) or route-stage or (two_ranks and gluon)" --tb=short &
+    V=("" "rr=4,racc=2" "rr=4" "racc=2" "spf=0")
     for v in "${V[@]}"; do
         step "warm-ffn-${v//[=,]/_}" 240 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows 1,4,8,16 --formats mxfp4 --layers 1 \

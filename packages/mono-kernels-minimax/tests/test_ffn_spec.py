@@ -258,9 +258,8 @@ def test_shared_up_order_follows_sfirst(monkeypatch, sfirst):
     assert sizes["up"] == 4 * b.plan.nc * b.plan.uks
 
 
-@pytest.mark.parametrize(("rows", "tiles", "items"), [(1, "", 0), (4, "", 0), (5, "", 2),
-                                                      (16, "", 4), (16, "rr=0", 0),
-                                                      (2, "rr=1", 2)])  # fmt: skip
+@pytest.mark.parametrize(("rows", "tiles", "items"), [(1, "", 0), (16, "", 0), (5, "rr=4", 2),
+                                                      (16, "rr=4", 4), (2, "rr=1", 2)])  # fmt: skip
 def test_route_stage_follows_rr(monkeypatch, rows, tiles, items):
     """Wide steps route in ceil(S / rr) items after the router's, each waiting for every
     router item, the last also for the norm (it marks the route); without the stage the

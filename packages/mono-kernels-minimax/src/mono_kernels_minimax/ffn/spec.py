@@ -276,7 +276,9 @@ class TaskPlan:
                 # chain, 32-column dots too, as Triton folds `acc += dot` into the chain);
                 # one row at a time 1.2 / 4.7 / 19 us at S = 1 / 4 / 16
                 rrows=4,
-                racc=2,
+                # 2: the router's dot on two accumulators at S > rrows (racc=4 spills 520 B
+                # at S = 16, sm_90); not yet timed on a GPU, so 1 stays the default
+                racc=1,
                 upf=0,
                 spf=1,
                 dpf=1,
@@ -291,7 +293,10 @@ class TaskPlan:
                 rt=4,
                 # 1 spills nothing in the route (sm_90; inlined: 16 reloads at S = 1); to time
                 rcall=0,
-                rr=4 if s > 4 else 0,
+                # rr=4 at S > 4 (the route in S / 4 items; 220 B of spills at S = 16 against
+                # 336, 29.8K instructions against 32.8K, sm_90): not yet timed on a GPU, so
+                # the last router item still routes by default
+                rr=0,
             )
             tiles = tile_overrides(TILES_ENV, tiles)  # a real-shape build's, for tuning
         else:
