@@ -425,19 +425,9 @@ def _ffn_body(
                         S, E, K, T_IDS, T_TOPW, O_TABLE, SUBSET, RT,
                     )  # fmt: skip
                     dt.wait_items(
-                        done,
-                        NORM0,
-                        S * NCH,
-                        NSN2,
-                        tag,
-                        ctl,
-                        health,
-                        peers,
-                        rank,
-                        world,
-                        R_ITEMS,
-                        CPU,
-                    )
+                        done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world,
+                        R_ITEMS, CPU,
+                    )  # fmt: skip
                     pt.ticket_finish(done, ROUTED, tag)
         elif (ush >= 0) & (ush < NSH):
             # the shared expert's up items: no routing needed (first: they stream while the
@@ -814,6 +804,14 @@ def _slot_count(
 
 
 @triton.jit
+def _topk_table(scratch, O_TABLE: tl.constexpr, T_IDS: tl.constexpr, T_TOPW: tl.constexpr):
+    """The table's topk_ids (int32 [S, K]) and topk_w (fp32 [S, K]) in the scratch."""
+    ids_p = (scratch + O_TABLE + T_IDS).to(tl.pointer_type(tl.int32))
+    topw_p = (scratch + O_TABLE + T_TOPW).to(tl.pointer_type(tl.float32))
+    return ids_p, topw_p
+
+
+@triton.jit
 def _route_rows(
     logit,
     bias,
@@ -850,8 +848,7 @@ def _route_rows(
     key = score + tl.load(bias + ex)[None, :]
     key = tl.where(key != key, float("-inf"), key)
     live = rmask & (tl.load(slots + rows, mask=rmask, other=-1) >= 0)
-    ids_p = (scratch + O_TABLE + T_IDS).to(tl.pointer_type(tl.int32))
-    topw_p = (scratch + O_TABLE + T_TOPW).to(tl.pointer_type(tl.float32))
+    ids_p, topw_p = _topk_table(scratch, O_TABLE, T_IDS, T_TOPW)
     taken = lg.zeros((RT, E), tl.int32)
     wsum = lg.zeros((RT,), tl.float32)
     for k in tl.static_range(K):
@@ -929,8 +926,7 @@ def _route_gathered(
     rows = lg.arange(0, RT)
     ex = lg.arange(0, E)
     rmask = rows < S
-    ids_p = (scratch + O_TABLE + T_IDS).to(tl.pointer_type(tl.int32))
-    topw_p = (scratch + O_TABLE + T_TOPW).to(tl.pointer_type(tl.float32))
+    ids_p, topw_p = _topk_table(scratch, O_TABLE, T_IDS, T_TOPW)
     taken = lg.anchor(lg.zeros((RT, E), tl.int32))
     wfull = lg.zeros_like(taken, tl.float32)
     for k in tl.static_range(K):
