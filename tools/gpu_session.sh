@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, route, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, route, fp8, fp8-route, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -481,6 +481,51 @@ if has route; then
     step tiles-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 1,8,16 \
         --format mxfp4 --variants "$joined"
 fi
+if has fp8; then
+    # The Gluon engine's FP8 stream (fp8-frag): its GPU tests and the FFN's FP8 Gluon build
+    # at full shapes beside the FP8 bench's compiles, then the engine GEMV (fp8 on both
+    # engines beside mxfp4-frag and bf16), the fp8-frag tile table, and `mono bench ffn
+    # --format fp8` (the runner's choice: Gluon on the H200) against op-by-op.
+    tests frag8 200 $P/mono-runtime/tests/test_frag8.py --tb=short &
+    tests ffn 300 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "fp8-gluon or fp8-None" \
+        --tb=short &
+    step warm-ffn-fp8 300 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
+        --formats fp8 --layers 1 --no-baseline &
+    wait
+    step gemv-fp8 120 python3 -m mono_runtime.stream.bench --rows 1,4,16 \
+        --formats fp8,fp8_frag,mxfp4_frag,bf16 --shapes 4096x6144,16384x8192 \
+        --json "$LOG/bench/bench-gemv-fp8.json"
+    step gemv-fp8-tiles 90 python3 -m mono_runtime.stream.bench --rows 1,16 --variants \
+        --formats fp8_frag --shapes 6144x6144 --json "$LOG/bench/gemv-fp8-tiles.json"
+    step bench-ffn 150 $MONO bench ffn --rows 1,2,4,8,16 --format fp8 --out "$LOG/bench"
+fi
+if has fp8-route; then
+    # Parts fp8 and route in one call (~560 s): every compile-bound check in parallel (the
+    # fp8-frag GPU tests, the FFN's FP8 Gluon build and route stage at full shapes, the
+    # compiles of what is timed next), then, most wanted first, `mono bench ffn --format
+    # fp8`, the route tiles, the engine GEMV of both FP8 engines, the fp8-frag tile table.
+    tests frag8 200 $P/mono-runtime/tests/test_frag8.py --tb=short &
+    tests ffn 260 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
+        -k "fp8-gluon or fp8-None or route-stage" --tb=short &
+    step warm-ffn-fp8 260 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
+        --formats fp8 --layers 1 --no-baseline &
+    V=("" "rr=4,racc=2" "spf=0")
+    for v in "${V[@]}"; do
+        step "warm-ffn-${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
+            mono_kernels_minimax.ffn.bench --rows 1,8,16 --formats mxfp4 --layers 1 \
+            --no-baseline &
+    done
+    wait
+    step bench-ffn 150 $MONO bench ffn --rows 1,2,4,8,16 --format fp8 --out "$LOG/bench"
+    joined=$(IFS='|'; echo "${V[*]}")
+    step tiles-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 1,8,16 \
+        --format mxfp4 --variants "$joined"
+    step gemv-fp8 60 python3 -m mono_runtime.stream.bench --rows 1,16 \
+        --formats fp8,fp8_frag,mxfp4_frag --shapes 16384x8192 \
+        --json "$LOG/bench/bench-gemv-fp8.json"
+    step gemv-fp8-tiles 60 python3 -m mono_runtime.stream.bench --rows 1 --variants \
+        --formats fp8_frag --shapes 6144x6144 --json "$LOG/bench/gemv-fp8-tiles.json"
+fi
 if has toy; then
     # The toy greedy decodes on the kernels (32 steps, eager and graph): the MiniMax-M3 toy
     # on the Gluon FFN (mxfp4) and the Triton one (bf16), the Kimi-K3 toy with K1 (+ K2).
@@ -575,7 +620,7 @@ wait  # a background part (k1-tests)
 cp "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null  # 8 files come back at most: PNGs in the archive
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
 cat "$LOG/status.txt"
-for name in ffn k1 k2 drafter sources rest; do
+for name in ffn k1 k2 drafter sources rest frag8; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== tests $name"
     grep -E "^(FAILED|ERROR) " "$LOG/$name.txt" | head -20
@@ -584,7 +629,7 @@ for name in ffn k1 k2 drafter sources rest; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn order-ffn route-probe timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"

@@ -26,6 +26,7 @@ CFG = MiniMaxM3Config.tiny()
 MX = FfnBuild(CFG, 2, 1, WeightFormat.MXFP4)
 FP8 = FfnBuild(CFG, 2, 1, WeightFormat.FP8)
 FRAG = FfnBuild(CFG, 2, 1, WeightFormat.MXFP4, frag=True)
+FRAG8 = FfnBuild(MiniMaxM3Config(), 4, 4, WeightFormat.FP8, frag=True)  # a TP4 rank's
 
 
 def test_every_build_is_registered_with_the_real_model_as_example():
@@ -63,7 +64,10 @@ def test_the_launch_spec_is_the_backends_keywords():
         (FfnGluon(FRAG), "interpreter", "Gluon has no interpreter"),
         (FfnGluon(FRAG), "sm80", "sm_90 and later, not sm80"),
         (FfnGluon(FRAG), "gfx950", "not gfx950"),
-        (FfnGluon(MX), "sm90", "mxfp4-frag (frag=True)"),
+        (FfnGluon(MX), "sm90", "in their frag layouts (frag=True)"),
+        (FfnGluon(FRAG8), "sm90", None),
+        (FfnGluon(replace(FRAG8, cfg=CFG, tp=1)), "sm90", "one K step"),
+        (FfnTriton(FRAG8), "sm90", "in the FFN's Gluon build"),
         (FfnTriton(FRAG), "sm90", "in the FFN's Gluon build"),
         (FfnGluon(replace(FRAG, tp=2)), "sm90", "one K step (routed down (I = 64 a rank)"),
     ],

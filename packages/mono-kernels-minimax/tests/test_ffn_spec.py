@@ -323,5 +323,29 @@ def test_pack_to_frag_converts_in_place_and_dense_reads_it():
     ):
         p.packed(True)
     assert FfnBuild(cfg, 1, 2, WeightFormat.MXFP4, frag=True).layout == "mxfp4-frag"
-    with pytest.raises(ValueError, match="packed MXFP4 experts only"):
-        FfnBuild(cfg, 1, 1, WeightFormat.FP8, frag=True)
+    assert FfnBuild(cfg, 1, 1, WeightFormat.FP8, frag=True).layout == "fp8-frag"
+    with pytest.raises(ValueError, match="packed MXFP4 or FP8 experts only"):
+        FfnBuild(cfg, 1, 1, WeightFormat.BF16, frag=True)
+
+
+def test_fp8_packs_to_frag_in_place_and_dense_reads_it():
+    """The Gluon build's FP8: all four matrices move into fp8-frag in their own storage,
+    scales untouched, and dense() reads them as before; packing is one way."""
+    from mono_kernels_minimax.ffn.weights import random_weights
+
+    cfg = MiniMaxM3Config.tiny()
+    w = random_weights(cfg, 1, WeightFormat.FP8, seed=6)
+    names = ("w13", "w2", "shared_w13", "shared_w2")
+    before = {n: w.dense(n) for n in names}
+    raw = {n: getattr(w, n).view(torch.uint8).clone() for n in names}
+    assert w.expert_layout == "fp8-b128" and w.packed(False) is w
+    p = w.packed(False, frag=True)
+    assert p.frag and p.expert_layout == "fp8-frag"
+    for n in names:
+        assert getattr(p, n) is getattr(w, n), f"{n}: converted in place"
+        assert not torch.equal(getattr(p, n).view(torch.uint8), raw[n]), n
+        assert torch.equal(p.dense(n), before[n]), n
+    assert p.w13_scale is w.w13_scale
+    assert p.packed(False, frag=True) is p
+    with pytest.raises(ValueError, match="already packed as fp8-frag; the kernel wants fp8-b128"):
+        p.packed(False)

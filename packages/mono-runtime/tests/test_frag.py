@@ -136,7 +136,7 @@ def frag_loop_cost() -> dict:
     t = CHOSEN[L.MXFP4_FRAG]
     types = {"w": "*i32", "ws": "*i32", "x": "*bf16", "y": "*fp32", "S": "i32"}
     consts = dict(N=16384, K=8192, PT=16, BN=t.bn, BK=t.bk, SPLIT=t.split, STAGES=t.stages,
-                  W=t.warps, NT=8)  # fmt: skip
+                  W=t.warps, NT=8, F=1)  # fmt: skip
     k = compile_for(frag_gemv_kernel, types, consts, num_warps=t.warps)
     frag = loop_cost(k, t.bn * t.bk)
     r = CHOSEN[L.MXFP4_ROT]

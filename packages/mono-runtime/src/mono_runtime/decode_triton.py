@@ -71,10 +71,13 @@ def prefetch_rows(
     """L2 prefetch of columns k0 .. k0 + KLEN of rows row0.. of a [*, K] weight of format
     FMT: exactly what an item streams (values only: scales are small). A program asks for
     an item's weights before it waits for the item's inputs. Nothing under the interpreter
-    or without ASM (the bulk prefetch is NVIDIA PTX)."""
+    or without ASM (the bulk prefetch is NVIDIA PTX). In a Gluon kernel FMT 1 and 2 are
+    the frag layouts (`gl_stream_rows`)."""
     if ASM:
-        if FMT == 1:  # mxfp4-rot is tile-major: a 16-row block's K range is one run
+        if FMT == 1:  # mxfp4-rot / -frag are tile-major: a 16-row block's K range is one run
             st.prefetch_l2(w + (row0 * K) // 2 + k0 * 8, 8 * K, 8 * KLEN, NROWS // 16, CPU)
+        elif FMT == 2 and lg.gluon():  # fp8-frag, tile-major too
+            st.prefetch_l2(w + row0 * K + k0 * 16, 16 * K, 16 * KLEN, NROWS // 16, CPU)
         elif FMT == 3:
             st.prefetch_l2(w + (row0 * K + k0) // 2, K // 2, KLEN // 2, NROWS, CPU)
         elif FMT == 2:
@@ -99,15 +102,19 @@ def gl_stream_rows(
     STAGES: tl.constexpr,
 ):
     """`stream_rows` for kernels compiled by Gluon (the engine of `stream.frag_gluon`, 4
-    warps): ``mxfp4-frag`` (FMT 1; `stacked_expert` offsets as for mxfp4-rot) or bf16
-    (FMT 0) weight rows row0.. times the 16 token rows of x, fp32 [BN, 16] in the mma.sync
-    layout."""
+    warps): ``mxfp4-frag`` (FMT 1; `stacked_expert` offsets as for mxfp4-rot), ``fp8-frag``
+    (FMT 2, offsets as for fp8-b128) or bf16 (FMT 0) weight rows row0.. times the 16 token
+    rows of x, fp32 [BN, 16] in the mma.sync layout."""
     if FMT == 1:
         return fg.frag_stream_rows(
             w.to(tl.pointer_type(tl.int32)),
             ws.to(tl.pointer_type(tl.int32)),
             x, S, row0, k0, NSTEP, K, BN, BK, STAGES, 4, 16,
         )  # fmt: skip
+    elif FMT == 2:
+        return fg.fp8_stream_rows(
+            w.to(tl.pointer_type(tl.int32)), ws, x, S, row0, k0, NSTEP, K, BN, BK, STAGES, 4, 16
+        )
     else:
         return fg.bf16_stream_rows(w, x, S, row0, k0, NSTEP, K, BN, BK, STAGES, 4, 16)
 
@@ -158,14 +165,19 @@ def any_stream_row_pair(
     RING: tl.constexpr = False,
 ):
     """`stream.device.stream_row_pair` (same arguments) in a Triton kernel; in a Gluon one
-    the two row blocks in one ring with RING (`frag_gluon.frag_stream_row_pair`: not yet
-    run on a GPU, so no build's default), else one after the other (`gl_stream_rows`)."""
+    the two row blocks in one ring with RING (`frag_gluon.frag_stream_row_pair` and its
+    fp8 and bf16 twins), else one after the other (`gl_stream_rows`)."""
     if lg.gluon():
         if RING and FMT == 1:
             return fg.frag_stream_row_pair(
                 w.to(tl.pointer_type(tl.int32)),
                 ws.to(tl.pointer_type(tl.int32)),
                 x, S, row_a, row_b, k0, NSTEP, K, BN, BK, STAGES, 4, 16,
+            )  # fmt: skip
+        elif RING and FMT == 2:
+            return fg.fp8_stream_row_pair(
+                w.to(tl.pointer_type(tl.int32)),
+                ws, x, S, row_a, row_b, k0, NSTEP, K, BN, BK, STAGES, 4, 16,
             )  # fmt: skip
         elif RING:
             return fg.bf16_stream_row_pair(

@@ -15,7 +15,7 @@ from mono_tools.errors import CommandFailed, UsageError
 from mono_tools.machine import detect, require_gpu
 
 MAX_ROWS = 1024
-WEIGHT_FORMATS = ("bf16", "fp8", "mxfp4", "mxfp4_frag")  # what --format can name at all
+WEIGHT_FORMATS = ("bf16", "fp8", "fp8_frag", "mxfp4", "mxfp4_frag")  # what --format can name at all
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def add_parser(commands) -> None:
         type=parse_formats,
         metavar="FORMAT[,FORMAT]",
         help="weight format(s): ffn mxfp4 (default), fp8 or both; gemv any of bf16,fp8,mxfp4,"
-        "mxfp4_frag (the Gluon engine; default all)",
+        "mxfp4_frag, fp8_frag (the Gluon engine; default all)",
     )
     p.add_argument("--out", default="mono-bench", metavar="DIR", help="default: ./mono-bench")
     p.add_argument("--ranks", type=int, help="allreduce: ranks, one per GPU (default: all)")

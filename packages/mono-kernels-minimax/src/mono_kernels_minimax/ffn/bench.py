@@ -394,7 +394,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--engine",
         default=None,
-        help="the build: triton, gluon (MXFP4 only), flydsl; default: the device's",
+        help="the build: triton, gluon (MXFP4, FP8), flydsl; default: the device's",
     )
     args = parser.parse_args(argv)
     try:

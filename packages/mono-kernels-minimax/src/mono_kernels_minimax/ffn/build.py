@@ -91,7 +91,7 @@ class FfnTriton(TritonBuild, _Ffn):
 
     def supports(self, target: str) -> str | None:
         if self.key.frag:
-            return "mxfp4-frag experts stream in the FFN's Gluon build, not its Triton build"
+            return "frag layouts stream in the FFN's Gluon build, not its Triton build"
         if target == INTERPRETER or target.startswith("sm"):
             return None
         return f"the FFN's Triton build serves CUDA GPUs; on {target} its FlyDSL build does"
@@ -165,7 +165,8 @@ class FfnFlyDsl(_Ffn):
 @register
 class FfnGluon(FfnTriton):
     """The Gluon build: triton_build's kernel body compiled by Gluon, its expert stages on
-    the mma.sync engine (mono_runtime.stream.frag_gluon) over ``mxfp4-frag`` experts.
+    the mma.sync engine (mono_runtime.stream.frag_gluon) over ``mxfp4-frag`` experts (a
+    bf16 shared expert) or ``fp8-frag`` experts and shared expert.
     Gluon has no interpreter: the Triton build, the same body, is its CPU twin."""
 
     backend = "gluon"
@@ -176,7 +177,10 @@ class FfnGluon(FfnTriton):
 
     def supports(self, target: str) -> str | None:
         if not self.key.frag:
-            return "the FFN's Gluon build streams MXFP4 experts in mxfp4-frag (frag=True)"
+            return (
+                "the FFN's Gluon build streams packed MXFP4 or FP8 experts in their frag "
+                "layouts (frag=True)"
+            )
         b, p = self.key, self.key.plan
         h, i = b.cfg.hidden_size, b.inter
         steps = {
@@ -185,7 +189,10 @@ class FfnGluon(FfnTriton):
             f"routed down (I = {i} a rank)": i // p.dbk,
             "shared down": i // p.dbk0,
         }
-        return gluon_refusal(target, steps, {"ubk": p.ubk, "dbk": p.dbk})
+        frag_bk = {"ubk": p.ubk, "dbk": p.dbk}
+        if b.weights is WeightFormat.FP8:  # the shared expert in fp8-frag too
+            frag_bk.update(ubk0=p.ubk0, dbk0=p.dbk0)
+        return gluon_refusal(target, steps, frag_bk)
 
 
 BY_BACKEND: dict[str, type[_Ffn]] = {

@@ -9,8 +9,8 @@ also names its ticket counter; every rank issuing the same launches derives the 
 tags. Call `after_step()` once per executed step (it raises MonoFault on every rank after
 any give-up).
 
-Build: `choose_build` picks FlyDSL on a ROCm GPU, Gluon for packed MXFP4 experts on an
-NVIDIA GPU of sm_90 or later, and Triton elsewhere (other formats and GPUs, the CPU
+Build: `choose_build` picks FlyDSL on a ROCm GPU, Gluon for packed MXFP4 or FP8 experts
+on an NVIDIA GPU of sm_90 or later, and Triton elsewhere (bf16, other GPUs, the CPU
 interpreter); all read the same spec, so the runner's API and arguments are the same.
 Each width's build is a mono_runtime Build (ffn.build): the runner warms and launches
 through it, and it refuses, with the reason, a target it does not serve.
@@ -61,14 +61,15 @@ def choose_build(
     arch: int = 0,
 ) -> str:
     """ "flydsl" on a GPU of a ROCm torch (`torch.version.hip` set); "gluon" for packed
-    MXFP4 experts on an NVIDIA GPU of compute capability `arch` >= 90 (its mma.sync engine
-    streams them 1.3-1.6x faster than the Triton build: docs/PERFORMANCE.md); "triton"
-    elsewhere: other formats and GPUs, and the interpreter on a CPU."""
+    MXFP4 or FP8 experts on an NVIDIA GPU of compute capability `arch` >= 90 (its mma.sync
+    engine streams MXFP4 1.3-1.6x faster than the Triton build: docs/PERFORMANCE.md);
+    "triton" elsewhere: bf16, unpacked weights, other GPUs, and the interpreter on a CPU."""
     if torch.device(device).type != "cuda":
         return "triton"
     if hip_version:
         return "flydsl"
-    return "gluon" if fmt is WeightFormat.MXFP4 and pack and arch >= 90 else "triton"
+    frag = fmt in (WeightFormat.MXFP4, WeightFormat.FP8)
+    return "gluon" if frag and pack and arch >= 90 else "triton"
 
 
 def _arch(device: torch.device) -> int:
@@ -101,12 +102,13 @@ class FfnRunner(MonoLayerRunner):
         timeline: bool = False,
         engine: str | None = None,
     ) -> None:
-        """`pack`: MXFP4 experts are streamed in the kernel's mxfp4-rot layout, which
+        """`pack`: MXFP4 experts are streamed in the build's packed layout (mxfp4-rot, or
+        mxfp4-frag for Gluon), FP8 ones by the Gluon build in fp8-frag, which
         `pack(weights)` converts them to once, in place; False streams the checkpoint's
-        mxfp4-k32 as it is (slower; for an engine whose other paths read those tensors).
+        layout as it is (slower; for an engine whose other paths read those tensors).
         `timeline`: builds that stamp each item's start, ready and end (`timeline(s)`).
-        `engine`: the build ("triton", "gluon": MXFP4 experts in mxfp4-frag, "flydsl");
-        None picks by device (`choose_build`)."""
+        `engine`: the build ("triton", "gluon": MXFP4 or FP8 in their frag layouts,
+        "flydsl"); None picks by device (`choose_build`)."""
         self.cfg, self.fmt, self.tp, self.rank = cfg, WeightFormat(fmt), tp, rank
         self._setup(device, widths, programs)
         self.build_name = engine or choose_build(
@@ -133,7 +135,7 @@ class FfnRunner(MonoLayerRunner):
             engine is None
             and frag
             and any(BY_BACKEND["gluon"](b).supports(target) for b in self.builds.values())
-        ):  # a shape the Gluon build cannot serve: the Triton build's mxfp4-rot
+        ):  # a shape the Gluon build cannot serve: the Triton build's layout
             self.build_name, frag = "triton", False
             self.builds = {s: replace(b, frag=False) for s, b in self.builds.items()}
         self.kernels = {s: BY_BACKEND[self.build_name](b) for s, b in self.builds.items()}
@@ -151,7 +153,7 @@ class FfnRunner(MonoLayerRunner):
             programs = sms * max(b.plan.occ for b in self.builds.values())
         self.programs = programs
         # the expert layout the build streams: mxfp4-rot for the Triton build's MXFP4,
-        # mxfp4-frag for the Gluon build's
+        # mxfp4-frag / fp8-frag for the Gluon build's
         self.rot = self.build_name != "flydsl" and self.builds[self.widths[0]].rot
         self.frag = frag
         self._opened()

@@ -100,7 +100,9 @@ class FfnBuild:
     experts: Experts = Experts.ALL
     timeline: bool = False
     packed: bool = True  # MXFP4: stream mxfp4-rot (False: the checkpoint's mxfp4-k32)
-    frag: bool = False  # MXFP4, packed: the Gluon build, experts in mxfp4-frag (not -rot)
+    # the Gluon build: packed MXFP4 experts in mxfp4-frag (not -rot), or FP8 experts and
+    # shared expert in fp8-frag
+    frag: bool = False
 
     def __post_init__(self):
         c = self.cfg
@@ -121,14 +123,16 @@ class FfnBuild:
             raise ValueError(f"hidden_size={c.hidden_size}: must be a multiple of 256")
         if self.weights is WeightFormat.FP8 and i % FP8_BLOCK:
             raise ValueError(f"fp8 experts need 128-aligned shards; per-rank I = {i}")
-        if self.frag and not (self.weights is WeightFormat.MXFP4 and self.packed):
-            raise ValueError("frag: the Gluon build streams packed MXFP4 experts only")
+        if self.frag and not (
+            (self.weights is WeightFormat.MXFP4 and self.packed) or self.weights is WeightFormat.FP8
+        ):
+            raise ValueError("frag: the Gluon build streams packed MXFP4 or FP8 experts only")
 
     # -- plan ---------------------------------------------------------------------------
     @property
     def layout(self) -> str:
         if self.frag:
-            return "mxfp4-frag"
+            return "fp8-frag" if self.weights is WeightFormat.FP8 else "mxfp4-frag"
         return "mxfp4-rot" if self.rot else self.weights.layout
 
     @property

@@ -1,9 +1,9 @@
 """Time many FFN build variants in one GPU run: a table for tuning, not a guess.
 
-Each variant is (MONO_FFN_TILES overrides, experts subset, MXFP4 layout: ``frag`` (the
-Gluon build), ``rot`` (the Triton build) or the checkpoint's ``k32``); each is built, packed
-and timed
-under graph replay over `layers` distinct layers, like `bench`, with no op-by-op path.
+Each variant is (MONO_FFN_TILES overrides, experts subset, layout: ``frag`` (the Gluon
+build: mxfp4-frag or fp8-frag), ``rot`` (the Triton build: mxfp4-rot, or FP8's fp8-b128
+as it is) or MXFP4's checkpoint ``k32``); each is built, packed and timed under graph
+replay over `layers` distinct layers, like `bench`, with no op-by-op path.
 Subsets isolate stages: `shared` runs the seam, router, route and the shared expert only;
 `routed` the routed experts only. From a shell:
 
@@ -25,7 +25,7 @@ from .bench import random_layer, rank_config
 from .runner import FfnRunner
 from .spec import TILES_ENV, Experts
 
-# an MXFP4 layout -> (FfnRunner's pack, engine): the build that streams it
+# a layout -> (FfnRunner's pack, engine): the build that streams it
 LAYOUTS = {"frag": (True, "gluon"), "rot": (True, "triton"), "k32": (False, "triton")}
 
 
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--experts", default="all")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument(
-        "--layouts", default="frag", help="MXFP4 layouts: frag (Gluon), rot (Triton), k32"
+        "--layouts", default="frag", help="frag (Gluon), rot (Triton), k32 (MXFP4 as loaded)"
     )
     p.add_argument("--timeline", metavar="DIR", help="timeline builds; pictures in DIR")
     a = p.parse_args(argv)
@@ -122,12 +122,12 @@ def main(argv=None) -> int:
                         a.layers,
                         device,
                         a.timeline,
-                        layout if a.format == "mxfp4" else "rot",
+                        layout,
                     )
                     cells = "  ".join(f"S={s}: {us:7.1f} us" for s, us in got.items())
                 except Exception as err:  # noqa: BLE001 (a variant that fails is a row)
                     cells = f"ERROR {type(err).__name__}: {str(err).splitlines()[0][:160]}"
-                name = f"{a.format} {layout}" if a.format == "mxfp4" else a.format
+                name = f"{a.format} {layout}"
                 print(f"{name:10s} {experts:7s} [{tiles or 'default'}]  {cells}", flush=True)
     return 0
 

@@ -15,7 +15,10 @@ K13 = H (bf16, fp8) or H/2 bytes (mxfp4); K2 likewise over I.
 MXFP4 experts arrive in the checkpoint's ``mxfp4-k32`` layout (``rot`` and ``frag``
 False); the Triton build streams ``mxfp4-rot`` (mono_runtime.stream.layout), the Gluon
 build ``mxfp4-frag`` (mono_runtime.stream.frag), into which `FfnRunner.pack` converts w13
-and w2 once, in place (``rot`` or ``frag`` True).
+and w2 once, in place (``rot`` or ``frag`` True). FP8 arrives in ``fp8-b128``, which the
+Triton build streams as it is; for the Gluon build `FfnRunner.pack` moves the bytes of
+w13, w2 and the shared expert's two matrices into ``fp8-frag`` (mono_runtime.stream.frag8;
+``frag`` True), their scales untouched.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ from dataclasses import dataclass, fields, replace
 import torch
 from mono_runtime.kernel import check_tensor
 from mono_runtime.stream.experts import expert_layout, pack_experts, to_k32
+from mono_runtime.stream.frag8 import pack_experts_fp8_frag, unpack_experts_fp8_frag
 
 from ..config import MiniMaxM3Config
 from ..formats import FP8_BLOCK, MX_BLOCK, WeightFormat, dequantize, quantize
+
+FP8_FRAG = "fp8-frag"  # the Gluon build's FP8 layout (mono_runtime.stream.frag8)
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class FfnWeights:
     shared_w2: torch.Tensor
     shared_w2_scale: torch.Tensor | None
     rot: bool = False  # MXFP4 w13 and w2 in mxfp4-rot (False: the checkpoint's k32)
-    frag: bool = False  # MXFP4 w13 and w2 in mxfp4-frag
+    frag: bool = False  # MXFP4 w13 and w2 in mxfp4-frag; FP8 all four matrices in fp8-frag
 
     def expected(self, cfg: MiniMaxM3Config, tp: int) -> dict[str, tuple]:
         """(shape, dtype) of every tensor for `cfg` at TP `tp` in this bundle's format."""
@@ -87,6 +93,8 @@ class FfnWeights:
         """The routed experts' layout: the format's own, or the packed one they are in."""
         if self.fmt is WeightFormat.MXFP4:
             return expert_layout(self.rot, self.frag)
+        if self.fmt is WeightFormat.FP8 and self.frag:
+            return FP8_FRAG
         return self.fmt.layout
 
     def dense(self, name: str) -> torch.Tensor:
@@ -95,13 +103,25 @@ class FfnWeights:
         values, scales = getattr(self, name), getattr(self, f"{name}_scale")
         if fmt is WeightFormat.MXFP4 and name in ("w13", "w2"):
             values, scales = to_k32(values, scales, self.expert_layout)
+        if fmt is WeightFormat.FP8 and self.frag:
+            values = unpack_experts_fp8_frag(values)
         return dequantize(values, scales, fmt)
 
     def packed(self, rot: bool, frag: bool = False) -> FfnWeights:
         """This bundle with w13 and w2 in ``mxfp4-rot`` (`rot`), ``mxfp4-frag`` (`frag`) or
-        the checkpoint layout (neither), converted in place: the engine's tensors are
-        replaced, never copied. Only MXFP4 experts have a packed layout, and packing is
-        one way."""
+        the checkpoint layout (neither), FP8 with `frag` in ``fp8-frag`` (all four matrices),
+        converted in place: the engine's tensors are replaced, never copied. bf16 has no
+        packed layout, and packing is one way."""
+        if self.fmt is WeightFormat.FP8:
+            if self.frag and not frag:
+                raise ValueError(
+                    f"weights: already packed as {FP8_FRAG}; the kernel wants fp8-b128"
+                )
+            if frag and not self.frag:
+                names = ("w13", "w2", "shared_w13", "shared_w2")
+                pack_experts_fp8_frag({n: getattr(self, n) for n in names})
+                return replace(self, frag=True)
+            return self
         want = expert_layout(rot, frag)
         if self.fmt is not WeightFormat.MXFP4 or want == self.expert_layout:
             return self

@@ -61,8 +61,8 @@ def gluon_refusal(target: str, steps: Mapping[str, int], frag_bk: Mapping[str, i
     """Why a kernel body compiled by Gluon (its weights on `stream.frag_gluon`) cannot
     serve `target`, or None: it needs NVIDIA sm_90+ (no interpreter), every weight stream
     of >= 2 K steps (`steps`: name -> count; triton 3.6's Gluon fails to lower the ring of
-    a one-step loop) and its ``mxfp4-frag`` streams K steps of whole 64-column blocks
-    (`frag_bk`: name -> step)."""
+    a one-step loop) and its ``mxfp4-frag`` / ``fp8-frag`` streams K steps of whole
+    64-column blocks (`frag_bk`: name -> step)."""
     if target == "interpreter":
         return "Gluon has no interpreter; on a CPU the Triton build (the same body) runs"
     arch = target[2:] if target.startswith("sm") else ""
@@ -76,5 +76,5 @@ def gluon_refusal(target: str, steps: Mapping[str, int], frag_bk: Mapping[str, i
         )
     odd = sorted(name for name, bk in frag_bk.items() if bk % 64)
     if odd:
-        return f"mxfp4-frag K steps must be multiples of 64 ({', '.join(odd)})"
+        return f"frag K steps must be multiples of 64 ({', '.join(odd)})"
     return None

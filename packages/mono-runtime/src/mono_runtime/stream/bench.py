@@ -20,10 +20,12 @@ import torch
 
 from ..timing import copy_bandwidth, graph_time
 from .frag import pack_mxfp4_frag
+from .frag8 import pack_fp8_frag
 from .gemv import GemvTiles, gemv
 from .layout import (
     BF16,
     FP8_B128,
+    FP8_FRAG,
     MXFP4_FRAG,
     MXFP4_K32,
     MXFP4_ROT,
@@ -42,6 +44,8 @@ CHOSEN = {
     # H200 stop 35, kernel only: 22.45 / 8.33 us on 16384 x 8192 / 6144 x 6144 at S = 1
     # (77% / 59% of copy) against 23.97 / 8.63 with 3 stages, 25.33 / 10.80 with split 2
     MXFP4_FRAG: GemvTiles(bn=64, bk=256, split=4, stages=2, warps=4),
+    # the same bytes a step as mxfp4-frag's (not yet timed on a GPU)
+    FP8_FRAG: GemvTiles(bn=64, bk=128, split=4, stages=3, warps=4),
 }
 
 
@@ -94,16 +98,26 @@ VARIANTS = {  # (bn, bk, split, stages, warps, asm); the H200 runs in docs/PERFO
             (128, 256, 4, 4, 4, True),
         )
     ),
+    FP8_FRAG: _grid(
+        (
+            (64, 128, 4, 3, 4, True),
+            (64, 128, 4, 4, 4, True),
+            (64, 256, 4, 2, 4, True),
+            (64, 256, 4, 3, 4, True),
+            (128, 128, 4, 3, 4, True),
+            (128, 128, 4, 3, 8, True),
+        )
+    ),
 }
 
 
-FORMATS = (BF16, FP8_B128, MXFP4_ROT, MXFP4_FRAG, MXFP4_K32)
+FORMATS = (BF16, FP8_B128, FP8_FRAG, MXFP4_ROT, MXFP4_FRAG, MXFP4_K32)
 
 
 def weight_bytes(fmt: StreamFormat, n: int, k: int) -> int:
     if fmt == BF16:
         return 2 * n * k
-    if fmt == FP8_B128:
+    if fmt in (FP8_B128, FP8_FRAG):
         return n * k + 4 * -(-n // 128) * -(-k // 128)
     return n * k // 2 + n * k // 32
 
@@ -113,9 +127,10 @@ def random_weight(fmt: StreamFormat, n: int, k: int, g: torch.Generator):
     dev = g.device
     if fmt == BF16:
         return (torch.randn(n, k, generator=g, device=dev) * k**-0.5).to(torch.bfloat16), None
-    if fmt == FP8_B128:
+    if fmt in (FP8_B128, FP8_FRAG):
         v = torch.randn(n, k, generator=g, device=dev).to(torch.float8_e4m3fn)
-        return v, torch.full((-(-n // 128), -(-k // 128)), k**-0.5, device=dev)
+        s = torch.full((-(-n // 128), -(-k // 128)), k**-0.5, device=dev)
+        return (pack_fp8_frag(v), s) if fmt == FP8_FRAG else (v, s)
     codes = torch.randint(0, 256, (n, k // 2), generator=g, device=dev, dtype=torch.uint8)
     scales = torch.randint(118, 123, (n, k // 32), generator=g, device=dev, dtype=torch.uint8)
     if fmt == MXFP4_K32:

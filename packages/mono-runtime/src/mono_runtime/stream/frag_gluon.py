@@ -57,6 +57,18 @@ and.b32 t, t, 0x00400040; and.b32 u, u, 0x81808180; or.b32 t, t, u; mul.rn.bf16x
 _ASM = gl.constexpr(_decode_asm())
 _CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 4))
 
+# ``fp8-frag`` (`frag8`): one word of four e4m3 bytes -> $0 the bf16x2 of bytes 0 and 2
+# (row g), $1 that of bytes 1 and 3 (row g + 8): sign, exponent and mantissa shifted into
+# bf16 place (the value times 2^-120), times 2^120 (bf16 0x7B80), exact
+_ASM8 = gl.constexpr("""{
+.reg .b32 a, b, s, k;
+mov.b32 k, 0x7B807B80;
+and.b32 s, $2, 0x80008000; and.b32 a, $2, 0x7F007F00; shr.b32 a, a, 4; or.b32 a, a, s;
+shl.b32 b, $2, 8;
+and.b32 s, b, 0x80008000; and.b32 b, b, 0x7F007F00; shr.b32 b, b, 4; or.b32 b, b, s;
+mul.rn.bf16x2 $0, b, k; mul.rn.bf16x2 $1, a, k;
+}""")
+
 
 @gluon.jit
 def frag_gemv_kernel(
@@ -74,18 +86,21 @@ def frag_gemv_kernel(
     STAGES: gl.constexpr,
     W: gl.constexpr,
     NT: gl.constexpr,
+    F: gl.constexpr,
 ):
     """y[part, s, n] (fp32, PT rows a part) = sum over K part `part` of W[n, k] x[s, k] for
-    s < S, rows n of row block pid // SPLIT."""
+    s < S, rows n of row block pid // SPLIT; W in ``mxfp4-frag`` (F 1) or ``fp8-frag``
+    (F 2)."""
     KP: gl.constexpr = K // SPLIT
     pid = gl.program_id(0)
     rb = pid // SPLIT
     part = pid % SPLIT
-    acc = frag_stream_rows(w, ws, x, S, rb * BN, part * KP, KP // BK, K, BN, BK, STAGES, W, NT)
+    r0 = rb * BN
+    acc = _ring(w, ws, x, S, r0, r0, part * KP, KP // BK, K, BN, BK, STAGES, W, NT, F, False)
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8]
     )
-    on = rb * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    on = r0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     ot = gl.arange(0, NT, layout=gl.SliceLayout(0, mma))
     gl.store(y + part * (PT * N) + ot[None, :] * N + on[:, None], acc, mask=(ot < S)[None, :])
 
@@ -110,7 +125,7 @@ def frag_stream_rows(
     the rows): weight rows row0.. (a multiple of 16) of an ``mxfp4-frag`` weight of K
     columns times x[:S, k_begin : k_begin + NSTEP * BK] (bf16, row stride K; rows past S
     read as zero): the engine's one loop, for any Gluon kernel to stream weights with."""
-    return _ring(w, ws, x, S, row0, row0, k_begin, NSTEP, K, BN, BK, STAGES, W, NT, True, False)
+    return _ring(w, ws, x, S, row0, row0, k_begin, NSTEP, K, BN, BK, STAGES, W, NT, 1, False)
 
 
 @gluon.jit
@@ -137,9 +152,7 @@ def frag_stream_row_pair(
     two. (acc_a, acc_b), each fp32 [BN, NT] in the streams' layout. BN >= 16 W: the two
     blocks' decoded rows are apart within each thread only then."""
     gl.static_assert(BN >= 16 * W, "frag_stream_row_pair: BN must be >= 16 x warps")
-    return _ring(
-        w, ws, x, S, row_a, row_b, k_begin, NSTEP, K, 2 * BN, BK, STAGES, W, NT, True, True
-    )
+    return _ring(w, ws, x, S, row_a, row_b, k_begin, NSTEP, K, 2 * BN, BK, STAGES, W, NT, 1, True)
 
 
 @gluon.jit
@@ -160,7 +173,7 @@ def bf16_stream_rows(
     """`frag_stream_rows` for a plain bf16 weight (row-major [*, K]): the same ring and
     result layout, the weight tile read into the MMA's A fragment by ldmatrix, so a Gluon
     kernel streams its bf16 matrices (a shared expert) beside its MXFP4 ones."""
-    return _ring(w, w, x, S, row0, row0, k_begin, NSTEP, K, BN, BK, STAGES, W, NT, False, False)
+    return _ring(w, w, x, S, row0, row0, k_begin, NSTEP, K, BN, BK, STAGES, W, NT, 0, False)
 
 
 @gluon.jit
@@ -186,6 +199,50 @@ def bf16_stream_row_pair(
 
 
 @gluon.jit
+def fp8_stream_rows(
+    w,
+    ws,
+    x,
+    S,
+    row0,
+    k_begin,
+    NSTEP: gl.constexpr,
+    K: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    W: gl.constexpr,
+    NT: gl.constexpr,
+):
+    """`frag_stream_rows` for an ``fp8-frag`` weight (int32 words, `frag8`) with its fp32
+    128 x 128 block scales ws ``[N/128, ceil(K/128)]``: each half step's sums times its
+    block's scale, as ``fp8-b128`` dequantizes. Rows row0 .. row0 + BN in one scale block."""
+    return _ring(w, ws, x, S, row0, row0, k_begin, NSTEP, K, BN, BK, STAGES, W, NT, 2, False)
+
+
+@gluon.jit
+def fp8_stream_row_pair(
+    w,
+    ws,
+    x,
+    S,
+    row_a,
+    row_b,
+    k_begin,
+    NSTEP: gl.constexpr,
+    K: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    W: gl.constexpr,
+    NT: gl.constexpr,
+):
+    """`frag_stream_row_pair` for an ``fp8-frag`` weight (`fp8_stream_rows`)."""
+    gl.static_assert(BN >= 16 * W, "fp8_stream_row_pair: BN must be >= 16 x warps")
+    return _ring(w, ws, x, S, row_a, row_b, k_begin, NSTEP, K, 2 * BN, BK, STAGES, W, NT, 2, True)
+
+
+@gluon.jit
 def _ring(
     w,
     ws,
@@ -201,105 +258,120 @@ def _ring(
     STAGES: gl.constexpr,
     W: gl.constexpr,
     NT: gl.constexpr,
-    MX: gl.constexpr,
+    F: gl.constexpr,
     TWO: gl.constexpr,
 ):
-    """Every stream's loop: a STAGES-deep cp.async ring of BK-column steps (weights, with
-    MX their scale words, and the activation slice), two mma.sync accumulator chains over
-    each step's halves. MX: ``mxfp4-frag`` words decoded in registers into the A fragment
-    (the fp32 sums x 2^63 at the end: the decode's scales leave it); else bf16 tiles read
-    into it by ldmatrix. TWO: the tile's BN rows are BN / 2 from row0 and BN / 2 from row1,
-    their sums returned apart (two [BN / 2, NT]); else BN rows from row0 (row1 unused), one
-    [BN, NT]."""
+    """Every stream's loop: a STAGES-deep cp.async ring of BK-column steps (weights, their
+    scale words for F 1, and the activation slice), two mma.sync accumulator chains over
+    each step's halves. F: 1 ``mxfp4-frag`` words decoded in registers into the A fragment
+    (the fp32 sums x 2^63 at the end: the decode's scales leave it); 2 ``fp8-frag`` words
+    decoded so, each half step's sums times its 128 x 128 block's fp32 scale (ws); 0 bf16
+    tiles read into it by ldmatrix. TWO: the tile's BN rows are BN / 2 from row0 and BN / 2
+    from row1, their sums returned apart (two [BN / 2, NT]); else BN rows from row0 (row1
+    unused), one [BN, NT]."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8]
     )
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     sw: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
-    if MX:
+    AR: gl.constexpr = BN // 2 if TWO else BN  # rows of an accumulator
+    WB: gl.constexpr = 128 if F == 1 else 256  # words of a 16 x 64 block (F 1, 2)
+    if F != 0:
         RB: gl.constexpr = BN // 16
         RH: gl.constexpr = BN // 32  # blocks of a part (TWO)
         CB: gl.constexpr = BK // 64
         blk0 = (row0 // 16).to(gl.int64)  # the parts' first 16-row blocks (stacked experts
         blk1 = (row1 // 16).to(gl.int64) - RH  # pass 2^31 B); blk1 + r for blocks r >= RH
-        # copies, 16 bytes a thread (scales 8): words [R, c, 128], scales [R, c, 8], x [NT, BK]
+        # copies, 16 bytes a thread (scales 8): words [R, c, WB], scales [R, c, 8], x [NT, BK]
         wc_l: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [W, 1, 1], [2, 1, 0])
-        sc_l: gl.constexpr = gl.BlockedLayout([1, 1, 2], [2, 4, 4], [W, 1, 1], [2, 1, 0])
         xc_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [W, 1], [1, 0])
-        # registers: lane (g, t) holds the 8 halves of its words j = 0..3 of each block [R, c]
-        q_l: gl.constexpr = gl.BlockedLayout(
-            [1, 1, 1, 1, 8], [1, 1, 8, 4, 1], [W, 1, 1, 1, 1], [4, 3, 2, 1, 0]
-        )
-        # the scale pairs (group 2c, 2c + 1) of row g, for all four lanes t and both words
-        s_l: gl.constexpr = gl.BlockedLayout(
-            [1, 1, 1, 1, 2, 4], [1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1], [5, 4, 3, 2, 1, 0]
-        )
         plain3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-        plain5: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[4, 3, 2, 1, 0])
-        plain6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[5, 4, 3, 2, 1, 0])
-        wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, RB, CB, 128], plain3)
-        sbuf = gl.allocate_shared_memory(gl.int32, [STAGES, RB, CB, 8], plain3)
-        xbuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, NT, BK], sw)
+        wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, RB, CB, WB], plain3)
         wr = gl.arange(0, RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, wc_l)))
         wcb = gl.arange(0, CB, layout=gl.SliceLayout(0, gl.SliceLayout(2, wc_l)))
-        we = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, wc_l)))
+        we = gl.arange(0, WB, layout=gl.SliceLayout(0, gl.SliceLayout(1, wc_l)))
         wb = gl.where(wr < RH, blk0 + wr, blk1 + wr) if TWO else blk0 + wr
-        w_off = (wb[:, None, None] * (K // 64) + wcb[None, :, None]) * 128
+        w_off = (wb[:, None, None] * (K // 64) + wcb[None, :, None]) * WB
         w_off = w_off + we[None, None, :]
-        sr = gl.arange(0, RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, sc_l)))
-        scb = gl.arange(0, CB, layout=gl.SliceLayout(0, gl.SliceLayout(2, sc_l)))
-        se = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, sc_l)))
-        sb = gl.where(sr < RH, blk0 + sr, blk1 + sr) if TWO else blk0 + sr
-        s_off = (sb[:, None, None] * (K // 64) + scb[None, :, None]) * 8
-        s_off = s_off + se[None, None, :]
+        plain6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[5, 4, 3, 2, 1, 0])
+        if F == 1:
+            sc_l: gl.constexpr = gl.BlockedLayout([1, 1, 2], [2, 4, 4], [W, 1, 1], [2, 1, 0])
+            # registers: lane (g, t) holds the 8 halves of its words j = 0..3 of each block
+            q_l: gl.constexpr = gl.BlockedLayout(
+                [1, 1, 1, 1, 8], [1, 1, 8, 4, 1], [W, 1, 1, 1, 1], [4, 3, 2, 1, 0]
+            )
+            # the scale pairs (group 2c, 2c + 1) of row g, for all four lanes t, both words
+            s_l: gl.constexpr = gl.BlockedLayout(
+                [1, 1, 1, 1, 2, 4], [1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1], [5, 4, 3, 2, 1, 0]
+            )
+            plain5: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[4, 3, 2, 1, 0])
+            sbuf = gl.allocate_shared_memory(gl.int32, [STAGES, RB, CB, 8], plain3)
+            sr = gl.arange(0, RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, sc_l)))
+            scb = gl.arange(0, CB, layout=gl.SliceLayout(0, gl.SliceLayout(2, sc_l)))
+            se = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, sc_l)))
+            sb = gl.where(sr < RH, blk0 + sr, blk1 + sr) if TWO else blk0 + sr
+            s_off = (sb[:, None, None] * (K // 64) + scb[None, :, None]) * 8
+            s_off = s_off + se[None, None, :]
+        else:
+            # registers: lane (g, t) holds the 16 bytes of its four words of each (block,
+            # 32-column half jh): [R, c, jh, g, t, 16]
+            q_l: gl.constexpr = gl.BlockedLayout(
+                [1, 1, 1, 1, 1, 16], [1, 1, 1, 8, 4, 1], [W, 1, 1, 1, 1, 1], [5, 4, 3, 2, 1, 0]
+            )
+            NKB: gl.constexpr = (K + 127) // 128
+            sp0 = ws + (row0 // 128) * NKB  # the parts' rows of block scales
+            sp1 = ws + (row1 // 128) * NKB
+            zero = gl.zeros([AR, NT], gl.float32, mma)
     else:
         TK: gl.constexpr = min(BK // 8, 32)  # threads along K, 16 bytes each
         wc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TK, TK], [W, 1], [1, 0])
         xc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TK, TK], [W, 1], [1, 0])
         wbuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], sw)
-        xbuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, NT, BK], sw)
         wn = gl.arange(0, BN, layout=gl.SliceLayout(1, wc_l))
         wk = gl.arange(0, BK, layout=gl.SliceLayout(0, wc_l))
         wrow = gl.where(wn < BN // 2, row0 + wn, row1 + wn - BN // 2) if TWO else row0 + wn
         w_off = wrow.to(gl.int64)[:, None] * K + wk[None, :]
+    xbuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, NT, BK], sw)
     xn = gl.arange(0, NT, layout=gl.SliceLayout(1, xc_l))
     xk = gl.arange(0, BK, layout=gl.SliceLayout(0, xc_l))
     x_off = xn[:, None] * K + xk[None, :]
     x_live = (xn < S)[:, None] & (xk >= 0)[None, :]  # rows past S are zero-filled
 
     for st in gl.static_range(STAGES - 1):
-        k0 = k_begin + st * BK
-        if MX:
-            cp.async_copy_global_to_shared(wbuf.index(st), w + w_off + (k0 // 64) * 128)
-            cp.async_copy_global_to_shared(sbuf.index(st), ws + s_off + (k0 // 64) * 8)
-        else:
-            cp.async_copy_global_to_shared(wbuf.index(st), w + w_off + k0)
-        cp.async_copy_global_to_shared(xbuf.index(st), x + x_off + k0, mask=x_live)
+        _copy_step(w, x, wbuf, xbuf, st, w_off, x_off, x_live, k_begin + st * BK, F, WB)
+        if F == 1:
+            cp.async_copy_global_to_shared(
+                sbuf.index(st), ws + s_off + ((k_begin + st * BK) // 64) * 8
+            )
         cp.commit_group()
 
-    AR: gl.constexpr = BN // 2 if TWO else BN  # rows of an accumulator
     acc = gl.zeros([AR, NT], gl.float32, mma)
     acc1 = gl.zeros([AR, NT], gl.float32, mma)
     if TWO:  # the second part's two chains
         acc2 = gl.zeros([AR, NT], gl.float32, mma)
         acc3 = gl.zeros([AR, NT], gl.float32, mma)
     for i in range(NSTEP):
+        if F == 2:  # the step's block scales: asked for before the wait, used after the MMAs
+            ka = (k_begin + i * BK) // 128
+            kb = (k_begin + i * BK + BK // 2) // 128
+            sa0 = gl.load(sp0 + ka)
+            sa1 = gl.load(sp0 + kb)
+            if TWO:
+                sb0 = gl.load(sp1 + ka)
+                sb1 = gl.load(sp1 + kb)
         cp.wait_group(STAGES - 2)
         _barrier()  # every lane's copies of step i landed; step i - 1's slot is free
         nxt = i + STAGES - 1
         if nxt < NSTEP:
             k0 = k_begin + nxt * BK
             slot = nxt % STAGES
-            if MX:
-                cp.async_copy_global_to_shared(wbuf.index(slot), w + w_off + (k0 // 64) * 128)
+            _copy_step(w, x, wbuf, xbuf, slot, w_off, x_off, x_live, k0, F, WB)
+            if F == 1:
                 cp.async_copy_global_to_shared(sbuf.index(slot), ws + s_off + (k0 // 64) * 8)
-            else:
-                cp.async_copy_global_to_shared(wbuf.index(slot), w + w_off + k0)
-            cp.async_copy_global_to_shared(xbuf.index(slot), x + x_off + k0, mask=x_live)
         cp.commit_group()
         cur = i % STAGES
-        if MX:
+        if F == 1:
             q = wbuf.index(cur)._reinterpret(gl.int16, [RB, CB, 8, 4, 8], plain5).load(q_l)
             sc = sbuf.index(cur)._reinterpret(gl.int16, [RB, CB, 8, 1, 2, 1], plain6).load(s_l)
             sc, _ = gl.broadcast(sc, gl.zeros([RB, CB, 8, 4, 2, 4], gl.int16, s_l))
@@ -310,6 +382,14 @@ def _ring(
             t = gl.join(gl.join(p0, p1), gl.join(p2, p3))  # [R, c, g, t, (j, e), mr, mk]
             t = gl.reshape(t, [RB, CB, 8, 4, 4, 2, 2, 2])  # [R, c, g, t, j, e, mr, mk]
             t = gl.permute(t, [0, 6, 2, 1, 4, 7, 3, 5])  # [R, mr, g, c, j, mk, t, e]
+        elif F == 2:
+            q = wbuf.index(cur)._reinterpret(gl.int8, [RB, CB, 2, 8, 4, 16], plain6).load(q_l)
+            t = gl.inline_asm_elementwise(
+                _ASM8, "=r,=r,r", [q], dtype=gl.bfloat16, is_pure=True, pack=4
+            )
+            t = gl.reshape(t, [RB, CB, 2, 8, 4, 2, 2, 2, 2])  # [R, c, jh, g, t, jl, h, mr, mk]
+            t = gl.permute(t, [0, 7, 3, 1, 2, 5, 6, 4, 8])  # [R, mr, g, c, jh, jl, h, t, mk]
+        if F != 0:
             # two accumulators, each over half the step's columns: two dependent mma.sync
             # chains of half the length (H200: 72% -> 77% of copy at S = 1, 67 MB weight)
             if TWO:  # and the rows in two parts (the tile's outer row blocks)
@@ -333,18 +413,36 @@ def _ring(
                 c1 = c1.load(a_l)
         b0 = xbuf.index(cur).slice(0, BK // 2, dim=1).permute([1, 0]).load(b_l)
         b1 = xbuf.index(cur).slice(BK // 2, BK // 2, dim=1).permute([1, 0]).load(b_l)
-        acc = ampere.mma_v2(a0, b0, acc)
-        acc1 = ampere.mma_v2(a1, b1, acc1)
-        if TWO:
-            acc2 = ampere.mma_v2(c0, b0, acc2)
-            acc3 = ampere.mma_v2(c1, b1, acc3)
+        if F == 2:  # each half step's block product, scaled, into its chain
+            acc = acc + ampere.mma_v2(a0, b0, zero) * sa0
+            acc1 = acc1 + ampere.mma_v2(a1, b1, zero) * sa1
+            if TWO:
+                acc2 = acc2 + ampere.mma_v2(c0, b0, zero) * sb0
+                acc3 = acc3 + ampere.mma_v2(c1, b1, zero) * sb1
+        else:
+            acc = ampere.mma_v2(a0, b0, acc)
+            acc1 = ampere.mma_v2(a1, b1, acc1)
+            if TWO:
+                acc2 = ampere.mma_v2(c0, b0, acc2)
+                acc3 = ampere.mma_v2(c1, b1, acc3)
     cp.wait_group(0)
     _barrier()  # every warp is done with the ring: a caller's next stream may reuse it
-    lift: gl.constexpr = 2.0**63 if MX else 1.0  # the decode's scales leave 2^63 to the sums
+    lift: gl.constexpr = 2.0**63 if F == 1 else 1.0  # the mxfp4 scales leave 2^63 to the sums
     if TWO:
         return (acc + acc1) * lift, (acc2 + acc3) * lift
     else:
         return (acc + acc1) * lift
+
+
+@gluon.jit
+def _copy_step(w, x, wbuf, xbuf, slot, w_off, x_off, x_live, k0, F: gl.constexpr, WB: gl.constexpr):
+    """One ring slot's weight and activation copies of the step at column k0 (the caller
+    adds the mxfp4 scale words and commits the group)."""
+    if F != 0:
+        cp.async_copy_global_to_shared(wbuf.index(slot), w + w_off + (k0 // 64) * WB)
+    else:
+        cp.async_copy_global_to_shared(wbuf.index(slot), w + w_off + k0)
+    cp.async_copy_global_to_shared(xbuf.index(slot), x + x_off + k0, mask=x_live)
 
 
 @gluon.jit

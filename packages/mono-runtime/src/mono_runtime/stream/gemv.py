@@ -3,8 +3,8 @@
 What `mono bench gemv` times (the engine's bandwidth per format, beside cuBLAS) and what
 the engine's tests check against `layout.dequantize`. One program per (row block, K part);
 K parts are summed on the host in part order, so the result is deterministic. ``mxfp4-frag``
-weights stream through the Gluon engine (`frag_gluon`, NVIDIA GPUs only), every other
-format through the Triton one (`device`, also in the CPU interpreter).
+and ``fp8-frag`` weights stream through the Gluon engine (`frag_gluon`, NVIDIA GPUs only),
+every other format through the Triton one (`device`, also in the CPU interpreter).
 """
 
 from __future__ import annotations
@@ -16,7 +16,23 @@ import triton
 import triton.language as tl
 
 from .device import stream_rows
-from .layout import BF16, FP8_B128, MXFP4_FRAG, MXFP4_K32, MXFP4_ROT, TILE_ROWS, StreamFormat
+from .layout import (
+    BF16,
+    FP8_B128,
+    FP8_FRAG,
+    MXFP4_FRAG,
+    MXFP4_K32,
+    MXFP4_ROT,
+    TILE_ROWS,
+    StreamFormat,
+)
+
+GLUON = {MXFP4_FRAG: 128, FP8_FRAG: 256}  # the Gluon engine's formats: int32 words a block
+
+
+def _name(fmt: StreamFormat) -> str:
+    """The layout's name as the docs write it (``mxfp4-frag``)."""
+    return fmt.name.lower().replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -41,15 +57,20 @@ class GemvTiles:
             raise ValueError(f"tiles {self}: mxfp4 needs bk >= 32 (one scale group)")
         if fmt == MXFP4_ROT and self.bn % TILE_ROWS:
             raise ValueError(f"tiles {self}: mxfp4-rot needs bn a multiple of {TILE_ROWS}")
-        if fmt == MXFP4_FRAG and (
+        if fmt in GLUON and (
             self.warps not in (4, 8)
             or self.bn % (16 * self.warps)
             or self.bk % 64
             or self.stages < 2
         ):
             raise ValueError(
-                f"tiles {self}: mxfp4-frag needs 4 or 8 warps, bn a multiple of 16 x warps, "
+                f"tiles {self}: {_name(fmt)} needs 4 or 8 warps, bn a multiple of 16 x warps, "
                 "bk a multiple of 64 and stages >= 2"
+            )
+        if fmt == FP8_FRAG and (self.bn > 128 or self.bk > 256):
+            raise ValueError(
+                f"tiles {self}: fp8-frag needs bn <= 128 and bk <= 256 (each half step "
+                "inside one 128 x 128 scale block)"
             )
 
 
@@ -96,17 +117,18 @@ def gemv(
     benchmark times, as the fused kernels sum their parts in-kernel."""
     fmt = StreamFormat(fmt)
     s, k = x.shape
-    n = 16 * w.shape[0] if fmt == MXFP4_FRAG else w.shape[0]
+    n = 16 * w.shape[0] if fmt in GLUON else w.shape[0]
     if not 1 <= s <= 64 or x.dtype != torch.bfloat16 or not x.is_contiguous():
         raise ValueError(
             f"x: expected contiguous bf16 [S <= 64, K], got {x.dtype} {tuple(x.shape)}"
         )
     tiles.check(fmt, n, k)
     cpu = x.device.type == "cpu"
-    if fmt == MXFP4_FRAG and (cpu or s > 16 or tuple(w.shape) != (n // 16, k // 64, 128)):
+    words = (n // 16, k // 64, GLUON.get(fmt, 0))
+    if fmt in GLUON and (cpu or s > 16 or tuple(w.shape) != words):
         raise ValueError(
-            f"mxfp4-frag: the Gluon engine takes <= 16 rows on an NVIDIA GPU and words "
-            f"{(n // 16, k // 64, 128)}; got S = {s} on {x.device}, words {tuple(w.shape)}"
+            f"{_name(fmt)}: the Gluon engine takes <= 16 rows on an NVIDIA GPU and "
+            f"words {words}; got S = {s} on {x.device}, words {tuple(w.shape)}"
         )
     nt = max(16, triton.next_power_of_2(s))  # the stream's token rows (device._acc)
     if partials is None:
@@ -116,13 +138,13 @@ def gemv(
             f"partials: expected fp32 {(tiles.split, nt, n)}, got {partials.dtype} "
             f"{tuple(partials.shape)}"
         )
-    if fmt == MXFP4_FRAG:
+    if fmt in GLUON:
         from .frag_gluon import frag_gemv_kernel
 
         frag_gemv_kernel[(n // tiles.bn * tiles.split,)](
             w, ws, x, partials, s, N=n, K=k, PT=nt, BN=tiles.bn, BK=tiles.bk,
             SPLIT=tiles.split, STAGES=tiles.stages, W=tiles.warps, NT=8 if s <= 8 else 16,
-            num_warps=tiles.warps,
+            F=1 if fmt == MXFP4_FRAG else 2, num_warps=tiles.warps,
         )  # fmt: skip
     else:
         _launch_triton(w, ws, x, partials, fmt, tiles, cpu)
@@ -153,4 +175,13 @@ def _launch_triton(w, ws, x, partials, fmt, tiles, cpu) -> None:
     )
 
 
-__all__ = ["BF16", "FP8_B128", "MXFP4_FRAG", "MXFP4_K32", "MXFP4_ROT", "GemvTiles", "gemv"]
+__all__ = [
+    "BF16",
+    "FP8_B128",
+    "FP8_FRAG",
+    "MXFP4_FRAG",
+    "MXFP4_K32",
+    "MXFP4_ROT",
+    "GemvTiles",
+    "gemv",
+]

@@ -18,6 +18,8 @@
 - ``mxfp4-k32``: the checkpoint's MXFP4 (the even k in the low nibble), streamed as is.
 - ``mxfp4-frag`` (kernel-owned, `frag`): the ``mxfp4-rot`` bits laid out in mma.sync's
   register fragments, for the Gluon engine (`frag_gluon`).
+- ``fp8-frag`` (kernel-owned, `frag8`): ``fp8-b128``'s bytes laid out so, its scales as
+  they are, for the Gluon engine.
 
 ``mxfp4-k32`` converts to ``mxfp4-rot`` in place (a pass's temporary at a time), so
 packing at load never doubles expert memory.
@@ -43,6 +45,7 @@ class StreamFormat(enum.IntEnum):
     FP8 = 2
     MXFP4_K32 = 3  # the checkpoint's layout, streamed as it is
     MXFP4_FRAG = 4  # mma.sync fragments, streamed by the Gluon engine (`frag`)
+    FP8_FRAG = 5  # fp8-b128 in mma.sync fragments, streamed by the Gluon engine (`frag8`)
 
 
 BF16 = StreamFormat.BF16
@@ -50,6 +53,7 @@ MXFP4_ROT = StreamFormat.MXFP4
 FP8_B128 = StreamFormat.FP8
 MXFP4_K32 = StreamFormat.MXFP4_K32
 MXFP4_FRAG = StreamFormat.MXFP4_FRAG
+FP8_FRAG = StreamFormat.FP8_FRAG
 TILE_ROWS = 16  # rows of a tile-major block
 # Fewest weight rows an MXFP4 tile should stream at real shapes: on the H200 tiles of 16
 # or 32 rows ran at 0.2-0.6 TB/s against 1.5-2.5 in 64 or 128 (tools/stream_probe.py,
@@ -322,4 +326,8 @@ def dequantize(
         from .frag import unpack_mxfp4_frag
 
         return unpack_mxfp4_k32(*unpack_mxfp4_frag(values, scales))
+    if fmt == FP8_FRAG:
+        from .frag8 import unpack_fp8_frag
+
+        return unpack_fp8_b128(unpack_fp8_frag(values), scales)
     return unpack_fp8_b128(values, scales)
