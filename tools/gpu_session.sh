@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, route, fp8, fp8-route, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -463,30 +463,13 @@ if has k2-both; then
         cp "$LOG/k2-$e/bench-k2.png" "$LOG/bench-k2-$e.png" 2>/dev/null
     done
 fi
-if has route; then
-    # The route stage (tile rr: route items of rr rows after the router's, the last builds
-    # the slot table; rr=0 the last router item routes every row), the router dot's
-    # accumulators (racc) and the shared up items' early prefetch (spf): the Gluon FFN's
-    # GPU tests beside each variant's compiles, then all timed in one call.
-    tests ffn 150 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
-        -k "(gluon_tiny and all) or route-stage" --tb=short &
-    V=("" "rr=4,racc=2" "spf=0")
-    for v in "${V[@]}"; do
-        step "warm-ffn-${v//[=,]/_}" 150 env MONO_FFN_TILES="$v" python3 -m \
-            mono_kernels_minimax.ffn.bench --rows 1,8,16 --formats mxfp4 --layers 1 \
-            --no-baseline &
-    done
-    wait
-    joined=$(IFS='|'; echo "${V[*]}")
-    step tiles-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 1,8,16 \
-        --format mxfp4 --variants "$joined"
-fi
 if has fp8; then
     # The Gluon engine's FP8 stream (fp8-frag): its GPU tests and the FFN's FP8 Gluon build
     # at full shapes beside the FP8 bench's compiles, then the engine GEMV (fp8 on both
     # engines beside mxfp4-frag and bf16), the fp8-frag tile table, and `mono bench ffn
     # --format fp8` (the runner's choice: Gluon on the H200) against op-by-op.
-    tests frag8 200 $P/mono-runtime/tests/test_frag8.py --tb=short &
+    tests frag8 200 $P/mono-runtime/tests/test_frag8.py $P/mono-runtime/tests/test_frag.py \
+        -k "frag8 or fp8" --tb=short &
     tests ffn 300 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "fp8-gluon or fp8-None" \
         --tb=short &
     step warm-ffn-fp8 300 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
@@ -504,7 +487,8 @@ if has fp8-route; then
     # fp8-frag GPU tests, the FFN's FP8 Gluon build and route stage at full shapes, the
     # compiles of what is timed next), then, most wanted first, `mono bench ffn --format
     # fp8`, the route tiles, the engine GEMV of both FP8 engines, the fp8-frag tile table.
-    tests frag8 200 $P/mono-runtime/tests/test_frag8.py --tb=short &
+    tests frag8 200 $P/mono-runtime/tests/test_frag8.py $P/mono-runtime/tests/test_frag.py \
+        -k "frag8 or fp8" --tb=short &
     tests ffn 260 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
         -k "fp8-gluon or fp8-None or route-stage" --tb=short &
     step warm-ffn-fp8 260 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \

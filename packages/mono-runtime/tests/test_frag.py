@@ -1,7 +1,7 @@
 """The ``mxfp4-frag`` layout (pure torch) and its Gluon engine: the layout against the
 checkpoint's codes and the decode's bit contract on a CPU, the compiled sm_90 loop's cost
 without a GPU, and on an NVIDIA GPU (`-m gpu`) the GEMV against float64 and the two-block
-ring (`frag_stream_row_pair`) against two rings."""
+ring (`frag_stream_row_pair` and its bf16 and fp8 twins) against two rings."""
 
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def pair_ring_cost() -> dict:
     types.update(row_a="i32", row_b="i32")
     out = {}
     for one_ring in (True, False):
-        consts = dict(K=6144, BN=64, BK=256, MX=True, ONE_RING=one_ring)
+        consts = dict(K=6144, BN=64, BK=256, F=1, ONE_RING=one_ring)
         k = compile_for(_pair_kernel, types, consts, num_warps=4)
         mma = [b for b in loops(sass_of(k)) if any("HMMA" in line for line in b)]
         out[str(one_ring)] = {
@@ -230,22 +230,29 @@ def _pair_kernel(
     K: gl.constexpr,
     BN: gl.constexpr,
     BK: gl.constexpr,
-    MX: gl.constexpr,
+    F: gl.constexpr,
     ONE_RING: gl.constexpr,
 ):
-    """y[0], y[1] (fp32 [BN, 16]) = rows row_a.. and row_b.. of W times x, by one ring of
-    both blocks (ONE_RING) or one ring each."""
+    """y[0], y[1] (fp32 [BN, 16]) = rows row_a.. and row_b.. of W (F: 0 bf16, 1 mxfp4-frag,
+    2 fp8-frag) times x, by one ring of both blocks (ONE_RING) or one ring each."""
     if ONE_RING:
-        if MX:
+        if F == 1:
             a, b = fg.frag_stream_row_pair(
+                w, ws, x, S, row_a, row_b, 0, K // BK, K, BN, BK, 3, 4, 16
+            )
+        elif F == 2:
+            a, b = fg.fp8_stream_row_pair(
                 w, ws, x, S, row_a, row_b, 0, K // BK, K, BN, BK, 3, 4, 16
             )
         else:
             a, b = fg.bf16_stream_row_pair(w, x, S, row_a, row_b, 0, K // BK, K, BN, BK, 3, 4, 16)
     else:
-        if MX:
+        if F == 1:
             a = fg.frag_stream_rows(w, ws, x, S, row_a, 0, K // BK, K, BN, BK, 3, 4, 16)
             b = fg.frag_stream_rows(w, ws, x, S, row_b, 0, K // BK, K, BN, BK, 3, 4, 16)
+        elif F == 2:
+            a = fg.fp8_stream_rows(w, ws, x, S, row_a, 0, K // BK, K, BN, BK, 3, 4, 16)
+            b = fg.fp8_stream_rows(w, ws, x, S, row_b, 0, K // BK, K, BN, BK, 3, 4, 16)
         else:
             a = fg.bf16_stream_rows(w, x, S, row_a, 0, K // BK, K, BN, BK, 3, 4, 16)
             b = fg.bf16_stream_rows(w, x, S, row_b, 0, K // BK, K, BN, BK, 3, 4, 16)
@@ -260,27 +267,33 @@ def _pair_kernel(
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mx", [True, False])
-def test_frag_row_pair_is_two_rings_in_one_on_the_gpu(mx):
-    """frag_stream_row_pair / bf16_stream_row_pair (a gate block and its up block in one
-    ring) give, bit for bit, what two rings give."""
+@pytest.mark.parametrize("f", [1, 0, 2], ids=["mxfp4", "bf16", "fp8"])
+def test_frag_row_pair_is_two_rings_in_one_on_the_gpu(f):
+    """frag_stream_row_pair / bf16_stream_row_pair / fp8_stream_row_pair (a gate block and
+    its up block in one ring; FP8's in different scale blocks) give, bit for bit, what two
+    rings give."""
+    from mono_runtime.stream.frag8 import pack_fp8_frag
+
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("mma.sync bf16 needs sm_80+")
     g = torch.Generator().manual_seed(7)
     n, k, s = 384, 1024, 3
     x = torch.randn(s, k, generator=g).to(torch.bfloat16).cuda()
-    if mx:
+    if f == 1:
         codes, scales = _k32(n, k, g)
         w, ws = (t.cuda() for t in pack_mxfp4_frag(codes, scales))
+    elif f == 2:
+        w = pack_fp8_frag(torch.randn(n, k, generator=g).to(torch.float8_e4m3fn)).cuda()
+        ws = (torch.rand(n // 128, k // 128, generator=g) * 0.01 + 0.001).cuda()
     else:
         w = (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16).cuda()
         ws = w
-    cases = [(64, 256, (0, 192)), (128, 64, (128, 0))]  # MXFP4 pairs: blocks of >= 64 rows
-    for bn, bk, rows in cases if mx else [*cases, (32, 128, (64, 320))]:
+    cases = [(64, 256, (0, 192)), (128, 64, (128, 0))]  # frag pairs: blocks of >= 64 rows
+    for bn, bk, rows in [*cases, (32, 128, (64, 320))] if f == 0 else cases:
         got = []
         for one_ring in (True, False):
             y = torch.full((2, bn, 16), float("nan"), device="cuda")
-            _pair_kernel[(1,)](w, ws, x, y, s, *rows, k, bn, bk, mx, one_ring, num_warps=4)
+            _pair_kernel[(1,)](w, ws, x, y, s, *rows, k, bn, bk, f, one_ring, num_warps=4)
             got.append(y[:, :, :s].cpu())
         assert torch.equal(got[0], got[1]), (bn, bk, rows)
         assert got[0].isfinite().all() and got[0].abs().sum() > 0, (bn, bk, rows)

@@ -1,6 +1,7 @@
 """The ``fp8-frag`` layout (pure torch) and the Gluon engine's FP8 stream: the layout and
 the decode's bits against e4m3's own values on a CPU, the compiled sm_90 loop without a
-GPU, and on an NVIDIA GPU (`-m gpu`) the GEMV against float64 and the two-block ring."""
+GPU, and on an NVIDIA GPU (`-m gpu`) the GEMV against float64 (the two-block ring:
+test_frag.py)."""
 
 from __future__ import annotations
 
@@ -156,50 +157,6 @@ def test_fp8_gemv_matches_float64_on_the_gpu(s):
         y = gemv(words, sc, x.cuda(), L.FP8_FRAG, tiles).double().cpu()
         assert y.shape == (s, n)
         assert ((y - ref).abs() <= 1e-5 * terms).all(), tiles
-
-
-@pytest.mark.gpu
-@pytest.mark.timeout(300)
-def test_fp8_row_pair_is_two_rings_in_one_on_the_gpu():
-    """fp8_stream_row_pair (a gate block and its up block, in different scale blocks, in
-    one ring) gives, bit for bit, what two rings give."""
-    from mono_runtime.stream import frag_gluon as fg
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-
-    _gpu()
-
-    @gluon.jit
-    def pair_kernel(w, ws, x, y, S, row_a, row_b, K: gl.constexpr, BN: gl.constexpr,
-                    BK: gl.constexpr, ONE_RING: gl.constexpr):  # fmt: skip
-        if ONE_RING:
-            a, b = fg.fp8_stream_row_pair(
-                w, ws, x, S, row_a, row_b, 0, K // BK, K, BN, BK, 3, 4, 16
-            )
-        else:
-            a = fg.fp8_stream_rows(w, ws, x, S, row_a, 0, K // BK, K, BN, BK, 3, 4, 16)
-            b = fg.fp8_stream_rows(w, ws, x, S, row_b, 0, K // BK, K, BN, BK, 3, 4, 16)
-        mma: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8]
-        )
-        n = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-        t = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))
-        gl.store(y + n[:, None] * 16 + t[None, :], a)
-        gl.store(y + BN * 16 + n[:, None] * 16 + t[None, :], b)
-
-    g = torch.Generator().manual_seed(7)
-    n, k, s = 384, 1024, 3
-    x = torch.randn(s, k, generator=g).to(torch.bfloat16).cuda()
-    w = pack_fp8_frag(_e4m3(n, k, g)).cuda()
-    ws = (torch.rand(n // 128, k // 128, generator=g) * 0.01 + 0.001).cuda()
-    for bn, bk, rows in ((64, 256, (0, 192)), (128, 128, (128, 0)), (64, 64, (64, 320))):
-        got = []
-        for one_ring in (True, False):
-            y = torch.full((2, bn, 16), float("nan"), device="cuda")
-            pair_kernel[(1,)](w, ws, x, y, s, *rows, k, bn, bk, one_ring, num_warps=4)
-            got.append(y[:, :, :s].cpu())
-        assert torch.equal(got[0], got[1]), (bn, bk, rows)
-        assert got[0].isfinite().all() and got[0].abs().sum() > 0, (bn, bk, rows)
 
 
 if __name__ == "__main__":
