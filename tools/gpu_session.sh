@@ -486,13 +486,15 @@ if has fp8-route; then
     # Parts fp8 and route in one call (~560 s): every compile-bound check in parallel (the
     # fp8-frag GPU tests, the FFN's FP8 Gluon build and route stage at full shapes, the
     # compiles of what is timed next), then, most wanted first, `mono bench ffn --format
-    # fp8`, the route tiles, the engine GEMV of both FP8 engines, the fp8-frag tile table.
+    # fp8` (Gluon), the route tiles, FP8 on each build, the engine GEMV of both FP8 engines.
     tests frag8 200 $P/mono-runtime/tests/test_frag8.py $P/mono-runtime/tests/test_frag.py \
         -k "frag8 or fp8" --tb=short &
     tests ffn 260 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
         -k "fp8-gluon or fp8-None or route-stage" --tb=short &
-    step warm-ffn-fp8 260 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
-        --formats fp8 --layers 1 --no-baseline &
+    for e in gluon triton; do
+        step warm-ffn-fp8-$e 260 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
+            --formats fp8 --layers 1 --no-baseline --engine $e &
+    done
     V=("" "rr=4,racc=2" "spf=0")
     for v in "${V[@]}"; do
         step "warm-ffn-${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
@@ -504,11 +506,11 @@ if has fp8-route; then
     joined=$(IFS='|'; echo "${V[*]}")
     step tiles-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 1,8,16 \
         --format mxfp4 --variants "$joined"
+    step tune-ffn 70 python3 -m mono_kernels_minimax.ffn.tune --rows 1,4,16 --format fp8 \
+        --layouts frag,rot
     step gemv-fp8 60 python3 -m mono_runtime.stream.bench --rows 1,16 \
         --formats fp8,fp8_frag,mxfp4_frag --shapes 16384x8192 \
         --json "$LOG/bench/bench-gemv-fp8.json"
-    step gemv-fp8-tiles 60 python3 -m mono_runtime.stream.bench --rows 1 --variants \
-        --formats fp8_frag --shapes 6144x6144 --json "$LOG/bench/gemv-fp8-tiles.json"
 fi
 if has toy; then
     # The toy greedy decodes on the kernels (32 steps, eager and graph): the MiniMax-M3 toy
