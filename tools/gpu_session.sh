@@ -482,7 +482,7 @@ if has fp8; then
         --formats fp8_frag --shapes 6144x6144 --json "$LOG/bench/gemv-fp8-tiles.json"
     step bench-ffn 150 $MONO bench ffn --rows 1,2,4,8,16 --format fp8 --out "$LOG/bench"
 fi
-if has fp8-route; then
+if has fp8-route || has route; then  # (route: its old name)
     # Parts fp8 and route in one call (~560 s): every compile-bound check in parallel (the
     # fp8-frag GPU tests, the FFN's FP8 Gluon build and route stage at full shapes, the
     # compiles of what is timed next), then, most wanted first, `mono bench ffn --format
