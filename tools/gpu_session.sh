@@ -507,7 +507,7 @@ if has fp8-route || has route; then  # (route: its old name)
     step tiles-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 1,8,16 \
         --format mxfp4 --variants "$joined"
     step tune-ffn 70 python3 -m mono_kernels_minimax.ffn.tune --rows 1,4,16 --format fp8 \
-        --layouts frag,rot
+        --layouts frag,rot --variants "|ubk=256,dbk=256,stages=2"
     step gemv-fp8 60 python3 -m mono_runtime.stream.bench --rows 1,16 \
         --formats fp8,fp8_frag,mxfp4_frag --shapes 16384x8192 \
         --json "$LOG/bench/bench-gemv-fp8.json"

@@ -240,6 +240,21 @@ def test_gluon_wide_tiles(monkeypatch):
     assert FfnBuild(cfg, 8, 4).plan.pair == 3  # Triton runs pair 3 as one tile
 
 
+def test_fp8_k_steps_per_build(monkeypatch):
+    """FP8 K steps stay inside one 128 x 128 scale block in the Triton build (one scale a
+    step) and may span two in the Gluon build (each half step takes its own scale)."""
+    from mono_kernels_minimax.ffn.spec import TILES_ENV
+
+    monkeypatch.setenv(TILES_ENV, "ubk=256,dbk=256")
+    cfg = MiniMaxM3Config()
+    assert FfnBuild(cfg, 1, 4, WeightFormat.FP8, frag=True).plan.ubk == 256
+    with pytest.raises(ValueError, match="ubk <= 128 for fp8 in this build"):
+        _ = FfnBuild(cfg, 1, 4, WeightFormat.FP8).plan
+    monkeypatch.setenv(TILES_ENV, "ubk=512")
+    with pytest.raises(ValueError, match="ubk <= 256 for fp8 in this build"):
+        _ = FfnBuild(cfg, 1, 4, WeightFormat.FP8, frag=True).plan
+
+
 @pytest.mark.parametrize("sfirst", [0, 1])
 def test_shared_up_order_follows_sfirst(monkeypatch, sfirst):
     """The shared expert's up items take the tickets right after the router's (sfirst 1)
