@@ -467,20 +467,21 @@ if has fp8; then
     # The Gluon engine's FP8 stream (fp8-frag): its GPU tests and the FFN's FP8 Gluon build
     # at full shapes beside the FP8 bench's compiles, then the engine GEMV (fp8 on both
     # engines beside mxfp4-frag and bf16), the fp8-frag tile table, and `mono bench ffn
-    # --format fp8` (the runner's choice: Gluon on the H200) against op-by-op.
+    # --format fp8 --engine gluon` against op-by-op.
     tests frag8 200 $P/mono-runtime/tests/test_frag8.py $P/mono-runtime/tests/test_frag.py \
         -k "frag8 or fp8" --tb=short &
-    tests ffn 300 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "fp8-gluon or fp8-None" \
+    tests ffn 300 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "fp8-gluon" \
         --tb=short &
     step warm-ffn-fp8 300 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
-        --formats fp8 --layers 1 --no-baseline &
+        --formats fp8 --layers 1 --no-baseline --engine gluon &
     wait
     step gemv-fp8 120 python3 -m mono_runtime.stream.bench --rows 1,4,16 \
         --formats fp8,fp8_frag,mxfp4_frag,bf16 --shapes 4096x6144,16384x8192 \
         --json "$LOG/bench/bench-gemv-fp8.json"
     step gemv-fp8-tiles 90 python3 -m mono_runtime.stream.bench --rows 1,16 --variants \
         --formats fp8_frag --shapes 6144x6144 --json "$LOG/bench/gemv-fp8-tiles.json"
-    step bench-ffn 150 $MONO bench ffn --rows 1,2,4,8,16 --format fp8 --out "$LOG/bench"
+    step bench-ffn 150 $MONO bench ffn --rows 1,2,4,8,16 --format fp8 --engine gluon \
+        --out "$LOG/bench"
 fi
 if has fp8-route || has route; then  # (route: its old name)
     # Parts fp8 and route in one call (~560 s): every compile-bound check in parallel (the
@@ -490,7 +491,7 @@ if has fp8-route || has route; then  # (route: its old name)
     tests frag8 200 $P/mono-runtime/tests/test_frag8.py $P/mono-runtime/tests/test_frag.py \
         -k "frag8 or fp8" --tb=short &
     tests ffn 260 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
-        -k "fp8-gluon or fp8-None or route-stage" --tb=short &
+        -k "fp8-gluon or route-stage" --tb=short &
     for e in gluon triton; do
         step warm-ffn-fp8-$e 260 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
             --formats fp8 --layers 1 --no-baseline --engine $e &
@@ -502,7 +503,8 @@ if has fp8-route || has route; then  # (route: its old name)
             --no-baseline &
     done
     wait
-    step bench-ffn 150 $MONO bench ffn --rows 1,2,4,8,16 --format fp8 --out "$LOG/bench"
+    step bench-ffn 150 $MONO bench ffn --rows 1,2,4,8,16 --format fp8 --engine gluon \
+        --out "$LOG/bench"
     joined=$(IFS='|'; echo "${V[*]}")
     step tiles-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 1,8,16 \
         --format mxfp4 --variants "$joined"

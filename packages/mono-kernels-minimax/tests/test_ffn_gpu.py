@@ -66,7 +66,6 @@ def test_gluon_tiny_every_width_one_rank(experts):
         ("mxfp4", "gluon", "pair=3"),
         ("mxfp4", "gluon", "rr=4,racc=2"),
         ("fp8", "gluon", ""),
-        ("fp8", None, ""),
     ],
     ids=[
         "mxfp4-triton",
@@ -76,12 +75,11 @@ def test_gluon_tiny_every_width_one_rank(experts):
         "mxfp4-gluon-one-ring",
         "mxfp4-gluon-route-stage",
         "fp8-gluon",
-        "fp8-None",
     ],
 )
 def test_full_rank_shapes_one_rank(fmt, engine, tiles, monkeypatch):
     """MiniMax-M3 at a TP4 rank's expert width (I = 768), launched at TP 1 (engine None:
-    the device's choice, Gluon on the H200 in both formats; `tiles`: MONO_FFN_TILES, e.g.
+    the device's choice, Gluon on the H200 for MXFP4; `tiles`: MONO_FFN_TILES, e.g.
     pair=3, the Gluon build's gate and up in one ring; rr=4, the route as a stage of 4-row items at
     S > 4, racc=2, the router's dot on two accumulators)."""
     monkeypatch.setenv("MONO_FFN_TILES", tiles)
