@@ -11,7 +11,8 @@ any give-up).
 
 Build: `choose_build` picks FlyDSL on a ROCm GPU, Gluon for packed MXFP4 experts on an
 NVIDIA GPU of sm_90 or later (FP8 on request: `engine="gluon"`), and Triton elsewhere
-(bf16, FP8, other GPUs, the CPU interpreter); all read the same spec, so the runner's API and arguments are the same.
+(bf16, FP8, other GPUs, the CPU interpreter); all read the same spec, so the runner's
+API and arguments are the same.
 Each width's build is a mono_runtime Build (ffn.build): the runner warms and launches
 through it, and it refuses, with the reason, a target it does not serve.
 """
