@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from mono_runtime.kernel.tiles import tile_overrides
+from mono_runtime.stream.experts import FP8_FRAG, FRAG
 from mono_runtime.timeline import stamp_bytes
 
 from ..config import MiniMaxM3Config
@@ -132,7 +133,7 @@ class FfnBuild:
     @property
     def layout(self) -> str:
         if self.frag:
-            return "fp8-frag" if self.weights is WeightFormat.FP8 else "mxfp4-frag"
+            return FP8_FRAG if self.weights is WeightFormat.FP8 else FRAG
         return "mxfp4-rot" if self.rot else self.weights.layout
 
     @property

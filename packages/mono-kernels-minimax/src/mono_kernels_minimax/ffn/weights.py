@@ -27,13 +27,11 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 from mono_runtime.kernel import check_tensor
-from mono_runtime.stream.experts import expert_layout, pack_experts, to_k32
+from mono_runtime.stream.experts import FP8_FRAG, expert_layout, pack_experts, to_k32
 from mono_runtime.stream.frag8 import pack_experts_fp8_frag, unpack_experts_fp8_frag
 
 from ..config import MiniMaxM3Config
 from ..formats import FP8_BLOCK, MX_BLOCK, WeightFormat, dequantize, quantize
-
-FP8_FRAG = "fp8-frag"  # the Gluon build's FP8 layout (mono_runtime.stream.frag8)
 
 
 @dataclass(frozen=True)

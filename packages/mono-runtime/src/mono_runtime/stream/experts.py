@@ -10,6 +10,7 @@ from .frag import pack_experts_frag, unpack_experts_frag
 from .layout import pack_experts_rot, unpack_mxfp4_rot
 
 K32, ROT, FRAG = "mxfp4-k32", "mxfp4-rot", "mxfp4-frag"
+FP8_FRAG = "fp8-frag"  # FP8 experts packed for the Gluon engine (`frag8`)
 
 
 def expert_layout(rot: bool, frag: bool) -> str:
