@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -491,7 +491,7 @@ if has fp8-route || has route; then  # (route: its old name)
     tests frag8 200 $P/mono-runtime/tests/test_frag8.py $P/mono-runtime/tests/test_frag.py \
         -k "frag8 or fp8" --tb=short &
     tests ffn 260 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
-        -k "fp8-gluon or route-stage" --tb=short &
+        -k "fp8-gluon" --tb=short &
     for e in gluon triton; do
         step warm-ffn-fp8-$e 260 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
             --formats fp8 --layers 1 --no-baseline --engine $e &
@@ -513,6 +513,36 @@ if has fp8-route || has route; then  # (route: its old name)
     step gemv-fp8 60 python3 -m mono_runtime.stream.bench --rows 1,16 \
         --formats fp8,fp8_frag,mxfp4_frag --shapes 16384x8192 \
         --json "$LOG/bench/bench-gemv-fp8.json"
+fi
+if has sdown; then
+    # The shared expert's down items as a stage of their own (sdown, stop 41) and the
+    # Gluon build's route stage by default at S > 4: the FFN's GPU tests (Gluon both formats,
+    # FP8's Triton build, two ranks, graph replay with padding, the tiny subsets) beside the
+    # compiles of what is timed next; then the issue's table (`mono bench ffn`, both formats
+    # on the Gluon build), FP8 on each build, the tiles that decide the defaults (spf at
+    # S <= 4, the old route at S > 4), and timelines at S = 1 and 16. BUDGET=580.
+    tests ffn 240 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "gluon_tiny or padding \
+        or two_ranks or full_rank and (mxfp4-gluon] or fp8-gluon or fp8-triton)" --tb=short &
+    for f in "mxfp4 gluon" "fp8 gluon" "fp8 triton"; do
+        set -- $f
+        step "warm-ffn-$1-$2" 220 python3 -m mono_kernels_minimax.ffn.bench \
+            --rows 1,2,4,8,16 --formats "$1" --layers 1 --no-baseline --engine "$2" &
+    done
+    step warm-ffn-spf 200 env MONO_FFN_TILES="spf=0" python3 -m mono_kernels_minimax.ffn.bench \
+        --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
+    step warm-ffn-rr0 200 env MONO_FFN_TILES="rr=0,racc=1" python3 -m \
+        mono_kernels_minimax.ffn.bench --rows 8,16 --formats mxfp4 --layers 1 --no-baseline &
+    wait
+    step bench-ffn 170 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --engine gluon \
+        --out "$LOG/bench"
+    step tune-ffn 70 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4,8,16 --format fp8 \
+        --layouts frag,rot
+    step tiles-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+        --variants "|spf=0"
+    step order-ffn 40 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
+        --variants "|rr=0,racc=1"
+    step timeline-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
+        --format mxfp4 --timeline "$LOG/bench"
 fi
 if has toy; then
     # The toy greedy decodes on the kernels (32 steps, eager and graph): the MiniMax-M3 toy

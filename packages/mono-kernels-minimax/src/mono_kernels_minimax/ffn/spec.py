@@ -35,13 +35,17 @@ pushes, so the launch finishes at any residency):
                          the routed ones (tile `sfirst`: they stream while the router routes)
                          or after them (the routed up items then take the programs free when
                          the route lands)
+    sdown   ND           DC output columns of the shared expert's down, once its up items
+                         are done; right after them, so that at S = 1 its weights stream
+                         while the router routes instead of after the route
     up      routed slots x NC x UKS  slot j, BN gate + BN up rows of w13, one K part; the
                          last part of a row block sums the parts in order, applies SwiGLU-OAI
                          -> bf16 `mid[j, s, :]` (dynamic: tickets past the routed slots'
                          belong to the next stages)
-    down    ND x NG      DC output columns over slot group q, each slot as soon as its up
-                         items are done, weighted by `wtab`; the last group sums the groups
-                         in order, rounds to bf16 -> every rank's `ar2[src = this rank]`
+    down    ND x NG      DC output columns over routed slot group q, each slot as soon as
+                         its up items are done, weighted by `wtab`; the last of a column
+                         block's parts (the sdown item and the NG groups) sums them in order
+                         (shared first), rounds to bf16 -> every rank's `ar2[src = this rank]`
     final   S x NF       row s, FC columns: the ranks' partials in rank order -> `out` (bf16)
     hs      1 task       final launches only: after every final task, a pair to every rank's
                          `hs[this rank]`, then a poll of its own `hs[0..tp)`: a rank that gave
@@ -282,8 +286,11 @@ class TaskPlan:
                 # one row at a time 1.2 / 4.7 / 19 us at S = 1 / 4 / 16
                 rrows=4,
                 # 2: the router's dot on two accumulators at S > rrows (racc=4 spills 520 B
-                # at S = 16, sm_90); not yet timed on a GPU, so 1 stays the default
-                racc=1,
+                # at S = 16, sm_90); with rr=4 below in the Gluon build at S > 4: H100
+                # (stop 40, ffn.tune, same call) 136.2 / 226.9 us at S = 8 / 16 against
+                # 137.4 / 243.1 (at S = 1 rr=4 costs a hand-off: 53.1 against 50.7). The
+                # Triton build's wide steps keep 1 and 0 (not timed)
+                racc=2 if gluon_wide else 1,
                 upf=0,
                 spf=1,
                 dpf=1,
@@ -299,9 +306,8 @@ class TaskPlan:
                 # 1 spills nothing in the route (sm_90; inlined: 16 reloads at S = 1); to time
                 rcall=0,
                 # rr=4 at S > 4 (the route in S / 4 items; 220 B of spills at S = 16 against
-                # 336, 29.8K instructions against 32.8K, sm_90): not yet timed on a GPU, so
-                # the last router item still routes by default
-                rr=0,
+                # 336, 29.8K instructions against 32.8K, sm_90; timed with racc above)
+                rr=4 if gluon_wide else 0,
             )
             tiles = tile_overrides(TILES_ENV, tiles)  # a real-shape build's, for tuning
         else:
@@ -454,17 +460,15 @@ def stages(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int]]:
     included): the one statement of the ticket order the kernel follows."""
     p, s = b.plan, b.rows
     shared = b.experts is not Experts.ROUTED
-    up = [
-        ("shared-up", p.nc * p.uks0 if shared else 0),
-        ("up", (nslots - (1 if shared else 0)) * p.nc * p.uks),
-    ]
+    own = [("shared-up", p.nc * p.uks0 if shared else 0), ("shared-down", p.down * shared)]
+    routed = [("up", (nslots - shared) * p.nc * p.uks)]
     return [
         ("push", p.push),
         ("seam", s * p.seam_chunks),
         ("norm", s * p.seam_chunks),
         ("router", p.router_groups * p.router_parts),
         ("route", route_items(b)),
-        *(up if p.sfirst else up[::-1]),
+        *(own + routed if p.sfirst else routed + own),
         ("down", p.down * p.ng),
         ("final", s * p.final),
         ("handshake", int(final)),
@@ -518,15 +522,24 @@ def waits(b: FfnBuild, nslots: int, final: bool) -> dict[int, list[int]]:
         out[router[-1]] = seam + norm
     for t in at["shared-up"]:
         out[t] = norm
-    per = -(-nslots // p.ng)
+    for t in at["shared-down"]:
+        out[t] = [slot_done(b, 0)]
+    first = int(b.experts is not Experts.ROUTED)  # the down groups share the routed slots
+    per = -(-(nslots - first) // p.ng)
     for i, t in enumerate(at["down"]):
         q = i % p.ng
-        j0, j1 = min(q * per, nslots), min((q + 1) * per, nslots)
+        j0, j1 = min(first + q * per, nslots), min(first + (q + 1) * per, nslots)
         if j1 > j0:
             out[t] = [slot_done(b, j) for j in range(j0, j1)]
     for t in at["handshake"]:
         out[t] = list(at["final"])
     return out
+
+
+def down_parts(b: FfnBuild) -> int:
+    """Partials of a down column block, summed in this order: the shared expert's (its
+    sdown item), then each routed slot group's."""
+    return b.plan.ng + (b.experts is not Experts.ROUTED)
 
 
 def max_tickets(b: FfnBuild) -> int:
@@ -543,7 +556,8 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     count  int32 counters, each reset by the item that brings it to its end:
            ucount[max_slots * NC] K parts finished per (slot, row block),
            scount[max_slots] row blocks finished per slot, dcount[ND] groups finished per
-           down column block, rcount[1] router items (or route items) finished
+           down column block (and its shared part), rcount[1] router items (or route
+           items) finished
     xs     fp32[S, H]   the seam's new residual in fp32 (seam items -> norm, router items)
     ssq    fp32[S, seam chunks]  each seam item's sum of squares
     xn     bf16[16, H]  the normed MoE input (rows >= S never read unmasked)
@@ -553,7 +567,8 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
     mid    bf16[max_slots, S, I]
     upart  fp32 up partials: [NC, UKS0, 2, BN, S] of the shared expert, then
            [routed slots, NC, UKS, 2, BN, S] (none when UKS = 1)
-    dpart  fp32 down partials [ND, NG, DC, S]
+    dpart  fp32 down partials [ND, parts, DC, S]: the shared expert's (unless ROUTED),
+           then the NG groups' of routed slots
     timeline  int64[max_tickets, 5] (timeline builds only): each item's program, ticket,
            start, ready and end (device clock, ns)
     """
@@ -575,7 +590,7 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
             ("table", table),
             ("mid", 2 * b.max_slots * s * b.inter),
             ("upart", upart),
-            ("dpart", 4 * p.down * p.ng * p.dc * s),
+            ("dpart", 4 * p.down * down_parts(b) * p.dc * s),
         ]
         + ([("timeline", stamp_bytes(max_tickets(b)))] if b.timeline else [])
     )

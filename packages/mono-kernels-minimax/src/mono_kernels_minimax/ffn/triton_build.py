@@ -283,9 +283,10 @@ def _ffn_body(
     ROUTE0: tl.constexpr = ROUTER0 + RG * RP  # route items (NRQ of them: tile rr)
     SHUP: tl.constexpr = ROUTE0 + NRQ  # the route's items end here (shared up, if first)
     NSH: tl.constexpr = HAS_SHARED * NC * UKS0  # the shared expert's up items
-    # routed up items start here (after the shared expert's up items, or before them)
-    STATIC: tl.constexpr = SHUP + SFIRST * NSH
-    NSH_LATE: tl.constexpr = (1 - SFIRST) * NSH  # shared up items after the routed ones
+    NSHD: tl.constexpr = NSH + HAS_SHARED * ND  # ... then its down items (sdown)
+    # routed up items start here (after the shared expert's items, or before them)
+    STATIC: tl.constexpr = SHUP + SFIRST * NSHD
+    NSH_LATE: tl.constexpr = (1 - SFIRST) * NSHD  # shared items after the routed up ones
     ROUTED: tl.constexpr = MAXTICKETS + MAXSLOTS  # done item of the route (no ticket of its own)
     tail = NSH_LATE + ND * NG + S * NF + final  # the handshake task closes final launches
 
@@ -309,8 +310,8 @@ def _ffn_body(
             total = STATIC + (nslots - HAS_SHARED) * NROUTED + tail
             routed = t * 0 + 1
             dt.ticket_reset_if_last(counter, t, total)
-        # a shared expert's up item: ush, its index (spec.stages: before or after the
-        # routed up items, which the slot count places)
+        # a shared expert's item: ush, its index (spec.stages: its up items, then its down
+        # items, before or after the routed up items, which the slot count places)
         if SFIRST:
             ush = t - SHUP
         else:
@@ -469,6 +470,14 @@ def _ffn_body(
                 BETA,
                 LIMIT,
             )
+        elif (ush >= NSH) & (ush < NSHD):
+            # sdown: the shared expert's down rows [d*DC, (d+1)*DC), once its up items are
+            # done (no routing needed: the routed down items add their groups to it)
+            _shared_down_item(
+                ush - NSH, slots, mid, sw2, sw2_scale, dpart, dcount, done, SLOTDONE, tag,
+                ctl, health, peers, rank, world, S, H, I, DC, DBK0, NG, SFMT, STAGES, DPF,
+                P_AR2, R_ITEMS, CPU,
+            )  # fmt: skip
         else:
             u = t - STATIC
             nup = (nslots - HAS_SHARED) * NROUTED
@@ -518,43 +527,10 @@ def _ffn_body(
                 d = (u - nup) // NG
                 q = (u - nup) % NG
                 _down_item(
-                    d,
-                    q,
-                    nslots,
-                    slot_e,
-                    wtab,
-                    mid,
-                    w2,
-                    w2_scale,
-                    sw2,
-                    sw2_scale,
-                    dpart,
-                    dcount,
-                    done,
-                    SLOTDONE,
-                    tag,
-                    ctl,
-                    health,
-                    peers,
-                    rank,
-                    world,
-                    me,
-                    S,
-                    H,
-                    E,
-                    I,
-                    DC,
-                    DBK,
-                    DBK0,
-                    NG,
-                    FMT,
-                    SFMT,
-                    STAGES,
-                    DPF,
-                    P_AR2,
-                    R_ITEMS,
-                    CPU,
-                )
+                    d, q, nslots, slot_e, wtab, mid, w2, w2_scale, dpart, dcount, done,
+                    SLOTDONE, tag, ctl, health, peers, rank, world, S, H, I, DC, DBK, NG,
+                    HAS_SHARED, FMT, STAGES, DPF, P_AR2, R_ITEMS, CPU,
+                )  # fmt: skip
             elif u < nup + ND * NG + S * NF:
                 # final (row s, FC columns): the ranks' partials in rank order -> out; one
                 # row an item, so no item waits out S polls in a row
@@ -707,6 +683,60 @@ def _down_item(
     mid,
     w2,
     w2_scale,
+    dpart,
+    dcount,
+    done,
+    slotdone,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    I: tl.constexpr,
+    DC: tl.constexpr,
+    DBK: tl.constexpr,
+    NG: tl.constexpr,
+    SH: tl.constexpr,
+    FMT: tl.constexpr,
+    STAGES: tl.constexpr,
+    DPF: tl.constexpr,
+    P_AR2: tl.constexpr,
+    R_ITEMS: tl.constexpr,
+    CPU: tl.constexpr,
+):
+    """Down rows [d*DC, (d+1)*DC) of the routed slots of group q (slot j waited for alone,
+    with DPF its weights asked of L2 first), weighted per row by wtab: part SH + q of the
+    column block (SH: the shared expert's sdown part comes first)."""
+    t = lg.arange(0, 16)
+    per = (nslots - SH + NG - 1) // NG
+    j0 = SH + q * per
+    j1 = tl.minimum(j0 + per, nslots)
+    acc = dt.stream_zeros(DC)
+    ok = nslots >= 0
+    for j in range(j0, j1):
+        e = tl.load(slot_e + j, volatile=True)
+        wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
+        w, ws = dt.stacked_expert(e, w2, w2_scale, H, I, FMT)
+        if DPF:
+            dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
+        ok = ok & dt.wait_items(
+            done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+        )
+        y = dt.any_stream_rows(
+            w, ws, mid + j * S * I, d * DC, 0, I // DBK, I, DC, DBK, S, FMT, STAGES, CPU, True
+        )
+        acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
+    _down_part(acc, ok, d, SH + q, dpart, dcount, peers, rank, world, tag, S, H, DC, NG + SH, P_AR2)
+
+
+@triton.jit
+def _shared_down_item(
+    d,
+    slots,
+    mid,
     sw2,
     sw2_scale,
     dpart,
@@ -719,16 +749,12 @@ def _down_item(
     peers,
     rank,
     world,
-    me,
     S: tl.constexpr,
     H: tl.constexpr,
-    E: tl.constexpr,
     I: tl.constexpr,
     DC: tl.constexpr,
-    DBK: tl.constexpr,
     DBK0: tl.constexpr,
     NG: tl.constexpr,
-    FMT: tl.constexpr,
     SFMT: tl.constexpr,
     STAGES: tl.constexpr,
     DPF: tl.constexpr,
@@ -736,47 +762,50 @@ def _down_item(
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
 ):
-    """Down rows [d*DC, (d+1)*DC) of the slots of group q (slot j waited for alone, with
-    DPF its weights asked of L2 first), weighted per row by wtab, into dpart[d, q]. The group that
-    finishes column block d last sums the groups in order and sends the bf16 result to
-    every rank's ar2."""
+    """The shared expert's down rows [d*DC, (d+1)*DC) (slot 0), live rows only (a padding
+    row uses no expert): part 0 of the column block. Its weights are asked of L2 (DPF)
+    before it waits for the shared up items."""
+    t = lg.arange(0, 16)
+    if DPF:
+        dt.prefetch_rows(sw2, d * DC, DC, I, 0, I, SFMT, CPU)
+    ok = dt.wait_items(done, slotdone, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+    y = dt.any_stream_rows(
+        sw2, sw2_scale, mid, d * DC, 0, I // DBK0, I, DC, DBK0, S, SFMT, STAGES, CPU, True
+    )
+    live = (t < S) & (tl.load(slots + t, mask=t < S, other=-1) >= 0)
+    acc = tl.where(live[None, :], y, 0.0)
+    _down_part(acc, ok, d, 0, dpart, dcount, peers, rank, world, tag, S, H, DC, NG + 1, P_AR2)
+
+
+@triton.jit
+def _down_part(
+    acc,
+    ok,
+    d,
+    q,
+    dpart,
+    dcount,
+    peers,
+    rank,
+    world,
+    tag,
+    S: tl.constexpr,
+    H: tl.constexpr,
+    DC: tl.constexpr,
+    PARTS: tl.constexpr,
+    P_AR2: tl.constexpr,
+):
+    """Store part q of down column block d (NaN where a wait gave up); the last of its
+    PARTS to arrive sums them in part order and sends the bf16 result to every rank's
+    ar2."""
     n = lg.arange(0, DC)
     t = lg.arange(0, 16)
     live = t[None, :] < S
-    per = (nslots + NG - 1) // NG
-    j0 = q * per
-    j1 = tl.minimum(j0 + per, nslots)
-    acc = dt.stream_zeros(DC)
-    ok = nslots >= 0
-    for j in range(j0, j1):
-        e = tl.load(slot_e + j, volatile=True)
-        wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
-        if e == E:
-            if DPF:
-                dt.prefetch_rows(sw2, d * DC, DC, I, 0, I, SFMT, CPU)
-            ok = ok & dt.wait_items(
-                done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
-            )
-            y = dt.any_stream_rows(
-                sw2, sw2_scale, mid + j * S * I, d * DC, 0, I // DBK0, I, DC, DBK0, S, SFMT,
-                STAGES, CPU, True,
-            )  # fmt: skip
-        else:
-            w, ws = dt.stacked_expert(e, w2, w2_scale, H, I, FMT)
-            if DPF:
-                dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
-            ok = ok & dt.wait_items(
-                done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
-            )
-            y = dt.any_stream_rows(
-                w, ws, mid + j * S * I, d * DC, 0, I // DBK, I, DC, DBK, S, FMT, STAGES, CPU, True
-            )
-        acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
     acc = tl.where(ok, acc, float("nan"))
-    base = lg.like(dpart + d * (NG * DC * S) + n[:, None] * S + t[None, :], acc)
+    base = lg.like(dpart + d * (PARTS * DC * S) + n[:, None] * S + t[None, :], acc)
     tl.store(base + q * (DC * S), acc, mask=live)
-    if dt.last_arrival(dcount + d, NG):
-        tot = dt.sum_parts(base, NG, DC * S, live)  # in group order
+    if dt.last_arrival(dcount + d, PARTS):
+        tot = dt.sum_parts(base, PARTS, DC * S, live)  # in part order
         p = d * (DC // 2) + lg.arange(0, DC // 2)
         off = P_AR2 // 8 + rank * 16 * (H // 2)
         dt.push_pairs(peers, world, off, H // 2, p, dt.tile_pairs(tot, DC), True, tag, S)
