@@ -528,19 +528,25 @@ if has sdown; then
         step "warm-ffn-$1-$2" 220 python3 -m mono_kernels_minimax.ffn.bench \
             --rows 1,2,4,8,16 --formats "$1" --layers 1 --no-baseline --engine "$2" &
     done
-    step warm-ffn-spf 200 env MONO_FFN_TILES="spf=0" python3 -m mono_kernels_minimax.ffn.bench \
-        --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
-    step warm-ffn-rr0 200 env MONO_FFN_TILES="rr=0,racc=1" python3 -m \
-        mono_kernels_minimax.ffn.bench --rows 8,16 --formats mxfp4 --layers 1 --no-baseline &
+    NARROW=("" "spf=0" "uks0=16")  # tiles timed at S <= 4 ...
+    WIDE=("" "rr=0,racc=1" "dpf=2")  # ... and at S > 4 (the default's compiles: above)
+    for v in "${NARROW[@]:1}"; do
+        step "warm-ffn-${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
+            mono_kernels_minimax.ffn.bench --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
+    done
+    for v in "${WIDE[@]:1}"; do
+        step "warm-ffn-${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
+            mono_kernels_minimax.ffn.bench --rows 8,16 --formats mxfp4 --layers 1 --no-baseline &
+    done
     wait
     step bench-ffn 170 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --engine gluon \
         --out "$LOG/bench"
     step tune-ffn 70 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4,8,16 --format fp8 \
         --layouts frag,rot
-    step tiles-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
-        --variants "|spf=0"
-    step order-ffn 40 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
-        --variants "|rr=0,racc=1"
+    step tiles-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+        --variants "$(IFS='|'; echo "${NARROW[*]}")"
+    step order-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
+        --variants "$(IFS='|'; echo "${WIDE[*]}")"
     step timeline-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"
 fi

@@ -224,7 +224,9 @@ class TaskPlan:
     # 1: a shared up item asks L2 for its rows before waiting for the norm (they come
     # while the seam lands, competing with the seam's own loads), 0: not at all
     spf: int
-    dpf: int  # 1: a down item asks L2 for a slot's rows before waiting for the slot
+    # 1: a down item asks L2 for a slot's rows before waiting for the slot; 2: for every
+    # slot of its group before the first wait
+    dpf: int
     sfirst: int  # 1: the shared expert's up items take tickets before the routed ones, 0 after
     rt: int  # the route's tiles hold max(rt, S rounded up to a power of two) rows
     rcall: int  # 1: the route runs as a called function (its own registers), 0 inlined
@@ -330,7 +332,7 @@ class TaskPlan:
                 racc=2,
                 upf=0,
                 spf=1,
-                dpf=1,
+                dpf=2 if s > 4 else 1,  # (nothing under the interpreter: its loop runs)
                 sfirst=0 if s <= 4 else 1,  # the interpreter runs both orders
                 rt=4,
                 rcall=0,
@@ -415,9 +417,10 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         "pair 3 (the Gluon build's one-ring pair) needs bn >= 16 x warps",
     )
     need(
-        all(t[k] in (0, 1) for k in ("upf", "spf", "dpf", "sfirst", "rcall")),
-        "upf, spf, dpf, sfirst and rcall are 0 or 1",
+        all(t[k] in (0, 1) for k in ("upf", "spf", "sfirst", "rcall")),
+        "upf, spf, sfirst and rcall are 0 or 1",
     )
+    need(t["dpf"] in (0, 1, 2), "dpf is 0, 1 or 2")
     need(t["rrows"] <= 16, "rrows is at most 16")
     need(t["racc"] <= 4, "racc is 1, 2 or 4")
     need(t["rr"] == 0 or (pow2(t["rr"]) and t["rr"] <= 16), "rr is 0 or a power of two <= 16")

@@ -707,20 +707,26 @@ def _down_item(
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
 ):
-    """Down rows [d*DC, (d+1)*DC) of the routed slots of group q (slot j waited for alone,
-    with DPF its weights asked of L2 first), weighted per row by wtab: part SH + q of the
-    column block (SH: the shared expert's sdown part comes first)."""
+    """Down rows [d*DC, (d+1)*DC) of the routed slots of group q (slot j waited for alone),
+    weighted per row by wtab: part SH + q of the column block (SH: the shared expert's
+    sdown part comes first). DPF 1: a slot's weights are asked of L2 before its wait; 2:
+    every slot's of the group before the first (each slot's short stream then refills its
+    pipeline from L2, not HBM)."""
     t = lg.arange(0, 16)
     per = (nslots - SH + NG - 1) // NG
     j0 = SH + q * per
     j1 = tl.minimum(j0 + per, nslots)
     acc = dt.stream_zeros(DC)
     ok = nslots >= 0
+    if DPF == 2:
+        for j in range(j0, j1):
+            w, ws = dt.stacked_expert(tl.load(slot_e + j, volatile=True), w2, w2_scale, H, I, FMT)
+            dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
     for j in range(j0, j1):
         e = tl.load(slot_e + j, volatile=True)
         wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
         w, ws = dt.stacked_expert(e, w2, w2_scale, H, I, FMT)
-        if DPF:
+        if DPF == 1:
             dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
         ok = ok & dt.wait_items(
             done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
