@@ -221,8 +221,9 @@ class TaskPlan:
     rrows: int  # S at most this: the router dots one row at a time, else one fp32 tl.dot
     racc: int  # accumulators of that dot, K chunks dealt round-robin (independent chains)
     upf: int  # 1: a routed up item asks L2 for its rows before streaming them
-    # 1: a shared up item asks L2 for its rows before waiting for the norm (they come
-    # while the seam lands, competing with the seam's own loads), 0: not at all
+    # 1: a shared up item asks L2 for its rows before waiting for the norm, a shared down
+    # item for its rows before waiting for the up items (they come while the seam lands,
+    # competing with the seam's own loads), 0: not at all
     spf: int
     # 1: a down item asks L2 for a slot's rows before waiting for the slot; 2: for every
     # slot of its group before the first wait

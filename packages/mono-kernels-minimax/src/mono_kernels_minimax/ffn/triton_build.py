@@ -475,7 +475,7 @@ def _ffn_body(
             # done (no routing needed: the routed down items add their groups to it)
             _shared_down_item(
                 ush - NSH, slots, mid, sw2, sw2_scale, dpart, dcount, done, SLOTDONE, tag,
-                ctl, health, peers, rank, world, S, H, I, DC, DBK0, NG, SFMT, STAGES, DPF,
+                ctl, health, peers, rank, world, S, H, I, DC, DBK0, NG, SFMT, STAGES, SPF,
                 P_AR2, R_ITEMS, CPU,
             )  # fmt: skip
         else:
@@ -763,16 +763,17 @@ def _shared_down_item(
     NG: tl.constexpr,
     SFMT: tl.constexpr,
     STAGES: tl.constexpr,
-    DPF: tl.constexpr,
+    SPF: tl.constexpr,
     P_AR2: tl.constexpr,
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
 ):
     """The shared expert's down rows [d*DC, (d+1)*DC) (slot 0), live rows only (a padding
-    row uses no expert): part 0 of the column block. Its weights are asked of L2 (DPF)
-    before it waits for the shared up items."""
+    row uses no expert): part 0 of the column block. With SPF (the shared expert's early
+    prefetch, as its up items') its weights are asked of L2 before it waits for the
+    shared up items."""
     t = lg.arange(0, 16)
-    if DPF:
+    if SPF:
         dt.prefetch_rows(sw2, d * DC, DC, I, 0, I, SFMT, CPU)
     ok = dt.wait_items(done, slotdone, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
     y = dt.any_stream_rows(
