@@ -223,7 +223,7 @@ def store_mid(mid, j, c, h, S: tl.constexpr, COLS: tl.constexpr, BN: tl.constexp
 def wait_items(
     done,
     first,
-    N: tl.constexpr,
+    N,
     N2: tl.constexpr,
     tag,
     ctl,
@@ -236,7 +236,7 @@ def wait_items(
 ):
     """Wait (bounded) until items first..first+N-1 (smaller tickets) are done; then their
     stores are visible to this program. False: the wait gave up. N2: N rounded up to a
-    power of two."""
+    power of two (N may be a runtime count, at most N2)."""
     return pt.wait_done(
         done, first, N, N2, tag, ctl, health, peers, rank, world, region, first, CPU
     )

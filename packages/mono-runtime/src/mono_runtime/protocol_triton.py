@@ -227,7 +227,7 @@ def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: t
 def wait_done(
     done,
     first,
-    N: tl.constexpr,
+    N,
     N2: tl.constexpr,
     tag,
     ctl,
@@ -243,7 +243,7 @@ def wait_done(
     (smaller tickets) carry `tag`, then acquire them: those items' stores are visible to
     this program. False: the wait gave up (recorded in health with pair index `pair0` +
     lane, the alarm set), and so does every later wait of the step. N2: N rounded up to a
-    power of two."""
+    power of two (N may be a runtime count, at most N2)."""
     i = lg.anchor(lg.arange(0, N2))
     m = i < N
     _, ok = poll(done + first + i, m, tag, ctl, health, peers, rank, world, region, pair0, CPU)

@@ -207,6 +207,7 @@ def _ffn_body(
     DBK: tl.constexpr,
     DBK0: tl.constexpr,
     NG: tl.constexpr,
+    GJ2: tl.constexpr,
     STAGES: tl.constexpr,
     PAIR: tl.constexpr,
     RROWS: tl.constexpr,
@@ -529,7 +530,7 @@ def _ffn_body(
                 _down_item(
                     d, q, nslots, slot_e, wtab, mid, w2, w2_scale, dpart, dcount, done,
                     SLOTDONE, tag, ctl, health, peers, rank, world, S, H, I, DC, DBK, NG,
-                    HAS_SHARED, FMT, STAGES, DPF, P_AR2, R_ITEMS, CPU,
+                    GJ2, HAS_SHARED, FMT, STAGES, DPF, P_AR2, R_ITEMS, CPU,
                 )  # fmt: skip
             elif u < nup + ND * NG + S * NF:
                 # final (row s, FC columns): the ranks' partials in rank order -> out; one
@@ -699,6 +700,7 @@ def _down_item(
     DC: tl.constexpr,
     DBK: tl.constexpr,
     NG: tl.constexpr,
+    GJ2: tl.constexpr,
     SH: tl.constexpr,
     FMT: tl.constexpr,
     STAGES: tl.constexpr,
@@ -707,11 +709,12 @@ def _down_item(
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
 ):
-    """Down rows [d*DC, (d+1)*DC) of the routed slots of group q (slot j waited for alone),
-    weighted per row by wtab: part SH + q of the column block (SH: the shared expert's
-    sdown part comes first). DPF 1: a slot's weights are asked of L2 before its wait; 2:
-    every slot's of the group before the first (each slot's short stream then refills its
-    pipeline from L2, not HBM)."""
+    """Down rows [d*DC, (d+1)*DC) of the routed slots of group q, weighted per row by wtab:
+    part SH + q of the column block (SH: the shared expert's sdown part comes first). DPF
+    1: each slot's weights are asked of L2, then the slot waited for, before its stream; 2:
+    the group at once (every slot's weights asked for, then one wait for all of them), so
+    a slot's short stream starts with no round trip of its own. A slot's expert id and row
+    weights are loaded a slot ahead."""
     t = lg.arange(0, 16)
     per = (nslots - SH + NG - 1) // NG
     j0 = SH + q * per
@@ -722,15 +725,21 @@ def _down_item(
         for j in range(j0, j1):
             w, ws = dt.stacked_expert(tl.load(slot_e + j, volatile=True), w2, w2_scale, H, I, FMT)
             dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
+        ok = ok & dt.wait_items(
+            done, slotdone + j0, j1 - j0, GJ2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+        )
+    e_next = tl.load(slot_e + tl.maximum(tl.minimum(j0, j1 - 1), 0), volatile=True)
     for j in range(j0, j1):
-        e = tl.load(slot_e + j, volatile=True)
+        e = e_next
+        e_next = tl.load(slot_e + tl.minimum(j + 1, j1 - 1), volatile=True)
         wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
         w, ws = dt.stacked_expert(e, w2, w2_scale, H, I, FMT)
-        if DPF == 1:
-            dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
-        ok = ok & dt.wait_items(
-            done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
-        )
+        if DPF != 2:
+            if DPF:
+                dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
+            ok = ok & dt.wait_items(
+                done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
         y = dt.any_stream_rows(
             w, ws, mid + j * S * I, d * DC, 0, I // DBK, I, DC, DBK, S, FMT, STAGES, CPU, True
         )
@@ -1059,6 +1068,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         DBK=p.dbk,
         DBK0=p.dbk0,
         NG=p.ng,
+        GJ2=_p2(-(-(b.max_slots - (b.experts is not Experts.ROUTED)) // p.ng)),
         STAGES=p.stages,
         PAIR=p.pair,
         RROWS=p.rrows,
