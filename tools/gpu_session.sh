@@ -522,14 +522,15 @@ if has sdown; then
     # on the Gluon build), FP8 on each build, the tiles that decide the defaults (spf at
     # S <= 4, the old route at S > 4), and timelines at S = 1 and 16. BUDGET=580.
     tests ffn 240 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "gluon_tiny or padding \
-        or two_ranks or full_rank and (mxfp4-gluon] or fp8-gluon or fp8-triton)" --tb=short &
+        or two_ranks or full_rank and (mxfp4-gluon] or down-ring or fp8-gluon or fp8-triton)" \
+        --tb=short &
     for f in "mxfp4 gluon" "fp8 gluon" "fp8 triton"; do
         set -- $f
         step "warm-ffn-$1-$2" 220 python3 -m mono_kernels_minimax.ffn.bench \
             --rows 1,2,4,8,16 --formats "$1" --layers 1 --no-baseline --engine "$2" &
     done
     NARROW=("" "spf=0" "uks0=16")  # tiles timed at S <= 4 ...
-    WIDE=("" "rr=0,racc=1" "dpf=2")  # ... and at S > 4 (the default's compiles: above)
+    WIDE=("" "rr=0,racc=1" "dpf=2" "dring=1" "dring=1,dpf=2")  # ... and at S > 4
     for v in "${NARROW[@]:1}"; do
         step "warm-ffn-${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
@@ -545,7 +546,7 @@ if has sdown; then
         --layouts frag,rot
     step tiles-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
         --variants "$(IFS='|'; echo "${NARROW[*]}")"
-    step order-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
+    step order-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
         --variants "$(IFS='|'; echo "${WIDE[*]}")"
     step timeline-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"

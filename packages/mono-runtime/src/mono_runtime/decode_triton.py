@@ -120,6 +120,33 @@ def gl_stream_rows(
 
 
 @triton.jit
+def gl_stream_experts(
+    w,
+    ws,
+    x,
+    S: tl.constexpr,
+    eids,
+    wr,
+    nj,
+    row0,
+    NSTEP: tl.constexpr,
+    K: tl.constexpr,
+    N: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """`frag_stream_experts` (a grouped GEMV over nj stacked ``mxfp4-frag`` experts, their
+    ids at eids, their activations x + j S K, their per-token weights wr [nj, S], in one
+    ring) for kernels compiled by Gluon: fp32 [BN, 16] in the mma.sync layout."""
+    return fg.frag_stream_experts(
+        w.to(tl.pointer_type(tl.int32)),
+        ws.to(tl.pointer_type(tl.int32)),
+        x, S, eids, wr, nj, row0, NSTEP, K, N, BN, BK, STAGES, 4, 16,
+    )  # fmt: skip
+
+
+@triton.jit
 def any_stream_rows(
     w,
     ws,

@@ -228,6 +228,9 @@ class TaskPlan:
     # 1: a down item asks L2 for a slot's rows before waiting for the slot; 2: for every
     # slot of its group before the first wait
     dpf: int
+    # 1: the Gluon build's MXFP4 down item streams its group's slots in one ring
+    # (`frag_stream_experts`), after one wait for all of them; 0: one stream a slot
+    dring: int
     sfirst: int  # 1: the shared expert's up items take tickets before the routed ones, 0 after
     rt: int  # the route's tiles hold max(rt, S rounded up to a power of two) rows
     rcall: int  # 1: the route runs as a called function (its own registers), 0 inlined
@@ -297,6 +300,7 @@ class TaskPlan:
                 upf=0,
                 spf=1,
                 dpf=1,
+                dring=0,
                 # the shared expert's up items before the routed ones: after them (0), the
                 # routed up items take the programs free when the route lands, yet H200
                 # (stop 34, ffn.tune, same call) 68.6 / 94.6 us at S = 1 / 2 against 65.5 /
@@ -334,6 +338,7 @@ class TaskPlan:
                 upf=0,
                 spf=1,
                 dpf=2 if s > 4 else 1,  # (nothing under the interpreter: its loop runs)
+                dring=1,  # (Gluon only: the interpreter runs the Triton body)
                 sfirst=0 if s <= 4 else 1,  # the interpreter runs both orders
                 rt=4,
                 rcall=0,
@@ -399,6 +404,7 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
                 "dpf",
                 "sfirst",
                 "rcall",
+                "dring",
                 "occ",
                 "regs",
                 "rr",
@@ -418,8 +424,8 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         "pair 3 (the Gluon build's one-ring pair) needs bn >= 16 x warps",
     )
     need(
-        all(t[k] in (0, 1) for k in ("upf", "spf", "sfirst", "rcall")),
-        "upf, spf, sfirst and rcall are 0 or 1",
+        all(t[k] in (0, 1) for k in ("upf", "spf", "sfirst", "rcall", "dring")),
+        "upf, spf, sfirst, rcall and dring are 0 or 1",
     )
     need(t["dpf"] in (0, 1, 2), "dpf is 0, 1 or 2")
     need(t["rrows"] <= 16, "rrows is at most 16")

@@ -208,6 +208,7 @@ def _ffn_body(
     DBK0: tl.constexpr,
     NG: tl.constexpr,
     GJ2: tl.constexpr,
+    DRING: tl.constexpr,
     STAGES: tl.constexpr,
     PAIR: tl.constexpr,
     RROWS: tl.constexpr,
@@ -530,7 +531,7 @@ def _ffn_body(
                 _down_item(
                     d, q, nslots, slot_e, wtab, mid, w2, w2_scale, dpart, dcount, done,
                     SLOTDONE, tag, ctl, health, peers, rank, world, S, H, I, DC, DBK, NG,
-                    GJ2, HAS_SHARED, FMT, STAGES, DPF, P_AR2, R_ITEMS, CPU,
+                    GJ2, DRING, HAS_SHARED, FMT, STAGES, DPF, P_AR2, R_ITEMS, CPU,
                 )  # fmt: skip
             elif u < nup + ND * NG + S * NF:
                 # final (row s, FC columns): the ranks' partials in rank order -> out; one
@@ -701,6 +702,7 @@ def _down_item(
     DBK: tl.constexpr,
     NG: tl.constexpr,
     GJ2: tl.constexpr,
+    DRING: tl.constexpr,
     SH: tl.constexpr,
     FMT: tl.constexpr,
     STAGES: tl.constexpr,
@@ -725,16 +727,24 @@ def _down_item(
         for j in range(j0, j1):
             w, ws = dt.stacked_expert(tl.load(slot_e + j, volatile=True), w2, w2_scale, H, I, FMT)
             dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
+    if DPF == 2 or DRING:
         ok = ok & dt.wait_items(
             done, slotdone + j0, j1 - j0, GJ2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
         )
+    if DRING:  # (the Gluon build's MXFP4 only)
+        if j1 > j0:
+            acc = dt.gl_stream_experts(
+                w2, w2_scale, mid + j0 * S * I, S, slot_e + j0, wtab + j0 * S, j1 - j0, d * DC,
+                I // DBK, I, H, DC, DBK, STAGES,
+            )  # fmt: skip
+        j1 = j0  # (no slot left for the loop)
     e_next = tl.load(slot_e + tl.maximum(tl.minimum(j0, j1 - 1), 0), volatile=True)
     for j in range(j0, j1):
         e = e_next
         e_next = tl.load(slot_e + tl.minimum(j + 1, j1 - 1), volatile=True)
         wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
         w, ws = dt.stacked_expert(e, w2, w2_scale, H, I, FMT)
-        if DPF != 2:
+        if DPF != 2 and not DRING:
             if DPF:
                 dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
             ok = ok & dt.wait_items(
@@ -1069,6 +1079,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         DBK0=p.dbk0,
         NG=p.ng,
         GJ2=_p2(-(-(b.max_slots - (b.experts is not Experts.ROUTED)) // p.ng)),
+        DRING=int(bool(p.dring) and b.frag and b.weights is WeightFormat.MXFP4),
         STAGES=p.stages,
         PAIR=p.pair,
         RROWS=p.rrows,

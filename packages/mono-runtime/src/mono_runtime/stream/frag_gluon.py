@@ -156,6 +156,38 @@ def frag_stream_row_pair(
 
 
 @gluon.jit
+def frag_stream_experts(
+    w,
+    ws,
+    x,
+    S,
+    eids,
+    wt,
+    nj,
+    row0,
+    NSTEP: gl.constexpr,
+    K: gl.constexpr,
+    N: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    W: gl.constexpr,
+    NT: gl.constexpr,
+):
+    """A grouped GEMV in one ring: sum over j < nj (>= 1, at run time) of wt[j, t] x
+    (rows row0.. of expert eids[j]'s [N, K] ``mxfp4-frag`` matrix, stacked from w / ws, times
+    x[j]'s [:S, :K] bf16 rows, x + j S K): one ring over all nj K passes, so the next
+    expert's first copies fly while this one's last steps compute, where one stream per
+    expert drains and refills its ring each time. A term with weight 0 adds 0 (its sums may
+    be anything). Each expert's id is read one expert ahead of its copies, its weights at
+    its first step. fp32 [BN, NT] in the streams' layout."""
+    return _ring(
+        w, ws, x, S, row0, row0, 0, NSTEP, K, BN, BK, STAGES, W, NT, 1, False,
+        True, eids, wt, nj, N,
+    )  # fmt: skip
+
+
+@gluon.jit
 def bf16_stream_rows(
     w,
     x,
@@ -260,6 +292,11 @@ def _ring(
     NT: gl.constexpr,
     F: gl.constexpr,
     TWO: gl.constexpr,
+    MULTI: gl.constexpr = False,
+    eids=None,
+    wt=None,
+    nj=1,
+    EN: gl.constexpr = 0,
 ):
     """Every stream's loop: a STAGES-deep cp.async ring of BK-column steps (weights, their
     scale words for F 1, and the activation slice), two mma.sync accumulator chains over
@@ -268,7 +305,8 @@ def _ring(
     decoded so, each half step's sums times its 128 x 128 block's fp32 scale (ws); 0 bf16
     tiles read into it by ldmatrix. TWO: the tile's BN rows are BN / 2 from row0 and BN / 2
     from row1, their sums returned apart (two [BN / 2, NT]); else BN rows from row0 (row1
-    unused), one [BN, NT]."""
+    unused), one [BN, NT]. MULTI (F 1, one part): `frag_stream_experts`' nj passes of
+    NSTEP steps over stacked [EN, K] experts, each pass's sums weighted by its wt row."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8]
     )
@@ -338,11 +376,30 @@ def _ring(
     x_off = xn[:, None] * K + xk[None, :]
     x_live = (xn < S)[:, None] & (xk >= 0)[None, :]  # rows past S are zero-filled
 
+    total = NSTEP
+    if MULTI:
+        gl.static_assert(F == 1 and not TWO, "frag_stream_experts: mxfp4-frag, one part")
+        gl.static_assert(NSTEP >= STAGES - 1, "frag_stream_experts: NSTEP >= STAGES - 1")
+        EW: gl.constexpr = EN * K // 8  # int32 words of an expert's codes, then scales
+        ESW: gl.constexpr = EN * K // 128
+        nj = nj.to(gl.int32)  # (ring slots are int32 indices)
+        total = nj * NSTEP
+        # (other programs' stores, read past L1)
+        e_iss = gl.load(eids, volatile=True).to(gl.int64)  # the expert being issued
+        e_pre = gl.load(eids + gl.minimum(1, nj - 1), volatile=True).to(gl.int64)  # the next
+        wj = w + e_iss * EW
+        wsj = ws + e_iss * ESW
+        ot = gl.arange(0, NT, layout=gl.SliceLayout(0, mma))
+        wrow = gl.zeros([NT], gl.float32, gl.SliceLayout(0, mma))
+        tot = gl.zeros([AR, NT], gl.float32, mma)
+    else:
+        wj = w
+        wsj = ws
     for st in gl.static_range(STAGES - 1):
-        _copy_step(w, x, wbuf, xbuf, st, w_off, x_off, x_live, k_begin + st * BK, F, WB)
+        _copy_step(wj, x, wbuf, xbuf, st, w_off, x_off, x_live, k_begin + st * BK, F, WB)
         if F == 1:
             cp.async_copy_global_to_shared(
-                sbuf.index(st), ws + s_off + ((k_begin + st * BK) // 64) * 8
+                sbuf.index(st), wsj + s_off + ((k_begin + st * BK) // 64) * 8
             )
         cp.commit_group()
 
@@ -351,7 +408,7 @@ def _ring(
     if TWO:  # the second part's two chains
         acc2 = gl.zeros([AR, NT], gl.float32, mma)
         acc3 = gl.zeros([AR, NT], gl.float32, mma)
-    for i in range(NSTEP):
+    for i in range(total):
         if F == 2:  # the step's block scales: asked for before the wait, used after the MMAs
             ka = (k_begin + i * BK) // 128
             kb = (k_begin + i * BK + BK // 2) // 128
@@ -363,13 +420,34 @@ def _ring(
         cp.wait_group(STAGES - 2)
         _barrier()  # every lane's copies of step i landed; step i - 1's slot is free
         nxt = i + STAGES - 1
-        if nxt < NSTEP:
+        if MULTI:
+            if nxt < total:
+                jn = nxt // NSTEP
+                kn = nxt - jn * NSTEP
+                if kn == 0:  # the next expert's first step: its id came an expert ahead
+                    e_iss = e_pre
+                    e_pre = gl.load(eids + gl.minimum(jn + 1, nj - 1), volatile=True)
+                    e_pre = e_pre.to(gl.int64)
+                k0 = kn * BK
+                slot = nxt % STAGES
+                _copy_step(
+                    w + e_iss * EW, x + jn * (S * K), wbuf, xbuf, slot, w_off, x_off, x_live,
+                    k0, F, WB,
+                )  # fmt: skip
+                cp.async_copy_global_to_shared(
+                    sbuf.index(slot), ws + e_iss * ESW + s_off + (k0 // 64) * 8
+                )
+        elif nxt < NSTEP:
             k0 = k_begin + nxt * BK
             slot = nxt % STAGES
             _copy_step(w, x, wbuf, xbuf, slot, w_off, x_off, x_live, k0, F, WB)
             if F == 1:
                 cp.async_copy_global_to_shared(sbuf.index(slot), ws + s_off + (k0 // 64) * 8)
         cp.commit_group()
+        if MULTI:
+            jc = i // NSTEP
+            if i - jc * NSTEP == 0:  # this expert's weights, used after its last step
+                wrow = gl.load(wt + jc * S + ot, mask=ot < S, other=0.0, volatile=True)
         cur = i % STAGES
         if F == 1:
             q = wbuf.index(cur)._reinterpret(gl.int16, [RB, CB, 8, 4, 8], plain5).load(q_l)
@@ -425,10 +503,18 @@ def _ring(
             if TWO:
                 acc2 = ampere.mma_v2(c0, b0, acc2)
                 acc3 = ampere.mma_v2(c1, b1, acc3)
+        if MULTI:
+            if i - (i // NSTEP) * NSTEP == NSTEP - 1:  # an expert's last step: weigh it in
+                y = (acc + acc1) * 2.0**63
+                tot += gl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
+                acc = gl.zeros([AR, NT], gl.float32, mma)
+                acc1 = gl.zeros([AR, NT], gl.float32, mma)
     cp.wait_group(0)
     _barrier()  # every warp is done with the ring: a caller's next stream may reuse it
     lift: gl.constexpr = 2.0**63 if F == 1 else 1.0  # the mxfp4 scales leave 2^63 to the sums
-    if TWO:
+    if MULTI:
+        return tot
+    elif TWO:
         return (acc + acc1) * lift, (acc2 + acc3) * lift
     else:
         return (acc + acc1) * lift
