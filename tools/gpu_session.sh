@@ -518,36 +518,37 @@ if has sdown; then
     # The shared expert's down items as a stage of their own (sdown, stop 41) and the
     # Gluon build's route stage by default at S > 4: the FFN's GPU tests (Gluon both formats,
     # FP8's Triton build, two ranks, graph replay with padding, the tiny subsets) beside the
-    # compiles of what is timed next; then the issue's table (`mono bench ffn`, both formats
-    # on the Gluon build), FP8 on each build, the tiles that decide the defaults (spf at
-    # S <= 4, the old route at S > 4), and timelines at S = 1 and 16. BUDGET=580.
-    tests ffn 240 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "gluon_tiny or padding \
+    # compiles of what is timed next; then the tiles that decide the defaults (the old
+    # route, dpf=2 and the down ring at S > 4; spf and uks0 at S <= 4), FP8 on each build,
+    # the issue's table (`mono bench ffn`, both formats on the Gluon build), timelines.
+    tests ffn 220 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "gluon_tiny or padding \
         or two_ranks or full_rank and (mxfp4-gluon] or down-ring or fp8-gluon or fp8-triton)" \
         --tb=short &
     for f in "mxfp4 gluon" "fp8 gluon" "fp8 triton"; do
         set -- $f
-        step "warm-ffn-$1-$2" 220 python3 -m mono_kernels_minimax.ffn.bench \
+        step "warm-ffn-$1-$2" 200 python3 -m mono_kernels_minimax.ffn.bench \
             --rows 1,2,4,8,16 --formats "$1" --layers 1 --no-baseline --engine "$2" &
     done
     NARROW=("" "spf=0" "uks0=16")  # tiles timed at S <= 4 ...
     WIDE=("" "rr=0,racc=1" "dpf=2" "dring=1" "dring=1,dpf=2")  # ... and at S > 4
     for v in "${NARROW[@]:1}"; do
-        step "warm-ffn-${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
+        step "warm-ffn-${v//[=,]/_}" 180 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
     done
     for v in "${WIDE[@]:1}"; do
-        step "warm-ffn-${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
+        step "warm-ffn-${v//[=,]/_}" 180 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows 8,16 --formats mxfp4 --layers 1 --no-baseline &
     done
     wait
-    step bench-ffn 170 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --engine gluon \
-        --out "$LOG/bench"
-    step tune-ffn 70 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4,8,16 --format fp8 \
-        --layouts frag,rot
-    step tiles-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
-        --variants "$(IFS='|'; echo "${NARROW[*]}")"
+    # most wanted first: the tiles (they decide the defaults), then the table
     step order-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
         --variants "$(IFS='|'; echo "${WIDE[*]}")"
+    step tiles-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+        --variants "$(IFS='|'; echo "${NARROW[*]}")"
+    step tune-ffn 70 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4,8,16 --format fp8 \
+        --layouts frag,rot
+    step bench-ffn 170 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --engine gluon \
+        --out "$LOG/bench"
     step timeline-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"
 fi
