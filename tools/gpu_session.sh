@@ -521,9 +521,10 @@ if has sdown; then
     # compiles of what is timed next; then the tiles that decide the defaults (the old
     # route, dpf=2 and the down ring at S > 4; spf and uks0 at S <= 4), FP8 on each build,
     # the issue's table (`mono bench ffn`, both formats on the Gluon build), timelines.
-    tests ffn 220 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "gluon_tiny or padding \
-        or two_ranks or full_rank and (mxfp4-gluon] or down-ring or fp8-gluon or fp8-triton)" \
-        --tb=short &
+    G=$P/mono-kernels-minimax/tests/test_ffn_gpu.py
+    tests ffn 220 $G -k "full_rank and (mxfp4-gluon] or down-ring)" --tb=short &
+    tests ffn2 220 $G -k "gluon_tiny or full_rank and fp8" --tb=short &
+    tests ffn3 220 $G -k "two_ranks or padding" --tb=short &
     for f in "mxfp4 gluon" "fp8 gluon" "fp8 triton"; do
         set -- $f
         step "warm-ffn-$1-$2" 200 python3 -m mono_kernels_minimax.ffn.bench \
@@ -646,7 +647,7 @@ wait  # a background part (k1-tests)
 cp "$LOG"/bench/bench-*.json "$OUT"/ 2>/dev/null  # 8 files come back at most: PNGs in the archive
 tar -C "$LOG" -czf "$OUT/logs.tgz" .
 cat "$LOG/status.txt"
-for name in ffn k1 k2 drafter sources rest frag8; do
+for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== tests $name"
     grep -E "^(FAILED|ERROR) " "$LOG/$name.txt" | head -20
