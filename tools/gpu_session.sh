@@ -522,31 +522,31 @@ if has sdown; then
     # route, dpf=2 and the down ring at S > 4; spf and uks0 at S <= 4), FP8 on each build,
     # the issue's table (`mono bench ffn`, both formats on the Gluon build), timelines.
     G=$P/mono-kernels-minimax/tests/test_ffn_gpu.py
-    tests ffn 220 $G -k "full_rank and (mxfp4-gluon] or down-ring)" --tb=short &
-    tests ffn2 220 $G -k "gluon_tiny or full_rank and fp8" --tb=short &
-    tests ffn3 220 $G -k "two_ranks or padding" --tb=short &
+    tests ffn 180 $G -k "full_rank and (mxfp4-gluon] or down-ring)" --tb=short &
+    tests ffn2 180 $G -k "gluon_tiny or full_rank and fp8" --tb=short &
+    tests ffn3 180 $G -k "two_ranks or padding" --tb=short &
     for f in "mxfp4 gluon" "fp8 gluon" "fp8 triton"; do
         set -- $f
-        step "warm-ffn-$1-$2" 200 python3 -m mono_kernels_minimax.ffn.bench \
+        step "warm-ffn-$1-$2" 180 python3 -m mono_kernels_minimax.ffn.bench \
             --rows 1,2,4,8,16 --formats "$1" --layers 1 --no-baseline --engine "$2" &
     done
     NARROW=("" "spf=0" "uks0=16")  # tiles timed at S <= 4 ...
     WIDE=("" "rr=0,racc=1" "dpf=2" "dring=1" "dring=1,dpf=2")  # ... and at S > 4
     for v in "${NARROW[@]:1}"; do
-        step "warm-ffn-${v//[=,]/_}" 180 env MONO_FFN_TILES="$v" python3 -m \
+        step "warm-ffn-${v//[=,]/_}" 170 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
     done
     for v in "${WIDE[@]:1}"; do
-        step "warm-ffn-${v//[=,]/_}" 180 env MONO_FFN_TILES="$v" python3 -m \
+        step "warm-ffn-${v//[=,]/_}" 170 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows 8,16 --formats mxfp4 --layers 1 --no-baseline &
     done
     wait
     # most wanted first: the tiles (they decide the defaults), then the table
-    step order-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
+    step order-ffn 70 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
         --variants "$(IFS='|'; echo "${WIDE[*]}")"
-    step tiles-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+    step tiles-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
         --variants "$(IFS='|'; echo "${NARROW[*]}")"
-    step tune-ffn 70 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4,8,16 --format fp8 \
+    step tune-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4,8,16 --format fp8 \
         --layouts frag,rot
     step bench-ffn 170 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --engine gluon \
         --out "$LOG/bench"
