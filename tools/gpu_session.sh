@@ -525,6 +525,7 @@ if has sdown; then
     tests ffn 180 $G -k "full_rank and (mxfp4-gluon] or down-ring)" --tb=short &
     tests ffn2 180 $G -k "gluon_tiny or full_rank and fp8" --tb=short &
     tests ffn3 180 $G -k "two_ranks or padding" --tb=short &
+    tests frag8 120 $P/mono-runtime/tests/test_frag.py -k "stream_experts" --tb=short &
     for f in "mxfp4 gluon" "fp8 gluon" "fp8 triton"; do
         set -- $f
         step "warm-ffn-$1-$2" 180 python3 -m mono_kernels_minimax.ffn.bench \

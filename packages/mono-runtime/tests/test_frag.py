@@ -368,3 +368,59 @@ if __name__ == "__main__":
         print(json.dumps(frag_loop_cost()))
     if sys.argv[1] == "pair":
         print(json.dumps(pair_ring_cost()))
+
+
+@gluon.jit
+def _experts_kernel(
+    w, ws, x, eids, wt, y, nj, S: gl.constexpr, K: gl.constexpr, N: gl.constexpr,
+    BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+):  # fmt: skip
+    """y[16 tokens, BN] = rows pid x BN.. of `frag_stream_experts` over nj experts."""
+    r0 = gl.program_id(0) * BN
+    acc = fg.frag_stream_experts(
+        w, ws, x, S, eids, wt, nj, r0, K // BK, K, N, BN, BK, STAGES, 4, 16
+    )
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8]
+    )
+    on = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    ot = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))
+    gl.store(y + ot[None, :] * N + r0 + on[:, None], acc, mask=(ot < S)[None, :])
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("s", "nj"), [(1, 1), (4, 3), (16, 4)])
+def test_frag_stream_experts_is_the_weighted_sum_of_gemvs_on_the_gpu(s, nj):
+    """The grouped GEMV (one ring over nj stacked experts, each with its own activation
+    rows and per-token weight; a weight of 0 adds 0 even where that expert's sums are
+    NaN) against float64, with the experts picked out of order from a stack of 6."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("mma.sync bf16 needs sm_80+")
+    g = torch.Generator().manual_seed(20 + s)
+    e, n, k = 6, 256, 768
+    codes, scales = _k32(n, k, g, (e,))
+    dense = L.dequantize(codes, scales, L.MXFP4_K32).double()
+    x = torch.randn(nj, s, k, generator=g).to(torch.bfloat16)
+    ids = torch.tensor([4, 1, 5, 0][:nj], dtype=torch.int32)
+    wt = torch.rand(nj, s, generator=g)
+    wt[0, 0] = 0.0  # a row that does not use expert 4: its NaN activations add nothing
+    x[0, 0, :7] = float("nan")
+    ref = sum(
+        wt[j].double()[:, None] * torch.nan_to_num(x[j].double() @ dense[int(ids[j])].T, nan=0.0)
+        for j in range(nj)
+    )
+    terms = sum(
+        wt[j].double()[:, None] * (x[j].double().abs().nan_to_num() @ dense[int(ids[j])].abs().T)
+        for j in range(nj)
+    )
+    pack_experts_frag({"w": (codes, scales)})  # in place: codes and scales now hold frag words
+    words, sw = codes.cuda(), scales.cuda()
+    for bn, bk, stages in ((128, 256, 3), (64, 128, 2)):
+        y = torch.full((16, n), float("nan"), device="cuda")
+        _experts_kernel[(n // bn,)](
+            words.view(torch.int32), sw.view(torch.int32), x.cuda(), ids.cuda(), wt.cuda(), y,
+            nj, s, k, n, bn, bk, stages, num_warps=4,
+        )  # fmt: skip
+        got = y[:s].double().cpu()
+        assert ((got - ref).abs() <= 1e-5 * terms + 1e-30).all(), (bn, bk, stages)
