@@ -1,7 +1,8 @@
 """The ``mxfp4-frag`` layout (pure torch) and its Gluon engine: the layout against the
 checkpoint's codes and the decode's bit contract on a CPU, the compiled sm_90 loop's cost
-without a GPU, and on an NVIDIA GPU (`-m gpu`) the GEMV against float64 and the two-block
-ring (`frag_stream_row_pair` and its bf16 and fp8 twins) against two rings."""
+without a GPU, and on an NVIDIA GPU (`-m gpu`) the GEMV against float64, the two-block
+ring (`frag_stream_row_pair` and its bf16 and fp8 twins) against two rings and the grouped
+ring (`frag_stream_experts`) against float64."""
 
 from __future__ import annotations
 
