@@ -170,12 +170,14 @@ def test_mxfp4_nibble_order_is_vllms():
 
 
 def test_streaming_plan_fills_the_gpu_at_one_row():
-    """S = 1 at TP4 shapes: split-K up items and per-slot down items give every one of 132
-    SMs about two items per expert stage (one item per SM leaves HBM idle on the tail)."""
+    """S = 1 at TP4 shapes: split-K up items and per-slot down items (the shared expert's,
+    then one group per routed expert: no empty group) give every one of 132 SMs about two
+    items per expert stage (one item per SM leaves HBM idle on the tail)."""
     b = FfnBuild(MiniMaxM3Config(), 1, 4)
     p = b.plan
     up = p.nc * p.uks0 + (b.max_slots - 1) * p.nc * p.uks
-    assert up >= 2 * 132 and p.down * min(p.ng, b.max_slots) >= 1.8 * 132
+    assert p.ng == b.max_slots - 1 == 4
+    assert up >= 2 * 132 and p.down * (1 + p.ng) >= 1.8 * 132
     assert (768 // p.bn) == p.nc and 6144 % (p.ubk * p.uks) == 0 and 768 % p.dbk == 0
 
 

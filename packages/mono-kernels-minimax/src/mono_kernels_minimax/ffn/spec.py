@@ -260,6 +260,9 @@ class TaskPlan:
         # S = 8 / 16 against 146.7 / 241.2 with the Triton build's tiles (one ring alone
         # 137.1 / 232.7; at S = 1 / 4 it changes nothing: 48.1 / 89.8 against 47.1 / 90.2)
         gluon_wide = b.frag and s > 4
+        # the most routed slots a step can have: the down stage's groups share them (the
+        # shared expert's down items are a stage of their own); 1 for a SHARED build
+        routed_max = max(1, b.max_slots - (b.experts is not Experts.ROUTED))
         if big:
             tiles = dict(
                 bn=64,
@@ -274,7 +277,8 @@ class TaskPlan:
                 dc=128 if s <= 4 or fp8 or gluon_wide else 64,
                 dbk=_step(i, 128 if fp8 else 256),
                 dbk0=_step(i, 128),
-                ng=min(b.max_slots, 16 if gluon_wide else 8),
+                # (groups of routed slots: at S = 1 four, one expert each)
+                ng=min(routed_max, 16 if gluon_wide else 8),
                 # two programs an SM, 3 stages each (110 KB of shared memory): twice the
                 # loads in flight of one 4-stage program; on the H200 (ffn.tune, same run)
                 # 103.9 / 475.5 us at S = 1 / 16 against 117.8 / 588.0 (8 warps: 129.5 / 666.6)
@@ -327,7 +331,7 @@ class TaskPlan:
                 dc=64,
                 dbk=128 if fp8 else min(64, i),
                 dbk0=128 if shared_fp8 else min(64, i),
-                ng=min(b.max_slots, 2),
+                ng=min(routed_max, 2),
                 stages=2,
                 warps=4,
                 occ=1,
