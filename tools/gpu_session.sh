@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -553,6 +553,18 @@ if has sdown; then
         --out "$LOG/bench"
     step timeline-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"
+fi
+if has confirm; then
+    # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at
+    # S > 4, FP8 on the Gluon build), timed as the table; the grouped ring's engine
+    # test beside the compiles. BUDGET=230.
+    tests frag8 100 $P/mono-runtime/tests/test_frag.py -k "stream_experts" --tb=short &
+    for f in mxfp4 fp8; do
+        step "warm-ffn-$f" 120 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
+            --formats "$f" --layers 1 --no-baseline &
+    done
+    wait
+    step bench-ffn 150 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --out "$LOG/bench"
 fi
 if has toy; then
     # The toy greedy decodes on the kernels (32 steps, eager and graph): the MiniMax-M3 toy

@@ -35,7 +35,7 @@ MX4, FP8 = WeightFormat.MXFP4, WeightFormat.FP8
         ("cuda", None, MX4, True, 90, "gluon"),
         ("cuda:1", None, MX4, True, 100, "gluon"),
         ("cuda", None, MX4, False, 90, "triton"),  # the checkpoint layout: Triton streams it
-        ("cuda", None, FP8, True, 90, "triton"),  # fp8-frag: opt-in until a GPU runs it
+        ("cuda", None, FP8, True, 90, "gluon"),  # fp8-frag
         ("cuda", None, FP8, False, 90, "triton"),
         ("cuda", None, WeightFormat.BF16, True, 90, "triton"),
         ("cuda", None, MX4, True, 80, "triton"),

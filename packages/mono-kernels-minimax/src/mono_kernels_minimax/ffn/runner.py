@@ -9,10 +9,10 @@ also names its ticket counter; every rank issuing the same launches derives the 
 tags. Call `after_step()` once per executed step (it raises MonoFault on every rank after
 any give-up).
 
-Build: `choose_build` picks FlyDSL on a ROCm GPU, Gluon for packed MXFP4 experts on an
-NVIDIA GPU of sm_90 or later (FP8 on request: `engine="gluon"`), and Triton elsewhere
-(bf16, FP8, other GPUs, the CPU interpreter); all read the same spec, so the runner's
-API and arguments are the same.
+Build: `choose_build` picks FlyDSL on a ROCm GPU, Gluon for packed MXFP4 or FP8 experts
+on an NVIDIA GPU of sm_90 or later, and Triton elsewhere (bf16, unpacked experts, other
+GPUs, the CPU interpreter); all read the same spec, so the runner's API and arguments are
+the same.
 Each width's build is a mono_runtime Build (ffn.build): the runner warms and launches
 through it, and it refuses, with the reason, a target it does not serve.
 """
@@ -62,15 +62,16 @@ def choose_build(
     arch: int = 0,
 ) -> str:
     """ "flydsl" on a GPU of a ROCm torch (`torch.version.hip` set); "gluon" for packed
-    MXFP4 experts on an NVIDIA GPU of compute capability `arch` >= 90 (its mma.sync engine
-    streams them 1.3-1.6x faster than the Triton build: docs/PERFORMANCE.md); "triton"
-    elsewhere: bf16, FP8 (the Gluon build's fp8-frag stream, `engine="gluon"`, is not yet
-    checked on a GPU), unpacked weights, other GPUs, and the interpreter on a CPU."""
+    MXFP4 or FP8 experts on an NVIDIA GPU of compute capability `arch` >= 90 (its mma.sync
+    engine streams them 1.3-1.6x (MXFP4) and 1.25-1.41x (FP8, H100, stop 41) faster than
+    the Triton build: docs/PERFORMANCE.md); "triton" elsewhere: bf16, unpacked weights
+    (vLLM's own tensors), other GPUs, and the interpreter on a CPU."""
     if torch.device(device).type != "cuda":
         return "triton"
     if hip_version:
         return "flydsl"
-    return "gluon" if fmt is WeightFormat.MXFP4 and pack and arch >= 90 else "triton"
+    packed = fmt in (WeightFormat.MXFP4, WeightFormat.FP8) and pack
+    return "gluon" if packed and arch >= 90 else "triton"
 
 
 def _arch(device: torch.device) -> int:

@@ -302,9 +302,16 @@ class TaskPlan:
                 # Triton build's wide steps keep 1 and 0 (not timed)
                 racc=2 if gluon_wide else 1,
                 upf=0,
-                spf=1,
+                # no early prefetch of the shared expert at S <= 4: H100 (stop 41, ffn.tune,
+                # same call) 49.3 / 68.3 / 97.5 us at S = 1 / 2 / 4 against 50.3 / 70.4 /
+                # 99.9 (stop 40: 246.3 against 243.1 at S = 16)
+                spf=0 if s <= 4 else 1,
                 dpf=1,
-                dring=0,
+                # a down item's slots in one ring (Gluon, MXFP4) at S > 4, where a group holds
+                # several: H100 (stop 41, ffn.tune, same call) 135.9 / 202.8 us at S = 8 / 16
+                # against 139.8 / 212.7 (dpf=2 alone: 139.4 / 216.3). At S <= 4 a group is
+                # one slot and the ring has nothing to overlap
+                dring=1 if gluon_wide else 0,
                 # the shared expert's up items before the routed ones: after them (0), the
                 # routed up items take the programs free when the route lands, yet H200
                 # (stop 34, ffn.tune, same call) 68.6 / 94.6 us at S = 1 / 2 against 65.5 /

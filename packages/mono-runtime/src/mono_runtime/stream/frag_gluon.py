@@ -382,7 +382,7 @@ def _ring(
         gl.static_assert(NSTEP >= STAGES - 1, "frag_stream_experts: NSTEP >= STAGES - 1")
         EW: gl.constexpr = EN * K // 8  # int32 words of an expert's codes, then scales
         ESW: gl.constexpr = EN * K // 128
-        nj = nj.to(gl.int32)  # (ring slots are int32 indices)
+        nj = gl.to_tensor(nj).to(gl.int32)  # (ring slots are int32; nj may be a constant 1)
         total = nj * NSTEP
         # (other programs' stores, read past L1)
         e_iss = gl.load(eids, volatile=True).to(gl.int64)  # the expert being issued
