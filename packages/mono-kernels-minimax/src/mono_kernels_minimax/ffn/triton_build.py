@@ -474,11 +474,19 @@ def _ffn_body(
             )
         elif (ush >= NSH) & (ush < NSHD):
             # sdown: the shared expert's down rows [d*DC, (d+1)*DC), once its up items are
-            # done (no routing needed: the routed down items add their groups to it)
+            # done (no routing needed: the routed down items add their groups to it); with
+            # SPF (the shared expert's early prefetch) its rows are asked of L2 first
+            d = ush - NSH
+            if SPF:
+                dt.prefetch_rows(sw2, d * DC, DC, I, 0, I, SFMT, CPU)
+            ok = dt.wait_items(
+                done, SLOTDONE, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
+            if TL:
+                t_ready = pt.clock(0, CPU)
             _shared_down_item(
-                ush - NSH, slots, mid, sw2, sw2_scale, dpart, dcount, done, SLOTDONE, tag,
-                ctl, health, peers, rank, world, S, H, I, DC, DBK0, NG, SFMT, STAGES, SPF,
-                P_AR2, R_ITEMS, CPU,
+                d, ok, slots, mid, sw2, sw2_scale, dpart, dcount, peers, rank, world, tag,
+                S, H, I, DC, DBK0, NG, SFMT, STAGES, P_AR2, CPU,
             )  # fmt: skip
         else:
             u = t - STATIC
@@ -760,20 +768,17 @@ def _down_item(
 @triton.jit
 def _shared_down_item(
     d,
+    ok,
     slots,
     mid,
     sw2,
     sw2_scale,
     dpart,
     dcount,
-    done,
-    slotdone,
-    tag,
-    ctl,
-    health,
     peers,
     rank,
     world,
+    tag,
     S: tl.constexpr,
     H: tl.constexpr,
     I: tl.constexpr,
@@ -782,19 +787,12 @@ def _shared_down_item(
     NG: tl.constexpr,
     SFMT: tl.constexpr,
     STAGES: tl.constexpr,
-    SPF: tl.constexpr,
     P_AR2: tl.constexpr,
-    R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
 ):
-    """The shared expert's down rows [d*DC, (d+1)*DC) (slot 0), live rows only (a padding
-    row uses no expert): part 0 of the column block. With SPF (the shared expert's early
-    prefetch, as its up items') its weights are asked of L2 before it waits for the
-    shared up items."""
+    """The shared expert's down rows [d*DC, (d+1)*DC) (slot 0; its up items waited for, `ok`
+    that wait), live rows only (a padding row uses no expert): part 0 of the column block."""
     t = lg.arange(0, 16)
-    if SPF:
-        dt.prefetch_rows(sw2, d * DC, DC, I, 0, I, SFMT, CPU)
-    ok = dt.wait_items(done, slotdone, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
     y = dt.any_stream_rows(
         sw2, sw2_scale, mid, d * DC, 0, I // DBK0, I, DC, DBK0, S, SFMT, STAGES, CPU, True
     )
