@@ -484,9 +484,15 @@ def _ffn_body(
             )
             if TL:
                 t_ready = pt.clock(0, CPU)
-            _shared_down_item(
-                d, ok, slots, mid, sw2, sw2_scale, dpart, dcount, peers, rank, world, tag,
-                S, H, I, DC, DBK0, NG, SFMT, STAGES, P_AR2, CPU,
+            y = dt.any_stream_rows(
+                sw2, sw2_scale, mid, d * DC, 0, I // DBK0, I, DC, DBK0, S, SFMT, STAGES, CPU, True
+            )
+            # live rows only (a padding row uses no expert): part 0 of the column block
+            r = lg.arange(0, 16)
+            live = (r < S) & (tl.load(slots + r, mask=r < S, other=-1) >= 0)
+            _down_part(
+                tl.where(live[None, :], y, 0.0), ok, d, 0, dpart, dcount, peers, rank, world,
+                tag, S, H, DC, NG + 1, P_AR2,
             )  # fmt: skip
         else:
             u = t - STATIC
@@ -763,42 +769,6 @@ def _down_item(
         )
         acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
     _down_part(acc, ok, d, SH + q, dpart, dcount, peers, rank, world, tag, S, H, DC, NG + SH, P_AR2)
-
-
-@triton.jit
-def _shared_down_item(
-    d,
-    ok,
-    slots,
-    mid,
-    sw2,
-    sw2_scale,
-    dpart,
-    dcount,
-    peers,
-    rank,
-    world,
-    tag,
-    S: tl.constexpr,
-    H: tl.constexpr,
-    I: tl.constexpr,
-    DC: tl.constexpr,
-    DBK0: tl.constexpr,
-    NG: tl.constexpr,
-    SFMT: tl.constexpr,
-    STAGES: tl.constexpr,
-    P_AR2: tl.constexpr,
-    CPU: tl.constexpr,
-):
-    """The shared expert's down rows [d*DC, (d+1)*DC) (slot 0; its up items waited for, `ok`
-    that wait), live rows only (a padding row uses no expert): part 0 of the column block."""
-    t = lg.arange(0, 16)
-    y = dt.any_stream_rows(
-        sw2, sw2_scale, mid, d * DC, 0, I // DBK0, I, DC, DBK0, S, SFMT, STAGES, CPU, True
-    )
-    live = (t < S) & (tl.load(slots + t, mask=t < S, other=-1) >= 0)
-    acc = tl.where(live[None, :], y, 0.0)
-    _down_part(acc, ok, d, 0, dpart, dcount, peers, rank, world, tag, S, H, DC, NG + 1, P_AR2)
 
 
 @triton.jit
