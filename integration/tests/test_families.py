@@ -16,6 +16,7 @@ from mono_vllm.families.minimax import (
     expert_source,
     ffn_experts,
     ffn_weights,
+    kernel_config,
     routed_experts,
 )
 
@@ -113,6 +114,27 @@ def test_minimax_takes_the_sparse_moe_layers_and_reads_vllms_weights(tree):
         MiniMaxFfnKernels(bound, DEPLOY, 0, 1).kv_key()
         == bound.layers[1].self_attn.kv_cache.data_ptr()
     )
+
+
+def test_minimax_runner_bytes_fit_either_build():
+    """At real sizes the Gluon build's tiles need more scratch than the Triton build's
+    (80 MB against 55 MB over 16 widths at TP4): the runner the plugin makes is sized for
+    whichever build it then takes."""
+    from mono_kernels_minimax.ffn.spec import FfnBuild, scratch_bytes
+    from mono_kernels_minimax.formats import WeightFormat
+
+    real = dict(hidden_size=6144, num_local_experts=128, intermediate_size=3072)
+    family = MiniMaxFfnKernels(minimax_backbone("mxfp4", backend=Backend.EMULATION, **real),
+                               DEPLOY, 0, 4)  # fmt: skip
+    cfg = kernel_config(family.backbone.config)
+    widths = [1, 8, 16]
+    scratch, _ = family.runner_bytes(widths)
+    for frag in (False, True):
+        need = sum(
+            scratch_bytes(FfnBuild(cfg, s, 4, WeightFormat.MXFP4, frag=frag)) for s in widths
+        )
+        assert scratch >= need, frag
+    assert scratch > sum(scratch_bytes(FfnBuild(cfg, s, 4, WeightFormat.MXFP4)) for s in widths)
 
 
 @pytest.mark.parametrize("tree", TREES)

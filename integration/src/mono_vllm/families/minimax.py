@@ -224,9 +224,16 @@ class MiniMaxFfnKernels:
 
     def runner_bytes(self, widths) -> tuple[int, int]:
         from mono_kernels_minimax.ffn.spec import FfnBuild, peer_bytes, scratch_bytes
+        from mono_kernels_minimax.formats import WeightFormat
 
         cfg, fmt = kernel_config(self.backbone.config), self._source()[0]
-        scratch = sum(scratch_bytes(FfnBuild(cfg, s, self.world, fmt)) for s in widths)
+        # the runner picks its build when it is made (Gluon where it packs its own copy of
+        # MXFP4 or FP8 experts, whose tiles need more scratch): room for either plan
+        plans = (False, True) if fmt in (WeightFormat.MXFP4, WeightFormat.FP8) else (False,)
+        scratch = sum(
+            max(scratch_bytes(FfnBuild(cfg, s, self.world, fmt, frag=f)) for f in plans)
+            for s in widths
+        )
         return scratch, peer_bytes(cfg, self.world)
 
     def build(self, runner: Any, widths) -> dict[int, dict[int, FfnLayer]]:
