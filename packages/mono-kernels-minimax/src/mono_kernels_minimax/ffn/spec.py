@@ -36,8 +36,8 @@ pushes, so the launch finishes at any residency):
                          or after them (the routed up items then take the programs free when
                          the route lands)
     sdown   ND           DC output columns of the shared expert's down, once its up items
-                         are done; right after them, so that at S = 1 its weights stream
-                         while the router routes instead of after the route
+                         are done: right after them, so that no shared item waits for the
+                         route (the routed down items add their groups to its part)
     up      routed slots x NC x UKS  slot j, BN gate + BN up rows of w13, one K part; the
                          last part of a row block sums the parts in order, applies SwiGLU-OAI
                          -> bf16 `mid[j, s, :]` (dynamic: tickets past the routed slots'
