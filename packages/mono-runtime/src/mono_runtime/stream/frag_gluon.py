@@ -376,6 +376,7 @@ def _ring(
     x_off = xn[:, None] * K + xk[None, :]
     x_live = (xn < S)[:, None] & (xk >= 0)[None, :]  # rows past S are zero-filled
 
+    lift: gl.constexpr = 2.0**63 if F == 1 else 1.0  # the mxfp4 scales leave 2^63 to the sums
     total = NSTEP
     if MULTI:
         gl.static_assert(F == 1 and not TWO, "frag_stream_experts: mxfp4-frag, one part")
@@ -505,13 +506,12 @@ def _ring(
                 acc3 = ampere.mma_v2(c1, b1, acc3)
         if MULTI:
             if i - (i // NSTEP) * NSTEP == NSTEP - 1:  # an expert's last step: weigh it in
-                y = (acc + acc1) * 2.0**63
+                y = (acc + acc1) * lift
                 tot += gl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
                 acc = gl.zeros([AR, NT], gl.float32, mma)
                 acc1 = gl.zeros([AR, NT], gl.float32, mma)
     cp.wait_group(0)
     _barrier()  # every warp is done with the ring: a caller's next stream may reuse it
-    lift: gl.constexpr = 2.0**63 if F == 1 else 1.0  # the mxfp4 scales leave 2^63 to the sums
     if MULTI:
         return tot
     elif TWO:
