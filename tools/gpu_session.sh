@@ -556,8 +556,9 @@ if has sdown; then
 fi
 if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at
-    # S > 4, FP8 on the Gluon build), timed as the table; the grouped ring's engine
-    # test beside the compiles. BUDGET=230.
+    # S > 4, FP8 on the Gluon build), timed as the table, then the timelines (the
+    # shared down items now stamp when they were ready); the grouped ring's engine test
+    # beside the compiles. ~300 s on a fresh machine.
     tests frag8 100 $P/mono-runtime/tests/test_frag.py -k "stream_experts" --tb=short &
     for f in mxfp4 fp8; do
         step "warm-ffn-$f" 120 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
@@ -565,6 +566,8 @@ if has confirm; then
     done
     wait
     step bench-ffn 150 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --out "$LOG/bench"
+    step timeline-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
+        --format mxfp4 --timeline "$LOG/bench"
 fi
 if has toy; then
     # The toy greedy decodes on the kernels (32 steps, eager and graph): the MiniMax-M3 toy
