@@ -558,8 +558,10 @@ if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at
     # S > 4, FP8 on the Gluon build), timed as the table, then the timelines (the
     # shared down items now stamp when they were ready); the grouped ring's engine test
-    # beside the compiles. ~300 s on a fresh machine.
+    # and the FFN's Gluon GPU tests beside the compiles. ~350 s on a fresh machine.
     tests frag8 100 $P/mono-runtime/tests/test_frag.py -k "stream_experts" --tb=short &
+    tests ffn 200 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
+        -k "gluon_tiny or padding or full_rank and (mxfp4-gluon] or fp8-gluon)" --tb=short &
     for f in mxfp4 fp8; do
         step "warm-ffn-$f" 120 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
             --formats "$f" --layers 1 --no-baseline &
