@@ -149,6 +149,12 @@ class FfnBuild:
         """Shared expert + the widest possible union of routed experts."""
         return 1 + min(self.rows * self.cfg.top_k, self.cfg.num_experts)
 
+    @property
+    def max_routed(self) -> int:
+        """The most routed slots a step can have (the down stage's groups share them; the
+        shared expert's down items are a stage of their own); 1 for a SHARED build."""
+        return max(1, self.max_slots - (self.experts is not Experts.ROUTED))
+
     @cached_property
     def plan(self) -> TaskPlan:
         """Computed once a build: its tile overrides are read at the first use, not again
@@ -260,9 +266,6 @@ class TaskPlan:
         # S = 8 / 16 against 146.7 / 241.2 with the Triton build's tiles (one ring alone
         # 137.1 / 232.7; at S = 1 / 4 it changes nothing: 48.1 / 89.8 against 47.1 / 90.2)
         gluon_wide = b.frag and s > 4
-        # the most routed slots a step can have: the down stage's groups share them (the
-        # shared expert's down items are a stage of their own); 1 for a SHARED build
-        routed_max = max(1, b.max_slots - (b.experts is not Experts.ROUTED))
         if big:
             tiles = dict(
                 bn=64,
@@ -278,7 +281,7 @@ class TaskPlan:
                 dbk=_step(i, 128 if fp8 else 256),
                 dbk0=_step(i, 128),
                 # (groups of routed slots: at S = 1 four, one expert each)
-                ng=min(routed_max, 16 if gluon_wide else 8),
+                ng=min(b.max_routed, 16 if gluon_wide else 8),
                 # two programs an SM, 3 stages each (110 KB of shared memory): twice the
                 # loads in flight of one 4-stage program; on the H200 (ffn.tune, same run)
                 # 103.9 / 475.5 us at S = 1 / 16 against 117.8 / 588.0 (8 warps: 129.5 / 666.6)
@@ -338,7 +341,7 @@ class TaskPlan:
                 dc=64,
                 dbk=128 if fp8 else min(64, i),
                 dbk0=128 if shared_fp8 else min(64, i),
-                ng=min(routed_max, 2),
+                ng=min(b.max_routed, 2),
                 stages=2,
                 warps=4,
                 occ=1,

@@ -751,23 +751,23 @@ def _down_item(
                 w2, w2_scale, mid + j0 * S * I, S, slot_e + j0, wtab + j0 * S, j1 - j0, d * DC,
                 I // DBK, I, H, DC, DBK, STAGES,
             )  # fmt: skip
-        j1 = j0  # (no slot left for the loop)
-    e_next = tl.load(slot_e + tl.maximum(tl.minimum(j0, j1 - 1), 0), volatile=True)
-    for j in range(j0, j1):
-        e = e_next
-        e_next = tl.load(slot_e + tl.minimum(j + 1, j1 - 1), volatile=True)
-        wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
-        w, ws = dt.stacked_expert(e, w2, w2_scale, H, I, FMT)
-        if DPF != 2 and not DRING:
-            if DPF:
-                dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
-            ok = ok & dt.wait_items(
-                done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+    else:
+        e_next = tl.load(slot_e + tl.maximum(tl.minimum(j0, j1 - 1), 0), volatile=True)
+        for j in range(j0, j1):
+            e = e_next
+            e_next = tl.load(slot_e + tl.minimum(j + 1, j1 - 1), volatile=True)
+            wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
+            w, ws = dt.stacked_expert(e, w2, w2_scale, H, I, FMT)
+            if DPF != 2:
+                if DPF:
+                    dt.prefetch_rows(w, d * DC, DC, I, 0, I, FMT, CPU)
+                ok = ok & dt.wait_items(
+                    done, slotdone + j, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+                )
+            y = dt.any_stream_rows(
+                w, ws, mid + j * S * I, d * DC, 0, I // DBK, I, DC, DBK, S, FMT, STAGES, CPU, True
             )
-        y = dt.any_stream_rows(
-            w, ws, mid + j * S * I, d * DC, 0, I // DBK, I, DC, DBK, S, FMT, STAGES, CPU, True
-        )
-        acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
+            acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
     _down_part(acc, ok, d, SH + q, dpart, dcount, peers, rank, world, tag, S, H, DC, NG + SH, P_AR2)
 
 
@@ -1046,7 +1046,7 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         DBK=p.dbk,
         DBK0=p.dbk0,
         NG=p.ng,
-        GJ2=_p2(-(-(b.max_slots - (b.experts is not Experts.ROUTED)) // p.ng)),
+        GJ2=_p2(-(-b.max_routed // p.ng)),
         DRING=int(bool(p.dring) and b.frag and b.weights is WeightFormat.MXFP4),
         STAGES=p.stages,
         PAIR=p.pair,
