@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, udpf, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -553,6 +553,40 @@ if has sdown; then
         --out "$LOG/bench"
     step timeline-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"
+fi
+if has udpf; then
+    # The up items asking L2 for their expert's down rows (tile udpf, stop 42: 1 after
+    # their stream, 2 before it), beside upf: the FFN's GPU tests with it (the tiny builds'
+    # default; full rank shapes in both builds) while the variants compile, then
+    # the tiles, the issue's table with udpf=1 (`mono bench ffn`, same run as op-by-op and
+    # stock), and its timelines. ~450 s on a fresh machine.
+    G=$P/mono-kernels-minimax/tests/test_ffn_gpu.py
+    tests ffn 200 $G -k "gluon_tiny or padding" --tb=short &
+    tests ffn2 200 $G -k "full_rank and (mxfp4-gluon] or down-prefetch)" --tb=short &
+    NARROW=("" "udpf=1" "udpf=2" "upf=1" "udpf=1,upf=1")  # at S <= 4
+    WIDE=("" "udpf=1" "udpf=2")  # at S > 4
+    for v in "${NARROW[@]}"; do
+        step "warm-ffn-n${v//[=,]/_}" 170 env MONO_FFN_TILES="$v" python3 -m \
+            mono_kernels_minimax.ffn.bench --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
+    done
+    for v in "${WIDE[@]}"; do
+        step "warm-ffn-w${v//[=,]/_}" 170 env MONO_FFN_TILES="$v" python3 -m \
+            mono_kernels_minimax.ffn.bench --rows 8,16 --formats mxfp4 --layers 1 --no-baseline &
+        step "warm-ffn-fp8${v//[=,]/_}" 170 env MONO_FFN_TILES="$v" python3 -m \
+            mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 --formats fp8 --layers 1 \
+            --no-baseline &
+    done
+    wait
+    step tiles-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+        --variants "$(IFS='|'; echo "${NARROW[*]}")"
+    step order-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
+        --variants "$(IFS='|'; echo "${WIDE[*]}")"
+    step tune-ffn 70 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4,8,16 --format fp8 \
+        --variants "$(IFS='|'; echo "${WIDE[*]}")"
+    step bench-ffn 160 env MONO_FFN_TILES=udpf=1 $MONO bench ffn --rows 1,2,4,8,16 \
+        --format mxfp4,fp8 --out "$LOG/bench"
+    step timeline-ffn 50 env MONO_FFN_TILES=udpf=1 python3 -m mono_kernels_minimax.ffn.tune \
+        --rows 1,16 --format mxfp4 --timeline "$LOG/bench"
 fi
 if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at
