@@ -563,26 +563,31 @@ if has udpf; then
     G=$P/mono-kernels-minimax/tests/test_ffn_gpu.py
     tests ffn 200 $G -k "gluon_tiny or padding" --tb=short &
     tests ffn2 200 $G -k "full_rank and (mxfp4-gluon] or down-prefetch)" --tb=short &
-    NARROW=("" "udpf=1" "udpf=2" "upf=1" "udpf=1,upf=1")  # at S <= 4
-    WIDE=("" "udpf=1" "udpf=2")  # at S > 4
+    # (and the routed streams' own depth, tiles ust / dst: values that keep 110,592 B of
+    # shared memory, two programs an SM, in the sm_90 compile)
+    NARROW=("" "udpf=1" "udpf=2" "upf=1" "ust=6" "ust=4,dst=4" "udpf=1,ust=6")  # S <= 4
+    WIDE=("" "udpf=1" "udpf=2" "ust=4,dst=4")  # at S > 4
+    F8=("" "udpf=1" "ust=4,dst=4")  # FP8, every S
     for v in "${NARROW[@]}"; do
-        step "warm-ffn-n${v//[=,]/_}" 170 env MONO_FFN_TILES="$v" python3 -m \
+        step "warm-ffn-n${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
     done
     for v in "${WIDE[@]}"; do
-        step "warm-ffn-w${v//[=,]/_}" 170 env MONO_FFN_TILES="$v" python3 -m \
+        step "warm-ffn-w${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows 8,16 --formats mxfp4 --layers 1 --no-baseline &
-        step "warm-ffn-fp8${v//[=,]/_}" 170 env MONO_FFN_TILES="$v" python3 -m \
+    done
+    for v in "${F8[@]}"; do
+        step "warm-ffn-fp8${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 --formats fp8 --layers 1 \
             --no-baseline &
     done
     wait
-    step tiles-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+    step tiles-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
         --variants "$(IFS='|'; echo "${NARROW[*]}")"
     step order-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
         --variants "$(IFS='|'; echo "${WIDE[*]}")"
     step tune-ffn 70 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4,8,16 --format fp8 \
-        --variants "$(IFS='|'; echo "${WIDE[*]}")"
+        --variants "$(IFS='|'; echo "${F8[*]}")"
     step bench-ffn 160 env MONO_FFN_TILES=udpf=1 $MONO bench ffn --rows 1,2,4,8,16 \
         --format mxfp4,fp8 --out "$LOG/bench"
     step timeline-ffn 50 env MONO_FFN_TILES=udpf=1 python3 -m mono_kernels_minimax.ffn.tune \

@@ -216,7 +216,13 @@ class TaskPlan:
     ng: int  # slot groups of the down stage
     final: int
     fc: int
-    stages: int  # software-pipeline depth of every weight stream
+    stages: int  # software-pipeline depth of every weight stream but these two:
+    # a routed up item's and a routed down item's (0: stages); their rings are not the
+    # kernel's largest (the shared expert's bf16 one is), so deeper ones cost no shared
+    # memory (sm_90 compile: 110,592 B at S = 1 and 4 with 6 up stages) yet keep more bytes
+    # in flight
+    ust: int
+    dst: int
     warps: int  # warps of a program: 4 (one warpgroup) or 8 (two warps per scheduler)
     occ: int  # programs per SM the runner launches (2 fits with stages <= 3 at 4 warps)
     regs: int  # cap on a thread's registers (ptxas maxnreg; 0: the compiler's choice)
@@ -290,6 +296,8 @@ class TaskPlan:
                 # loads in flight of one 4-stage program; on the H200 (ffn.tune, same run)
                 # 103.9 / 475.5 us at S = 1 / 16 against 117.8 / 588.0 (8 warps: 129.5 / 666.6)
                 stages=3,
+                ust=0,
+                dst=0,
                 warps=4,
                 occ=2,
                 # no register cap: 255 (1 KB of spills, 5 reloads a trip of the paired up
@@ -348,6 +356,8 @@ class TaskPlan:
                 dbk0=128 if shared_fp8 else min(64, i),
                 ng=min(b.max_routed, 2),
                 stages=2,
+                ust=3,
+                dst=0,
                 warps=4,
                 occ=1,
                 regs=0,
@@ -418,6 +428,8 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
             in (
                 "ng",
                 "stages",
+                "ust",
+                "dst",
                 "pair",
                 "upf",
                 "spf",
@@ -432,6 +444,7 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
             ),
             f"{name} must be a power of two",
         )
+    need(0 <= t["ust"] <= 8 and 0 <= t["dst"] <= 8, "ust and dst are 0..8")
     need(t["stages"] >= 1 and 1 <= t["ng"] <= b.max_slots, "stages >= 1, 1 <= ng <= max_slots")
     need(t["warps"] in (4, 8), "warps is 4 or 8")
     need(t["occ"] in (1, 2, 3), "occ is 1, 2 or 3")

@@ -210,6 +210,8 @@ def _ffn_body(
     GJ2: tl.constexpr,
     DRING: tl.constexpr,
     STAGES: tl.constexpr,
+    USTAGES: tl.constexpr,
+    DSTAGES: tl.constexpr,
     PAIR: tl.constexpr,
     RROWS: tl.constexpr,
     RACC: tl.constexpr,
@@ -517,7 +519,7 @@ def _ffn_body(
                 if UDPF == 2:
                     _prefetch_down_share(wd, c * UKS + kp, H, I, NC * UKS, FMT, CPU)
                 g, v = _up_item(
-                    xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT, STAGES, PAIR, CPU
+                    xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT, USTAGES, PAIR, CPU
                 )
                 if UDPF == 1:
                     _prefetch_down_share(wd, c * UKS + kp, H, I, NC * UKS, FMT, CPU)
@@ -555,7 +557,7 @@ def _ffn_body(
                 _down_item(
                     d, q, nslots, slot_e, wtab, mid, w2, w2_scale, dpart, dcount, done,
                     SLOTDONE, tag, ctl, health, peers, rank, world, S, H, I, DC, DBK, NG,
-                    GJ2, DRING, HAS_SHARED, FMT, STAGES, DPF, P_AR2, R_ITEMS, CPU,
+                    GJ2, DRING, HAS_SHARED, FMT, DSTAGES, DPF, P_AR2, R_ITEMS, CPU,
                 )  # fmt: skip
             elif u < nup + ND * NG + S * NF:
                 # final (row s, FC columns): the ranks' partials in rank order -> out; one
@@ -1069,6 +1071,8 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         GJ2=_p2(-(-b.max_routed // p.ng)),
         DRING=int(bool(p.dring) and b.frag and b.weights is WeightFormat.MXFP4),
         STAGES=p.stages,
+        USTAGES=p.ust or p.stages,
+        DSTAGES=p.dst or p.stages,
         PAIR=p.pair,
         RROWS=p.rrows,
         RACC=p.racc,
