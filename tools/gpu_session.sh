@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, udpf, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -554,44 +554,26 @@ if has sdown; then
     step timeline-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"
 fi
-if has udpf; then
-    # The up items asking L2 for their expert's down rows (tile udpf, stop 42: 1 after
-    # their stream, 2 before it), beside upf: the FFN's GPU tests with it (the tiny builds'
-    # default; full rank shapes in both builds) while the variants compile, then
-    # the tiles, the issue's table with udpf=1 (`mono bench ffn`, same run as op-by-op and
-    # stock), and its timelines. ~450 s on a fresh machine.
+if has stages; then
+    # Stop 42's default (the Gluon MXFP4 build's routed up items in a 6-deep ring at S <= 4,
+    # tile ust) as the issue's table, then the depths around it; its GPU tests beside the
+    # compiles. (Stop 42's first call also timed tile udpf, the up items asking L2 for
+    # their expert's down rows: slower at every S, removed.) ~300 s on a fresh machine.
     G=$P/mono-kernels-minimax/tests/test_ffn_gpu.py
-    tests ffn 200 $G -k "gluon_tiny or padding" --tb=short &
-    tests ffn2 200 $G -k "full_rank and (mxfp4-gluon] or down-prefetch)" --tb=short &
-    # (and the routed streams' own depth, tiles ust / dst: values that keep 110,592 B of
-    # shared memory, two programs an SM, in the sm_90 compile)
-    NARROW=("" "udpf=1" "udpf=2" "upf=1" "ust=6" "ust=4,dst=4" "udpf=1,ust=6")  # S <= 4
-    WIDE=("" "udpf=1" "udpf=2" "ust=4,dst=4")  # at S > 4
-    F8=("" "udpf=1" "ust=4,dst=4")  # FP8, every S
-    for v in "${NARROW[@]}"; do
+    tests ffn 200 $G -k "gluon_tiny or full_rank and (mxfp4-gluon] or fp8-gluon)" --tb=short &
+    NARROW=("" "ust=8" "ust=4" "ust=6,dst=4")  # at S <= 4
+    for v in "${NARROW[@]:1}"; do
         step "warm-ffn-n${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
             mono_kernels_minimax.ffn.bench --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
     done
-    for v in "${WIDE[@]}"; do
-        step "warm-ffn-w${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
-            mono_kernels_minimax.ffn.bench --rows 8,16 --formats mxfp4 --layers 1 --no-baseline &
-    done
-    for v in "${F8[@]}"; do
-        step "warm-ffn-fp8${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
-            mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 --formats fp8 --layers 1 \
-            --no-baseline &
+    for f in mxfp4 fp8; do
+        step "warm-ffn-$f" 200 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
+            --formats "$f" --layers 1 --no-baseline &
     done
     wait
-    step tiles-ffn 80 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+    step bench-ffn 160 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --out "$LOG/bench"
+    step tiles-ffn 110 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
         --variants "$(IFS='|'; echo "${NARROW[*]}")"
-    step order-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
-        --variants "$(IFS='|'; echo "${WIDE[*]}")"
-    step tune-ffn 70 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4,8,16 --format fp8 \
-        --variants "$(IFS='|'; echo "${F8[*]}")"
-    step bench-ffn 160 env MONO_FFN_TILES=udpf=1 $MONO bench ffn --rows 1,2,4,8,16 \
-        --format mxfp4,fp8 --out "$LOG/bench"
-    step timeline-ffn 50 env MONO_FFN_TILES=udpf=1 python3 -m mono_kernels_minimax.ffn.tune \
-        --rows 1,16 --format mxfp4 --timeline "$LOG/bench"
 fi
 if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at

@@ -52,6 +52,9 @@ def test_gluon_build_streams_on_the_mma_engine():
         # FP8 208 B), yet time 0.90x the spill-free ones on the H200 (spec.py's gluon_wide)
         spill_cap = 128 if rows == "1" else 384
         assert f["resources"]["spill_bytes"] <= spill_cap, (case, f["resources"])
+        # two programs an SM (spec.py's occ=2): the deeper routed rings (tile ust) must not
+        # grow the kernel's shared memory past half an SM's 227 KB
+        assert f["resources"]["shared"] <= 113 * 1024, (case, f["resources"])
 
 
 if __name__ == "__main__":

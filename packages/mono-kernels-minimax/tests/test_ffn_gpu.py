@@ -66,8 +66,6 @@ def test_gluon_tiny_every_width_one_rank(experts):
         ("mxfp4", "gluon", "pair=3"),
         ("mxfp4", "gluon", "dring=1,dpf=2"),
         ("fp8", "gluon", ""),
-        ("mxfp4", "gluon", "udpf=1"),
-        ("fp8", "triton", "udpf=2"),
     ],
     ids=[
         "mxfp4-triton",
@@ -77,19 +75,15 @@ def test_gluon_tiny_every_width_one_rank(experts):
         "mxfp4-gluon-one-ring",
         "mxfp4-gluon-down-ring",
         "fp8-gluon",
-        "mxfp4-gluon-down-prefetch",
-        "fp8-triton-down-prefetch-early",
     ],
 )
 def test_full_rank_shapes_one_rank(fmt, engine, tiles, monkeypatch):
     """MiniMax-M3 at a TP4 rank's expert width (I = 768), launched at TP 1 (engine None:
     the device's choice, Gluon on the H200 for MXFP4; `tiles`: MONO_FFN_TILES, e.g.
     pair=3, the Gluon build's gate and up in one ring; dring=1, a down item's slots in one
-    ring, `frag_stream_experts`; udpf, the up items ask L2 for their expert's down rows:
-    past 128 rows a prefetch runs in rounds, as at S > 4 in the Triton build). The Gluon
-    build's own tiles at S > 4 route in a stage of 4-row items (rr=4) and dot the router on
-    two accumulators (racc=2); at S <= 4 the last router item routes: widths 1..16 run
-    both."""
+    ring, `frag_stream_experts`). The Gluon build's own tiles at
+    S > 4 route in a stage of 4-row items (rr=4) and dot the router on two accumulators
+    (racc=2); at S <= 4 the last router item routes: widths 1..16 run both."""
     monkeypatch.setenv("MONO_FFN_TILES", tiles)
     from mono_kernels_minimax.ffn.bench import rank_config
     from mono_kernels_minimax.ffn.reference import ffn_reference

@@ -208,7 +208,7 @@ def test_tile_overrides_are_checked(monkeypatch):
         "regs=256",
         "rrows=32",
         "upf=2",
-        "udpf=3",
+        "ust=9",
         "spf=2",
         "sfirst=2",
         "rt=3",

@@ -233,10 +233,6 @@ class TaskPlan:
     rrows: int  # S at most this: the router dots one row at a time, else one fp32 tl.dot
     racc: int  # accumulators of that dot, K chunks dealt round-robin (independent chains)
     upf: int  # 1: a routed up item asks L2 for its rows before streaming them
-    # an up item asks L2 for its share of its expert's down rows (H / (nc uks) rows of all
-    # I columns; the shared expert's: nc uks0 shares), so the down items, which wait for
-    # every up item of the slot, stream from L2: 1 after its own stream, 2 before it; 0 not
-    udpf: int
     # 1: a shared up item asks L2 for its rows before waiting for the norm, a shared down
     # item for its rows before waiting for the up items (they come while the seam lands,
     # competing with the seam's own loads), 0: not at all
@@ -296,7 +292,12 @@ class TaskPlan:
                 # loads in flight of one 4-stage program; on the H200 (ffn.tune, same run)
                 # 103.9 / 475.5 us at S = 1 / 16 against 117.8 / 588.0 (8 warps: 129.5 / 666.6)
                 stages=3,
-                ust=0,
+                # the Gluon MXFP4 build's routed up items at S <= 4 in a 6-deep ring (the
+                # whole K part of 6 steps in flight at S = 1): H100 (stop 42, ffn.tune, same
+                # call) 47.2 / 68.4 / 95.0 us at S = 1 / 2 / 4 against 49.3 / 69.3 / 97.7;
+                # ust=4,dst=4 at S = 8 / 16 136.4 / 199.8 against 135.9 / 199.8, FP8 (Gluon)
+                # 53.0-299.5 against 54.1-300.8 (within noise: not taken)
+                ust=6 if b.frag and not fp8 and s <= 4 else 0,
                 dst=0,
                 warps=4,
                 occ=2,
@@ -317,7 +318,6 @@ class TaskPlan:
                 # Triton build's wide steps keep 1 and 0 (not timed)
                 racc=2 if gluon_wide else 1,
                 upf=0,
-                udpf=0,
                 # no early prefetch of the shared expert at S <= 4: H100 (stop 41, ffn.tune,
                 # same call) 49.3 / 68.3 / 97.5 us at S = 1 / 2 / 4 against 50.3 / 70.4 /
                 # 99.9 (stop 40: 246.3 against 243.1 at S = 16)
@@ -365,7 +365,6 @@ class TaskPlan:
                 rrows=4,
                 racc=2,
                 upf=0,
-                udpf=1,
                 spf=1,
                 dpf=2 if s > 4 else 1,  # (nothing under the interpreter: its loop runs)
                 dring=1,  # (Gluon only: the interpreter runs the Triton body)
@@ -434,7 +433,6 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
                 "upf",
                 "spf",
                 "dpf",
-                "udpf",
                 "sfirst",
                 "rcall",
                 "dring",
@@ -462,11 +460,6 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         "upf, spf, sfirst, rcall and dring are 0 or 1",
     )
     need(t["dpf"] in (0, 1, 2), "dpf is 0, 1 or 2")
-    need(t["udpf"] in (0, 1, 2), "udpf is 0, 1 or 2")
-    need(
-        not t["udpf"] or h % (i // t["bn"] * max(t["uks"], t["uks0"]) * 16) == 0,
-        "udpf needs H split into the up items of a slot in blocks of 16 rows",
-    )
     need(t["rrows"] <= 16, "rrows is at most 16")
     need(t["racc"] <= 4, "racc is 1, 2 or 4")
     need(t["rr"] == 0 or (pow2(t["rr"]) and t["rr"] <= 16), "rr is 0 or a power of two <= 16")

@@ -216,7 +216,6 @@ def _ffn_body(
     RROWS: tl.constexpr,
     RACC: tl.constexpr,
     UPF: tl.constexpr,
-    UDPF: tl.constexpr,
     SPF: tl.constexpr,
     DPF: tl.constexpr,
     SFIRST: tl.constexpr,
@@ -449,14 +448,10 @@ def _ffn_body(
             )
             if TL:
                 t_ready = pt.clock(0, CPU)
-            if UDPF == 2:
-                _prefetch_down_share(sw2, u, H, I, NC * UKS0, SFMT, CPU)
             g, v = _up_item(
                 xn, sw13, sw13_scale, c, kp, H // UBK0 // UKS0, UBK0, S, H, I, BN, SFMT, STAGES,
                 PAIR, CPU,
             )  # fmt: skip
-            if UDPF == 1:
-                _prefetch_down_share(sw2, u, H, I, NC * UKS0, SFMT, CPU)
             _finish_up(
                 g,
                 v,
@@ -515,14 +510,9 @@ def _ffn_body(
                 if UPF:
                     dt.prefetch_rows(w, c * BN, BN, H, kp * (H // UKS), H // UKS, FMT, CPU)
                     dt.prefetch_rows(w, I + c * BN, BN, H, kp * (H // UKS), H // UKS, FMT, CPU)
-                wd, _ = dt.stacked_expert(e, w2, w2_scale, H, I, FMT)
-                if UDPF == 2:
-                    _prefetch_down_share(wd, c * UKS + kp, H, I, NC * UKS, FMT, CPU)
                 g, v = _up_item(
                     xn, w, ws, c, kp, H // UBK // UKS, UBK, S, H, I, BN, FMT, USTAGES, PAIR, CPU
                 )
-                if UDPF == 1:
-                    _prefetch_down_share(wd, c * UKS + kp, H, I, NC * UKS, FMT, CPU)
                 rp = (
                     upart
                     + NC * UKS0 * 2 * BN * S
@@ -699,16 +689,6 @@ def _fma_dot(x, wr, acc, GL: tl.constexpr):
     else:
         out = acc + tl.dot(x, tl.trans(wr), input_precision="ieee")
     return out
-
-
-@triton.jit
-def _prefetch_down_share(
-    w, u, H: tl.constexpr, I: tl.constexpr, N: tl.constexpr, FMT: tl.constexpr, CPU: tl.constexpr
-):
-    """Ask L2 for share u of N of an expert's [H, I] down rows w (H / N rows, every
-    column): what a slot's N up items ask for together is the whole expert, so its down
-    items, which start only once every one of those up items is done, find it in L2."""
-    dt.prefetch_rows(w, u * (H // N), H // N, I, 0, I, FMT, CPU)
 
 
 @triton.jit
@@ -1077,7 +1057,6 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         RROWS=p.rrows,
         RACC=p.racc,
         UPF=p.upf,
-        UDPF=p.udpf,
         SPF=p.spf,
         DPF=p.dpf,
         SFIRST=p.sfirst,

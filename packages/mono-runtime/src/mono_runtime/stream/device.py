@@ -315,26 +315,22 @@ def stream_row_pair(
 def prefetch_l2(base, stride, row_bytes, NROWS: tl.constexpr, CPU: tl.constexpr):
     """Ask L2 for NROWS rows of `row_bytes` each, `stride` bytes apart from `base` (bytes,
     addresses and sizes multiples of 16), without waiting: 128 bulk prefetches (sm_90
-    `cp.async.bulk.prefetch.L2`) a round, one per thread of a 4-warp program, each a piece
-    of one row (past 128 rows, a round per 128); nothing under the interpreter. Weights do
-    not depend on activations, so a program may prefetch an item's weights before that
-    item's inputs exist."""
+    `cp.async.bulk.prefetch.L2`), one per thread of a 4-warp program, each a piece of one
+    row; nothing under the interpreter. Weights do not depend on activations, so a program
+    may prefetch an item's weights before that item's inputs exist."""
     if not CPU:
-        ROUNDS: tl.constexpr = (NROWS + 127) // 128
-        PIECES: tl.constexpr = 128 // (NROWS // ROUNDS)
+        PIECES: tl.constexpr = 128 // NROWS
         lane = lg.anchor(lg.arange(0, 128))
         piece = (row_bytes // PIECES + 15) // 16 * 16
         off = (lane % PIECES).to(tl.int64) * piece
         size = tl.maximum(tl.minimum(row_bytes - off, piece), 0).to(tl.int32)
-        for r in tl.static_range(ROUNDS):
-            row = (r * (NROWS // ROUNDS) + lane // PIECES).to(tl.int64)
-            addr = base.to(tl.pointer_type(tl.int8)) + row * stride + off
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1],"
-                " $2; mov.u32 $0, 0; }",
-                "=r,l,r",
-                [addr, size],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )
+        addr = base.to(tl.pointer_type(tl.int8)) + (lane // PIECES).to(tl.int64) * stride + off
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2;"
+            " mov.u32 $0, 0; }",
+            "=r,l,r",
+            [addr, size],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
