@@ -41,6 +41,10 @@ tests() {  # name, timeout, pytest args...
     local name=$1 limit=$2; shift 2
     step "$name" "$limit" python3 tools/gpu_run.py --out "$LOG/$name" -- -v --timeout 280 "$@"
 }
+warm_ffn() {  # name, timeout, widths, format, MONO_FFN_TILES ("": none): compile, time nothing
+    step "warm-ffn-$1" "$2" env MONO_FFN_TILES="$5" python3 -m mono_kernels_minimax.ffn.bench \
+        --rows "$3" --formats "$4" --layers 1 --no-baseline
+}
 : >"$LOG/status.txt"
 mkdir -p "$LOG/bench"
 if has k1-tests; then
@@ -563,12 +567,10 @@ if has stages; then
     tests ffn 200 $G -k "gluon_tiny or full_rank and (mxfp4-gluon] or fp8-gluon)" --tb=short &
     NARROW=("" "ust=8" "ust=4" "ust=6,dst=4")  # at S <= 4
     for v in "${NARROW[@]:1}"; do
-        step "warm-ffn-n${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
-            mono_kernels_minimax.ffn.bench --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
+        warm_ffn "n${v//[=,]/_}" 200 1,2,4 mxfp4 "$v" &
     done
     for f in mxfp4 fp8; do
-        step "warm-ffn-$f" 200 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
-            --formats "$f" --layers 1 --no-baseline &
+        warm_ffn "$f" 200 1,2,4,8,16 "$f" "" &
     done
     wait
     step bench-ffn 160 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --out "$LOG/bench"
@@ -584,8 +586,7 @@ if has confirm; then
     tests ffn 200 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
         -k "gluon_tiny or padding or full_rank and (mxfp4-gluon] or fp8-gluon)" --tb=short &
     for f in mxfp4 fp8; do
-        step "warm-ffn-$f" 120 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 \
-            --formats "$f" --layers 1 --no-baseline &
+        warm_ffn "$f" 120 1,2,4,8,16 "$f" "" &
     done
     wait
     step bench-ffn 150 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --out "$LOG/bench"
