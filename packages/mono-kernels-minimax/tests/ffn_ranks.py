@@ -47,9 +47,12 @@ def check_steps(
     experts="all",
     finals=(False,),
     engine=None,
+    ties=False,
 ):
     """Run one step per width (and per `finals` flag) on build `engine` (None: the
-    device's); return per-step records."""
+    device's); return per-step records. `ties`: experts 0, 5 and 9 get one router row and
+    a bias that puts them first in every row (equal keys: picked in id order), expert 7 a
+    large router row and a NaN bias (its key ranks last)."""
     cfg = MiniMaxM3Config.tiny() if tiny else MiniMaxM3Config()
     if tiny == "wide":  # two 64-column K steps a rank at TP 2 (Gluon streams >= 2 steps)
         cfg = replace(cfg, moe_intermediate_size=256)
@@ -57,6 +60,12 @@ def check_steps(
     weights = [
         random_weights(cfg, world, fmt, seed=seed, rank_seed=r, device=device) for r in range(world)
     ]
+    if ties:  # (router and bias are replicated: the same edit on every rank)
+        for w in weights:
+            w.router[5] = w.router[9] = w.router[0]
+            w.router[7] *= 8.0
+            w.bias[[0, 5, 9]] = 1.0
+            w.bias[7] = float("nan")
     runner = FfnRunner(
         cfg, fmt, group, rank, world, device, widths=widths, experts=Experts(experts), engine=engine
     )

@@ -71,6 +71,16 @@ def test_expert_subsets(experts):
     _check(records)
 
 
+@pytest.mark.timeout(200)
+def test_route_ties_to_lower_id_and_nan_last():
+    """Equal keys picked in id order and a NaN key last, in both routes (the last router
+    item at S = 1, the route stage's items at S = 5), as the reference picks them."""
+    (records,) = spawn(
+        check_steps, 1, 180, "bf16", [1, 5], 3, "cpu", True, "all", (False,), None, True, env=ENV
+    )
+    _check(records)
+
+
 @pytest.mark.timeout(240)
 def test_late_rank_faults_every_rank_then_reset():
     results = spawn(fault_then_reset, 2, 220, "bf16", 1, env=ENV)
