@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, fp8-stages, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -576,6 +576,27 @@ if has stages; then
     step bench-ffn 160 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --out "$LOG/bench"
     step tiles-ffn 110 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
         --variants "$(IFS='|'; echo "${NARROW[*]}")"
+fi
+if has fp8-stages; then
+    # Deeper routed rings where they fit two programs an SM (sm_90 compile, stop 42): FP8's
+    # Gluon build at S <= 4 (61,440 B of shared memory by default; ust=8 98,304 B), MXFP4's
+    # depths around stop 42's default (the part stages' table was cut there), then the S = 1
+    # and 16 timelines of the defaults (ffn.tune takes ~25 s a variant). ~350 s fresh.
+    F8=("" "ust=6" "ust=8" "ust=8,dst=4")  # FP8, S <= 4
+    MX=("" "ust=4" "ust=6,dst=4")  # MXFP4, S <= 4 (the default is ust=6)
+    for v in "${F8[@]}"; do
+        warm_ffn "fp8${v//[=,]/_}" 200 1,2,4 fp8 "$v" &
+    done
+    for v in "${MX[@]}"; do
+        warm_ffn "mx${v//[=,]/_}" 200 1,2,4 mxfp4 "$v" &
+    done
+    wait
+    step tune-fp8 120 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format fp8 \
+        --variants "$(IFS='|'; echo "${F8[*]}")"
+    step tune-mx 90 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+        --variants "$(IFS='|'; echo "${MX[*]}")"
+    step timeline-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
+        --format mxfp4 --timeline "$LOG/bench"
 fi
 if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at
