@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, fp8-stages, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -577,11 +577,17 @@ if has stages; then
     step tiles-ffn 110 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
         --variants "$(IFS='|'; echo "${NARROW[*]}")"
 fi
-if has fp8-stages; then
-    # Deeper routed rings where they fit two programs an SM (sm_90 compile, stop 42): FP8's
-    # Gluon build at S <= 4 (61,440 B of shared memory by default; ust=8 98,304 B), MXFP4's
-    # depths around stop 42's default (the part stages' table was cut there), then the S = 1
-    # and 16 timelines of the defaults (ffn.tune takes ~25 s a variant). ~350 s fresh.
+if has rings; then
+    # Deeper rings where they still fit two programs an SM (sm_90 compile, stop 42): FP8's
+    # Gluon FFN at S <= 4 (61,440 B of shared memory by default; ust=8 98,304 B), MXFP4's
+    # depths around stop 42's default (the part stages' table was cut there), K2's Gluon
+    # build at stages 4 and 5 (61,440 B at 3; 81,920 / 102,400 B), then the FFN's S = 1 and
+    # 16 timelines (ffn.tune takes ~25 s a variant; K2's compiles are the long pole). ~500 s.
+    K2V=("" "stages=4" "stages=5")
+    for v in "${K2V[@]}"; do
+        step "warm-k2-${v//[=,]/_}" 300 env MONO_K2_TILES="$v" python3 -m \
+            mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 1 --no-baseline --engine gluon &
+    done
     F8=("" "ust=6" "ust=8" "ust=8,dst=4")  # FP8, S <= 4
     MX=("" "ust=4" "ust=6,dst=4")  # MXFP4, S <= 4 (the default is ust=6)
     for v in "${F8[@]}"; do
@@ -595,6 +601,10 @@ if has fp8-stages; then
         --variants "$(IFS='|'; echo "${F8[*]}")"
     step tune-mx 90 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
         --variants "$(IFS='|'; echo "${MX[*]}")"
+    for v in "${K2V[@]}"; do
+        step "k2ring-${v//[=,]/_}" 90 env MONO_K2_TILES="$v" python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,4,16 --layers 8 --no-baseline --engine gluon
+    done
     step timeline-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"
 fi
@@ -717,12 +727,12 @@ for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn order-ffn route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn tune-fp8 tune-mx route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
 done
-for f in "$LOG"/k2occ-*.txt "$LOG"/k1tile-*.txt "$LOG"/pair-*.txt; do  # each K2 / K1 tile variant's table
+for f in "$LOG"/k2occ-*.txt "$LOG"/k2ring-*.txt "$LOG"/k1tile-*.txt "$LOG"/pair-*.txt; do  # each K2 / K1 tile variant's table
     [[ -f $f ]] || continue
     echo "== $(basename "$f" .txt)"
     tail -9 "$f"
