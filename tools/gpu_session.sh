@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -608,6 +608,26 @@ if has rings; then
     step timeline-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"
 fi
+if has s16-router; then
+    # Why the router items at S = 16 work ~20 us (4 at S = 1) and all end within 0.3 us of
+    # each other (stop 42's timeline, 34.0-34.3 us): the shared expert's early L2 prefetch
+    # (spf=1 at S > 4: 28 MB asked for while the router loads) or its up items streaming
+    # beside the router (sfirst=0 puts them after the routed ones) are the suspects: each
+    # timed at S = 8 / 16 and drawn at S = 16. ~300 s on a fresh machine.
+    WIDE=("" "spf=0" "sfirst=0" "spf=0,sfirst=0")
+    for v in "${WIDE[@]}"; do
+        warm_ffn "w${v//[=,]/_}" 200 8,16 mxfp4 "$v" &
+    done
+    wait
+    step tune-wide 110 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
+        --variants "$(IFS='|'; echo "${WIDE[*]}")"
+    for v in "${WIDE[@]:1}"; do
+        d="$LOG/bench/${v//[=,]/_}"
+        mkdir -p "$d"
+        step "timeline-${v//[=,]/_}" 45 env MONO_FFN_TILES="$v" python3 -m \
+            mono_kernels_minimax.ffn.tune --rows 16 --format mxfp4 --timeline "$d"
+    done
+fi
 if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at
     # S > 4, FP8 on the Gluon build), timed as the issue's table, then the timelines (the
@@ -727,7 +747,7 @@ for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn order-ffn tune-fp8 tune-mx route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
