@@ -216,11 +216,10 @@ class TaskPlan:
     ng: int  # slot groups of the down stage
     final: int
     fc: int
-    stages: int  # software-pipeline depth of every weight stream but these two:
-    # a routed up item's and a routed down item's (0: stages); their rings are not the
-    # kernel's largest (the shared expert's bf16 one is), so deeper ones cost no shared
-    # memory (sm_90 compile: 110,592 B at S = 1 and 4 with 6 up stages) yet keep more bytes
-    # in flight
+    stages: int  # software-pipeline depth of every weight stream but the two below
+    # the routed up and down items' ring depth (0: stages): not the kernel's largest rings
+    # (the shared expert's bf16 one is), so deeper ones cost no shared memory (sm_90
+    # compile: 110,592 B at S = 1..4 with 6 up stages) yet keep more bytes in flight
     ust: int
     dst: int
     warps: int  # warps of a program: 4 (one warpgroup) or 8 (two warps per scheduler)
