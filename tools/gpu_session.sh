@@ -312,8 +312,7 @@ if has order; then
     tests ffn 110 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "tiny_every_width and mxfp4" &
     step route-probe 100 python3 tools/route_probe.py --rows 1,2,4,16 --rt 2,4 &
     for v in "" sfirst=0 rt=2 rcall=1; do
-        step "warm-ffn-$v" 110 env MONO_FFN_TILES=$v python3 -m mono_kernels_minimax.ffn.bench \
-            --rows 1,2 --formats mxfp4 --layers 1 --no-baseline &
+        warm_ffn "$v" 110 1,2 mxfp4 "$v" &
     done
     wait
     step order-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2 --format mxfp4 \
@@ -502,9 +501,7 @@ if has fp8-route || has route; then  # (route: its old name)
     done
     V=("" "rr=4,racc=2" "spf=0")
     for v in "${V[@]}"; do
-        step "warm-ffn-${v//[=,]/_}" 200 env MONO_FFN_TILES="$v" python3 -m \
-            mono_kernels_minimax.ffn.bench --rows 1,8,16 --formats mxfp4 --layers 1 \
-            --no-baseline &
+        warm_ffn "${v//[=,]/_}" 200 1,8,16 mxfp4 "$v" &
     done
     wait
     step bench-ffn 150 $MONO bench ffn --rows 1,2,4,8,16 --format fp8 --engine gluon \
@@ -538,12 +535,10 @@ if has sdown; then
     NARROW=("" "spf=0" "uks0=16")  # tiles timed at S <= 4 ...
     WIDE=("" "rr=0,racc=1" "dpf=2" "dring=1" "dring=1,dpf=2")  # ... and at S > 4
     for v in "${NARROW[@]:1}"; do
-        step "warm-ffn-${v//[=,]/_}" 170 env MONO_FFN_TILES="$v" python3 -m \
-            mono_kernels_minimax.ffn.bench --rows 1,2,4 --formats mxfp4 --layers 1 --no-baseline &
+        warm_ffn "${v//[=,]/_}" 170 1,2,4 mxfp4 "$v" &
     done
     for v in "${WIDE[@]:1}"; do
-        step "warm-ffn-${v//[=,]/_}" 170 env MONO_FFN_TILES="$v" python3 -m \
-            mono_kernels_minimax.ffn.bench --rows 8,16 --formats mxfp4 --layers 1 --no-baseline &
+        warm_ffn "${v//[=,]/_}" 170 8,16 mxfp4 "$v" &
     done
     wait
     # most wanted first: the tiles (they decide the defaults), then the table
@@ -726,8 +721,7 @@ if has tiles || has all; then
     # by side, then all timed in one.
     V=("" "ubk=128" "uks=2" "uks=8" "pair=0" "uks0=4")
     for v in "${V[@]}"; do
-        step "warm-ffn-${v//[=,]/_}" 300 env MONO_FFN_TILES="$v" python3 -m \
-            mono_kernels_minimax.ffn.bench --rows 1,16 --formats mxfp4 --layers 1 --no-baseline &
+        warm_ffn "${v//[=,]/_}" 300 1,16 mxfp4 "$v" &
     done
     wait
     joined=$(IFS='|'; echo "${V[*]}")
