@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -623,6 +623,24 @@ if has s16-router; then
             mono_kernels_minimax.ffn.tune --rows 16 --format mxfp4 --timeline "$d"
     done
 fi
+if has rmma; then
+    # The router on the tensor cores at S > 4 (stop 43: bf16 rows times the fp32 weights
+    # split into three bf16 parts; its FMA dot held every router item ~20 us at S = 16):
+    # the FFN's GPU tests beside the compiles, the table in both formats, the
+    # tensor-core router at S <= 4 too (rrows=0), then the S = 1 and 16 timelines. ~450 s.
+    tests ffn 240 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
+        -k "gluon_tiny or padding or full_rank" --tb=short &
+    for f in mxfp4 fp8; do
+        warm_ffn "$f" 200 1,2,4,8,16 "$f" "" &
+    done
+    warm_ffn rrows0 200 1,2,4 mxfp4 "rrows=0" &
+    wait
+    step bench-ffn 160 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --out "$LOG/bench"
+    step tune-rrows 80 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+        --variants "|rrows=0"
+    step timeline-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
+        --format mxfp4 --timeline "$LOG/bench"
+fi
 if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at
     # S > 4, FP8 on the Gluon build), timed as the table, then the timelines (the
@@ -741,7 +759,7 @@ for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"

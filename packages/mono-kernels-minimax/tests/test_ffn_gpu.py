@@ -82,8 +82,8 @@ def test_full_rank_shapes_one_rank(fmt, engine, tiles, monkeypatch):
     the device's choice, Gluon on the H200 for MXFP4; `tiles`: MONO_FFN_TILES, e.g.
     pair=3, the Gluon build's gate and up in one ring; dring=1, a down item's slots in one
     ring, `frag_stream_experts`). The Gluon build's own tiles at
-    S > 4 route in a stage of 4-row items (rr=4) and dot the router on two accumulators
-    (racc=2); at S <= 4 the last router item routes: widths 1..16 run both."""
+    S > 4 route in a stage of 4-row items (rr=4) and dot the router on the tensor cores;
+    at S <= 4 the last router item routes and dots row by row: widths 1..16 run both."""
     monkeypatch.setenv("MONO_FFN_TILES", tiles)
     from mono_kernels_minimax.ffn.bench import rank_config
     from mono_kernels_minimax.ffn.reference import ffn_reference

@@ -207,6 +207,7 @@ def test_tile_overrides_are_checked(monkeypatch):
         "regs=32",
         "regs=256",
         "rrows=32",
+        "rrows=3",
         "upf=2",
         "ust=9",
         "spf=2",
@@ -215,7 +216,7 @@ def test_tile_overrides_are_checked(monkeypatch):
         "rcall=2",
         "rr=3",
         "rr=32",
-        "racc=8",
+        "racc=2",  # a tile no longer built
     ):
         monkeypatch.setenv(TILES_ENV, bad)
         with pytest.raises(ValueError, match="FFN tiles|MONO_FFN_TILES"):

@@ -19,7 +19,8 @@ from mono_runtime import lang as lg
 def _helper(x, y, n):
     """Every constructor and layout helper of lang, in one body: y[0:16] the row sums of
     x[16, 16] (a plain dot of x and ones), y[16:24] the sums of row pairs (2i, 2i + 1) as
-    the bf16 pair split reads them, y[32] a scan's last value."""
+    the bf16 pair split reads them, y[32] a scan's last value, y[40:56] the row sums again
+    from a bf16 tensor-core dot."""
     acc = lg.anchor(lg.zeros((16, 16), tl.float32))
     rows = lg.along(lg.arange(0, 16), acc, 1)
     cols = lg.arange(0, 16)
@@ -35,6 +36,8 @@ def _helper(x, y, n):
     used = tl.max(tl.where(acc > 0, 1, 0), 0)
     pos = lg.along(tl.cumsum(lg.plain(used), 0), acc, 0)
     tl.store(y + 32, tl.max(pos, 0))
+    bf = lg.dot_bf16(xs.to(tl.bfloat16), ones.to(tl.bfloat16), lg.zeros_like(acc, tl.float32))
+    tl.store(y + 40 + rows, lg.zeros_like(rows, tl.float32) + tl.sum(bf, 1) / 16.0)
 
 
 @triton.jit
@@ -48,7 +51,7 @@ def interpreted() -> list:
     import torch
 
     x = torch.arange(256, dtype=torch.float32).reshape(16, 16)
-    y = torch.zeros(33)
+    y = torch.zeros(56)
     _kernel[(1,)](x, y, 12, False)
     return y.tolist()
 
@@ -65,7 +68,10 @@ def compiled() -> dict:
         ptx = k.asm["ptx"]
         # a Gluon compile has no ttir stage: the binary is the compiler's it was asked for
         out[name] = (
-            "ld.global" in ptx and "st.global" in ptx and ("ttir" in k.asm) == (name == "triton")
+            "ld.global" in ptx
+            and "st.global" in ptx
+            and "mma.sync" in ptx
+            and ("ttir" in k.asm) == (name == "triton")
         )
     return out
 
@@ -77,6 +83,7 @@ def test_helpers_give_tl_values_in_the_interpreter():
     assert y[:16] == sums
     assert y[16:24] == [sums[2 * i] + sums[2 * i + 1] for i in range(8)]  # row pairs
     assert y[32] == 16.0
+    assert y[40:56] == sums  # the bf16 dot: these integers and their sums are exact
 
 
 @pytest.mark.timeout(300)

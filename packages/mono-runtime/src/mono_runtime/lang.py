@@ -173,3 +173,26 @@ def dot_ieee(a, b, acc, _semantic=None):
     a = _semantic.convert_layout(a, _layouts.DotOperandLayout(0, parent, 0))
     b = _semantic.convert_layout(b, _layouts.DotOperandLayout(1, parent, 0))
     return dot_fma(a, b, acc, _semantic=_semantic)
+
+
+@_builtin
+def dot_bf16(a, b, acc, _semantic=None):
+    """`acc + a @ b` of bf16 blocks on the tensor cores with fp32 sums (`tl.dot`); under
+    Gluon, mma.sync with the operands and `acc` in its layout, the sum returned in `acc`'s
+    (Gluon has no `tl.dot`). The CPU interpreter multiplies bf16 blocks as their raw
+    16-bit words, so there the operands go as fp32: the same products, all exact."""
+    if _semantic is None:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    if not _gluon(_semantic):
+        return tl.dot(a, b, acc, _semantic=_semantic)
+    from triton.experimental.gluon.language import _layouts
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+    warps = _semantic.builder.options.num_warps
+    mma = _layouts.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[warps, 1], instr_shape=[16, 8]
+    )
+    a = _semantic.convert_layout(a, _layouts.DotOperandLayout(0, mma, 2))
+    b = _semantic.convert_layout(b, _layouts.DotOperandLayout(1, mma, 2))
+    out = mma_v2(a, b, _semantic.convert_layout(acc, mma), _semantic=_semantic)
+    return _semantic.convert_layout(out, acc.type.layout)

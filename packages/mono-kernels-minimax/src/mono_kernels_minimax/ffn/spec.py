@@ -229,8 +229,7 @@ class TaskPlan:
     # 3 one tile and, in the Gluon build, one ring (`frag_stream_row_pair`; Gluon runs 1
     # and 2 as two rings one after the other)
     pair: int
-    rrows: int  # S at most this: the router dots one row at a time, else one fp32 tl.dot
-    racc: int  # accumulators of that dot, K chunks dealt round-robin (independent chains)
+    rrows: int  # S at most this: the router dots one row at a time, else on tensor cores
     upf: int  # 1: a routed up item asks L2 for its rows before streaming them
     # 1: a shared up item asks L2 for its rows before waiting for the norm, a shared down
     # item for its rows before waiting for the up items (they come while the seam lands,
@@ -305,17 +304,10 @@ class TaskPlan:
                 # room for 3 programs an SM if their shared memory fits
                 regs=0,
                 pair=3 if gluon_wide else pair,
-                # the router item alone on the H200 (16 experts x 384 columns): its fp32
-                # tl.dot takes 8 us at any S (each K step waits for the last: one serial FMA
-                # chain, 32-column dots too, as Triton folds `acc += dot` into the chain);
-                # one row at a time 1.2 / 4.7 / 19 us at S = 1 / 4 / 16
+                # the router item alone on the H200 (16 experts x 384 columns): one row at
+                # a time 1.2 / 4.7 / 19 us at S = 1 / 4 / 16; an fp32 FMA dot 8 us at any S
+                # (its K steps one serial chain; ~20 us an item inside the FFN at S = 16)
                 rrows=4,
-                # 2: the router's dot on two accumulators at S > rrows (racc=4 spills 520 B
-                # at S = 16, sm_90); with rr=4 below in the Gluon build at S > 4: H100
-                # (stop 40, ffn.tune, same call) 136.2 / 226.9 us at S = 8 / 16 against
-                # 137.4 / 243.1 (at S = 1 rr=4 costs a hand-off: 53.1 against 50.7). The
-                # Triton build's wide steps keep 1 and 0 (not timed)
-                racc=2 if gluon_wide else 1,
                 upf=0,
                 # no early prefetch of the shared expert at S <= 4: H100 (stop 41, ffn.tune,
                 # same call) 49.3 / 68.3 / 97.5 us at S = 1 / 2 / 4 against 50.3 / 70.4 /
@@ -338,8 +330,9 @@ class TaskPlan:
                 rt=4,
                 # 1 spills nothing in the route (sm_90; inlined: 16 reloads at S = 1); to time
                 rcall=0,
-                # rr=4 at S > 4 (the route in S / 4 items; 220 B of spills at S = 16 against
-                # 336, 29.8K instructions against 32.8K, sm_90; timed with racc above)
+                # rr=4 at S > 4 (the route in S / 4 items): H100 (stop 40, ffn.tune, same
+                # call; the router's old FMA dot on two chains) 136.2 / 226.9 us at S = 8 /
+                # 16 against 137.4 / 243.1; at S = 1 a hand-off more: 53.1 against 50.7
                 rr=4 if gluon_wide else 0,
             )
             tiles = tile_overrides(TILES_ENV, tiles)  # a real-shape build's, for tuning
@@ -362,7 +355,6 @@ class TaskPlan:
                 regs=0,
                 pair=pair,
                 rrows=4,
-                racc=2,
                 upf=0,
                 spf=1,
                 dpf=2 if s > 4 else 1,  # (nothing under the interpreter: its loop runs)
@@ -438,6 +430,7 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
                 "occ",
                 "regs",
                 "rr",
+                "rrows",
             ),
             f"{name} must be a power of two",
         )
@@ -459,8 +452,10 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         "upf, spf, sfirst, rcall and dring are 0 or 1",
     )
     need(t["dpf"] in (0, 1, 2), "dpf is 0, 1 or 2")
-    need(t["rrows"] <= 16, "rrows is at most 16")
-    need(t["racc"] <= 4, "racc is 1, 2 or 4")
+    need(
+        t["rrows"] <= 16 and (t["rrows"] == 0 or pow2(t["rrows"])),
+        "rrows is 0 or 1..16, a power of two",
+    )
     need(t["rr"] == 0 or (pow2(t["rr"]) and t["rr"] <= 16), "rr is 0 or a power of two <= 16")
     need(i % t["bn"] == 0 and t["bn"] >= 16, f"bn must divide I = {i}, >= 16")
     need(h % t["dc"] == 0 and t["dc"] >= 16, f"dc must divide H = {h}, >= 16")

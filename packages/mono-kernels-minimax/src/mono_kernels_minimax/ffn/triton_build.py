@@ -214,7 +214,6 @@ def _ffn_body(
     DSTAGES: tl.constexpr,
     PAIR: tl.constexpr,
     RROWS: tl.constexpr,
-    RACC: tl.constexpr,
     UPF: tl.constexpr,
     SPF: tl.constexpr,
     DPF: tl.constexpr,
@@ -384,7 +383,7 @@ def _ffn_body(
                 t_ready = pt.clock(0, CPU)
             acc = _router_part(
                 xs, ssq, norm.to(tl.pointer_type(tl.bfloat16)), router, g, part_k,
-                S, H, NCH, RK, EPS, RROWS, RACC, GL,
+                S, H, NCH, RK, EPS, RROWS,
             )  # fmt: skip
             rows = lg.arange(0, 16)
             ex = g * 16 + lg.arange(0, 16)
@@ -636,27 +635,23 @@ def _router_part(
     RK: tl.constexpr,
     EPS: tl.constexpr,
     RROWS: tl.constexpr,
-    RACC: tl.constexpr,
-    GL: tl.constexpr,
 ):
     """fp32 logits [16 rows, 16 experts] of experts g*16.. over columns part_k*RK.. of the
     normed input, normalised here from the seam's `xs` and sums of squares (rounded to
     bf16 as the norm items round `xn`): the router waits for the seam, not the norm.
-    At S <= RROWS one row at a time (its FMAs along K run side by side), else fp32 dots
-    of K chunks dealt round-robin to RACC accumulators, summed at the end: a dot's K steps
-    form one serial FMA chain (`acc += dot` folds into it), RACC chains run side by side."""
+    At S <= RROWS one row at a time (its FMAs along K run side by side), else on the
+    tensor cores: the bf16 rows times the fp32 weights split into three bf16 parts, each
+    product exact and summed in fp32 (an fp32 FMA dot's K steps form one serial chain:
+    ~20 us an item at S = 16)."""
     acc = lg.anchor(lg.zeros((16, 16), tl.float32))
-    acc1 = lg.zeros_like(acc, tl.float32)
-    acc2 = lg.zeros_like(acc, tl.float32)
-    acc3 = lg.zeros_like(acc, tl.float32)
+    mid_acc = lg.zeros_like(acc, tl.float32)
+    lo_acc = lg.zeros_like(acc, tl.float32)
     rows = lg.along(lg.arange(0, 16), acc, 1)
     ex = g * 16 + lg.arange(0, 16)
     live = rows < S
     rstd = _rstd(ssq, rows, live, NCH, H, EPS)
-    # Gluon's FMA dot holds a chunk's whole K in each thread: chunks of 32 there
-    KC: tl.constexpr = 128 // (1 + 3 * GL * (S > RROWS))
-    for c in tl.static_range(RK // KC):  # unrolled: every chunk's loads fly together
-        k = part_k * RK + c * KC + lg.arange(0, KC)
+    for c in tl.static_range(RK // 128):  # unrolled: every chunk's loads fly together
+        k = part_k * RK + c * 128 + lg.arange(0, 128)
         wr = lg.anchor(tl.load(router + ex[:, None] * H + k[None, :]))
         wn = tl.load(norm + k).to(tl.float32)
         if S <= RROWS:
@@ -669,26 +664,15 @@ def _router_part(
             x = tl.load(
                 xs + rows[:, None] * H + k[None, :], mask=live[:, None], other=0.0, volatile=True
             )
-            x = dt.bf16_round(_gemma(x, rstd[:, None], wn[None, :]))
-            if c % RACC == 0:
-                acc = _fma_dot(x, wr, acc, GL)
-            elif c % RACC == 1:
-                acc1 = _fma_dot(x, wr, acc1, GL)
-            elif c % RACC == 2:
-                acc2 = _fma_dot(x, wr, acc2, GL)
-            else:
-                acc3 = _fma_dot(x, wr, acc3, GL)
-    return (acc + acc1) + (acc2 + acc3)
-
-
-@triton.jit
-def _fma_dot(x, wr, acc, GL: tl.constexpr):
-    """acc + x @ wr^T in fp32 on the FMA units (Gluon's FMA dot; Triton's ieee tl.dot)."""
-    if GL:
-        out = lg.dot_ieee(x, tl.trans(wr), acc)
-    else:
-        out = acc + tl.dot(x, tl.trans(wr), input_precision="ieee")
-    return out
+            x = dt.bf16_round(_gemma(x, rstd[:, None], wn[None, :])).to(tl.bfloat16)
+            hi = wr.to(tl.bfloat16)  # wr = hi + mid + lo exactly (8 + 8 + 8 significant bits)
+            rest = wr - hi.to(tl.float32)
+            mid = rest.to(tl.bfloat16)
+            lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+            acc = lg.dot_bf16(x, tl.trans(hi), acc)
+            mid_acc = lg.dot_bf16(x, tl.trans(mid), mid_acc)
+            lo_acc = lg.dot_bf16(x, tl.trans(lo), lo_acc)
+    return acc + (mid_acc + lo_acc)
 
 
 @triton.jit
@@ -1055,7 +1039,6 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         DSTAGES=p.dst or p.stages,
         PAIR=p.pair,
         RROWS=p.rrows,
-        RACC=p.racc,
         UPF=p.upf,
         SPF=p.spf,
         DPF=p.dpf,
