@@ -627,19 +627,24 @@ if has rmma; then
     # The router on the tensor cores at S > 4 (stop 43: bf16 rows times the fp32 weights
     # split into three bf16 parts; its FMA dot held every router item ~20 us at S = 16):
     # the FFN's GPU tests beside the compiles, the table in both formats, the
-    # tensor-core router at S <= 4 too (rrows=0), then the S = 1 and 16 timelines. ~450 s.
-    tests ffn 240 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
+    # S = 1 and 16 timelines, then the tensor-core router at S <= 4 too (rrows=0) and the
+    # up items in two K parts at S > 4 (uks=2: 1200 shorter items, a shorter last wave).
+    # ~540 s on a fresh machine.
+    tests ffn 200 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
         -k "gluon_tiny or padding or full_rank" --tb=short &
     for f in mxfp4 fp8; do
         warm_ffn "$f" 200 1,2,4,8,16 "$f" "" &
     done
     warm_ffn rrows0 200 1,2,4 mxfp4 "rrows=0" &
+    warm_ffn uks2 200 8,16 mxfp4 "uks=2" &
     wait
     step bench-ffn 160 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4,fp8 --out "$LOG/bench"
-    step tune-rrows 80 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
-        --variants "|rrows=0"
     step timeline-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"
+    step tune-rrows 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
+        --variants "|rrows=0"
+    step tune-uks 60 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
+        --variants "|uks=2"
 fi
 if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at
@@ -759,7 +764,7 @@ for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
