@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -646,6 +646,28 @@ if has rmma; then
     step tune-uks 60 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
         --variants "|uks=2"
 fi
+if has fulltests; then
+    # The FFN's full-rank GPU tests that failed beside part rmma's compiles (their messages
+    # cut by its budget: the Triton build and the one-ring pair at every width), each alone
+    # with its traceback, beside FP8's deeper routed rings at S <= 4 (part rings' FP8 half),
+    # then those timed; and with the router on the tensor cores, where the route runs at
+    # S > 4 (its stage of 4-row items or the last router item, stop 40's choice). ~420 s.
+    tests ffn 300 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
+        -k "full_rank and (mxfp4-triton or one-ring)" --tb=long &
+    F8=("" "ust=6" "ust=8")
+    for v in "${F8[@]}"; do
+        warm_ffn "fp8${v//[=,]/_}" 200 1,2,4 fp8 "$v" &
+    done
+    RR=("" "rr=0" "rr=16")  # S > 4: the route in 4-row items, in the last router item, in one item
+    for v in "${RR[@]:1}"; do
+        warm_ffn "${v//[=,]/_}" 200 8,16 mxfp4 "$v" &
+    done
+    wait
+    step tune-fp8 100 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format fp8 \
+        --variants "$(IFS='|'; echo "${F8[*]}")"
+    step tune-rr 90 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
+        --variants "$(IFS='|'; echo "${RR[*]}")"
+fi
 if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at
     # S > 4, FP8 on the Gluon build), timed as the issue's table, then the timelines (the
@@ -764,7 +786,7 @@ for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks tune-rr timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
