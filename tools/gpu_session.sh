@@ -652,7 +652,7 @@ if has fulltests; then
     # with its traceback, beside FP8's deeper routed rings at S <= 4 (part rings' FP8 half),
     # then those timed; and with the router on the tensor cores, where the route runs at
     # S > 4 (its stage of 4-row items or the last router item, stop 40's choice). ~420 s.
-    tests ffn 300 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
+    tests ffn 200 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
         -k "full_rank and (mxfp4-triton or one-ring)" --tb=long &
     F8=("" "ust=6" "ust=8")
     for v in "${F8[@]}"; do
@@ -663,10 +663,10 @@ if has fulltests; then
         warm_ffn "${v//[=,]/_}" 200 8,16 mxfp4 "$v" &
     done
     wait
-    step tune-fp8 100 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format fp8 \
-        --variants "$(IFS='|'; echo "${F8[*]}")"
     step tune-rr 90 python3 -m mono_kernels_minimax.ffn.tune --rows 8,16 --format mxfp4 \
         --variants "$(IFS='|'; echo "${RR[*]}")"
+    step tune-fp8 100 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format fp8 \
+        --variants "$(IFS='|'; echo "${F8[*]}")"
 fi
 if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at
