@@ -80,6 +80,8 @@ def main() -> int:
         f"--junitxml={junit}",
         "-p",
         "no:cacheprovider",
+        "-p",
+        "mono_tools.instant_failures",
         *args.pytest_args,
     ]
     print("+", shlex.join(cmd), flush=True)
