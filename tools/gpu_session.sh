@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -668,6 +668,13 @@ if has fulltests; then
     step tune-fp8 100 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format fp8 \
         --variants "$(IFS='|'; echo "${F8[*]}")"
 fi
+if has push; then
+    # What a push item's publishes cost (the FFN's 12 push items take 2.3 us at S = 1 and
+    # 9.2 us at S = 16, stop 43's timeline: 32 relaxed system-scope exchanges a thread at
+    # S = 16): publish_value as shipped, at device scope, and as relaxed 64-bit stores; with
+    # the ping-pong variants beside. ~60 s.
+    step push 120 python3 -m mono_runtime.bench_protocol --variants --push
+fi
 if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at
     # S > 4, FP8 on the Gluon build), timed as the issue's table, then the timelines (the
@@ -786,7 +793,7 @@ for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks tune-rr timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks tune-rr push timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"

@@ -75,7 +75,7 @@ def compile_child(rank, world, group):
 
 def other_kernels_child(rank, world, group):
     """The guard and the benchmark kernels compile for sm_90 (the GPU run must not be the
-    first to find a compile error)."""
+    first to find a compile error), the push table's relaxed-store way among them."""
     from mono_runtime import bench_protocol as B
     from mono_runtime.compile_check import compile_for
     from mono_runtime.guard import _guard_kernel
@@ -92,7 +92,8 @@ def other_kernels_child(rank, world, group):
         {**mailbox, "tickets": "*i64", "done": "*i64", "n_items": "i32", "lag": "i32"},
         {"CPU": False},
     )
-    return {"ping_pong": ping.asm["ptx"], "tickets": tickets.asm["ptx"]}
+    push = compile_for(B._push, {"ctl": "*i64", "peers": "*i64"}, {"ROWS": 16, "WAY": 2})
+    return {"ping_pong": ping.asm["ptx"], "tickets": tickets.asm["ptx"], "push": push.asm["ptx"]}
 
 
 _REG = re.compile(r"%[a-z]+\d+")
@@ -193,8 +194,10 @@ def test_guard_and_bench_kernels_compile_for_sm90_with_uniform_wait_exits():
     """Ping-pong and ticket waits poll a 1-lane block: every thread loads the pair itself,
     so only a CTA reduction may decide when the wait ends."""
     out = spawn(other_kernels_child, 1, 220, env={"TRITON_INTERPRET": "0"})[0]
-    for ptx in out.values():
-        assert_waits_leave_together(ptx)
+    for name in ("ping_pong", "tickets"):
+        assert_waits_leave_together(out[name])
+    # the push table's store way: 16 rows x 256 pairs over 128 threads, one store a pair
+    assert out["push"].count("st.relaxed.sys.global.b64") == 32
 
 
 @pytest.mark.timeout(240)

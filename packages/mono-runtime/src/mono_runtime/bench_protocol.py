@@ -3,7 +3,11 @@ and one step of a 132-program ticket loop (next to an empty launch of the same g
 
 Run on the GPU machine: `python3 -m mono_runtime.bench_protocol` (prints a table), or call
 `run()` from tools/gpu_run.py; `--variants` adds a table of ping-pong variants (warps,
-fence, clock and alarm cadence, a bare spin floor) to see what one message costs and why.
+fence, clock and alarm cadence, a bare spin floor) to see what one message costs and why;
+`--push` a table of what publishing a block of pairs costs (the FFN's push items: 12
+programs, 1 or 16 rows of 256 pairs each) with `publish_value`'s relaxed exchanges at
+system and device scope against relaxed 64-bit stores (each pair is one aligned 64-bit
+word, so a store is as indivisible as an exchange).
 Ticket-loop times come from CUDA graphs of many launches, so launch overhead is amortised
 the way a captured decode step amortises it. Ping-pong times are the difference of two
 launches (R and 2R rounds), each warmed up first with identical arguments: Triton
@@ -144,6 +148,38 @@ def _ping_pong_every(
 
 
 @triton.jit
+def _store_relaxed_sys(ptrs, words):
+    """One `st.relaxed.sys.global.b64` a lane: a strong store, single-copy atomic as an
+    aligned 64-bit word, with no reply to wait for (an exchange has one)."""
+    tl.inline_asm_elementwise(
+        "st.relaxed.sys.global.b64 [$1], $2;\n\tmov.u32 $0, 0;",
+        "=r,l,l",
+        [ptrs.to(tl.int64, bitcast=True), words],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _push(ctl, peers, ROWS: tl.constexpr, WAY: tl.constexpr):
+    """Program i publishes pairs [i * 256, (i + 1) * 256) of ROWS rows (row stride: every
+    program's pairs) with the step's tag: WAY 0 `publish_value` at system scope (as the
+    kernels push), 1 the same at device scope, 2 relaxed 64-bit stores."""
+    tag = T.step_tag(ctl, 0)
+    q = tl.program_id(0) * 256 + tl.arange(0, 256)
+    rows = tl.arange(0, ROWS)[:, None]
+    ptrs = T.peer_data(peers, 0) + rows * (256 * tl.num_programs(0)) + q[None, :]
+    payload = (rows * 65536 + q[None, :]).to(tl.int32)
+    if WAY == 0:
+        T.publish_value(ptrs, payload, tag, rows >= 0, "sys")
+    elif WAY == 1:
+        T.publish_value(ptrs, payload, tag, rows >= 0, "gpu")
+    else:
+        _store_relaxed_sys(ptrs, T.make_pair(tag, payload))
+
+
+@triton.jit
 def _empty(tickets):
     pass
 
@@ -245,11 +281,52 @@ def _variants(runner: MonoRunner, rounds: int, region: int) -> list[tuple[str, f
     return rows
 
 
+_PUSH_WAYS = {
+    0: "publish_value (relaxed exchange, system scope) as shipped",
+    1: "publish_value at device scope",
+    2: "relaxed 64-bit stores (st.relaxed.sys)",
+}
+
+
+def _pushes(runner: MonoRunner, programs: int = 12) -> list[tuple[str, float]]:
+    """[(way and rows, ns a launch over the empty launch)] of `_push`; raises if a pair
+    did not land with its tag and payload."""
+    a, peers = runner.launch_args(), runner.peer.addresses
+    empty = _graph_ns(runner, lambda: _empty[(programs,)](runner.tickets), 20, 50)
+    data = runner.peer.bytes[P.PEER_HEAD :].view(torch.int64)  # the kernel data: the pairs
+    out = []
+    for rows in (1, 16):
+        for way, what in _PUSH_WAYS.items():
+            ns = _graph_ns(
+                runner, lambda r=rows, w=way: _push[(programs,)](a["ctl"], peers, r, w), 20, 50
+            )
+            runner.step_begin()
+            _push[(programs,)](a["ctl"], peers, rows, way)
+            torch.cuda.synchronize()
+            words = data[: rows * 256 * programs].view(rows, -1)
+            tag = int(words[0, 0].item()) >> 32
+            want = torch.arange(rows, device=words.device)[:, None] * 65536 + torch.arange(
+                256 * programs, device=words.device
+            )
+            if (
+                tag == 0
+                or not torch.equal(words & 0xFFFFFFFF, want)
+                or ((words >> 32) != tag).any()
+            ):
+                raise RuntimeError(f"bench_protocol --push: {what}, {rows} rows: pairs not landed")
+            runner.after_step()
+            out.append(
+                (f"push {rows} x 256 pairs a program, {programs} programs: {what}", ns - empty)
+            )
+    return out
+
+
 def run(
-    programs: int | None = None, rounds: int = 2000, variants: bool = False
+    programs: int | None = None, rounds: int = 2000, variants: bool = False, push: bool = False
 ) -> list[tuple[str, float]]:
     """[(what, ns)]; raises MonoFault if any wait gave up (then the numbers mean nothing).
-    With `variants`, the ping-pong variants' one-way times follow."""
+    With `variants`, the ping-pong variants' one-way times follow; with `push`, the
+    push table."""
     device = torch.device("cuda")
     programs = programs or torch.cuda.get_device_properties(device).multi_processor_count
     runner = MonoRunner(
@@ -291,6 +368,8 @@ def run(
         )
     if variants:
         rows += [(f"one way: {what}", ns) for what, ns in _variants(runner, rounds, region)]
+    if push:
+        rows += _pushes(runner)
     runner.close()
     return rows
 
@@ -309,8 +388,11 @@ def main() -> None:
     parser.add_argument(
         "--variants", action="store_true", help="also time ping-pong variants (one-way ns each)"
     )
+    parser.add_argument(
+        "--push", action="store_true", help="also time publishing blocks of pairs, three ways"
+    )
     args = parser.parse_args()
-    print(table(run(args.programs, args.rounds, args.variants)))
+    print(table(run(args.programs, args.rounds, args.variants, args.push)))
 
 
 if __name__ == "__main__":
