@@ -300,10 +300,11 @@ def _pushes(runner: MonoRunner, programs: int = 12) -> list[tuple[str, float]]:
             ns = _graph_ns(
                 runner, lambda r=rows, w=way: _push[(programs,)](a["ctl"], peers, r, w), 20, 50
             )
+            words = data[: rows * 256 * programs].view(rows, -1)
+            words.zero_()  # what the timed launches left there must not pass the check
             runner.step_begin()
             _push[(programs,)](a["ctl"], peers, rows, way)
             torch.cuda.synchronize()
-            words = data[: rows * 256 * programs].view(rows, -1)
             tag = int(words[0, 0].item()) >> 32
             want = torch.arange(rows, device=words.device)[:, None] * 65536 + torch.arange(
                 256 * programs, device=words.device
