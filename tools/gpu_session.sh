@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -675,6 +675,25 @@ if has push; then
     # the ping-pong variants beside. ~60 s.
     step push 120 python3 -m mono_runtime.bench_protocol --variants --push
 fi
+if has backoff; then
+    # Waits that sleep between polls (MONO_POLL_BACKOFF_NS, read at import; 0 spins): at
+    # S = 16 ~100+ programs spin on the route's flags while the push, seam, router and
+    # route stages take 15 -> 47 us for microseconds of arithmetic (stop 43). Each value
+    # compiled in its own process (the value is in Triton's cache key), then timed at S = 1
+    # and 16 with its timeline. ~300 s.
+    NS=(0 100 500 2000)
+    for v in "${NS[@]}"; do
+        step "warm-ffn-ns$v" 200 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_minimax.ffn.bench \
+            --rows 1,16 --formats mxfp4 --layers 1 --no-baseline &
+    done
+    wait
+    for v in "${NS[@]}"; do
+        d="$LOG/bench/ns$v"
+        mkdir -p "$d"
+        step "backoff-ns$v" 50 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_minimax.ffn.tune \
+            --rows 1,16 --format mxfp4 --timeline "$d"
+    done
+fi
 if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at
     # S > 4, FP8 on the Gluon build), timed as the table, then the timelines (the
@@ -793,7 +812,7 @@ for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks tune-rr push timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks tune-rr push backoff-ns0 backoff-ns100 backoff-ns500 backoff-ns2000 timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"

@@ -96,6 +96,16 @@ def other_kernels_child(rank, world, group):
     return {"ping_pong": ping.asm["ptx"], "tickets": tickets.asm["ptx"], "push": push.asm["ptx"]}
 
 
+def backoff_child(rank, world, group):
+    """The ping-pong's sm_90 PTX, compiled in a process whose environment set the poll
+    backoff (it is read when protocol_triton is imported)."""
+    from mono_runtime import bench_protocol as B
+    from mono_runtime.compile_check import compile_for
+
+    types = {"ctl": "*i64", "health": "i64", "peers": "*i64", "region": "i32", "rounds": "i32"}
+    return compile_for(B._ping_pong, types, {"CPU": False}).asm["ptx"]
+
+
 _REG = re.compile(r"%[a-z]+\d+")
 _NO_DEST = ("st.", "bar.", "bra", "red.", "fence", "membar", "ret", "prefetch", "cp.")
 
@@ -198,6 +208,19 @@ def test_guard_and_bench_kernels_compile_for_sm90_with_uniform_wait_exits():
         assert_waits_leave_together(out[name])
     # the push table's store way: 16 rows x 256 pairs over 128 threads, one store a pair
     assert out["push"].count("st.relaxed.sys.global.b64") == 32
+
+
+@pytest.mark.timeout(240)
+def test_poll_backoff_sleeps_between_polls_only_when_asked():
+    """MONO_POLL_BACKOFF_NS puts a `nanosleep` in every wait's poll loop; unset, none."""
+    asked = spawn(
+        backoff_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_POLL_BACKOFF_NS": "250"}
+    )[0]
+    assert "nanosleep.u32 250" in asked
+    plain = spawn(
+        backoff_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_POLL_BACKOFF_NS": "0"}
+    )[0]
+    assert "nanosleep" not in plain
 
 
 @pytest.mark.timeout(240)

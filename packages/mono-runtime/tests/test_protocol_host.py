@@ -98,3 +98,14 @@ def test_timeline_incomplete_and_overflow_and_era():
     assert "outside its tag era" in era
     with pytest.raises(ValueError, match="health"):
         decode([0] * 3)
+
+
+def test_poll_backoff_comes_from_the_environment_and_is_checked(monkeypatch):
+    monkeypatch.delenv(P.POLL_BACKOFF_ENV, raising=False)
+    assert P.poll_backoff_ns() == 0
+    monkeypatch.setenv(P.POLL_BACKOFF_ENV, "250")
+    assert P.poll_backoff_ns() == 250
+    for bad in ("-5", "1e3", "fast", str(P.POLL_BACKOFF_MAX_NS + 1)):
+        monkeypatch.setenv(P.POLL_BACKOFF_ENV, bad)
+        with pytest.raises(ValueError, match=P.POLL_BACKOFF_ENV):
+            P.poll_backoff_ns()

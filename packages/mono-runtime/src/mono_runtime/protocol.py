@@ -7,6 +7,7 @@ The Triton helpers import these as constexpr globals; the FlyDSL twin copies the
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,23 @@ KIND_DEADLINE = 1  # waited past the deadline
 KIND_ALARM = 2  # stopped because some rank's alarm word was set
 KIND_ERA = 3  # the step's tag was outside its era (a rezero was missed)
 KIND_NAMES = {KIND_DEADLINE: "deadline", KIND_ALARM: "alarm", KIND_ERA: "era"}
+
+
+POLL_BACKOFF_ENV = "MONO_POLL_BACKOFF_NS"
+POLL_BACKOFF_MAX_NS = 100_000
+
+
+def poll_backoff_ns() -> int:
+    """Nanoseconds a wait sleeps between polls, from MONO_POLL_BACKOFF_NS (0, the default:
+    it spins). A tuning knob, read when the kernels' module is imported: a program that
+    spins shares the L2 with the hand-offs it waits for, and a decode step has many."""
+    raw = os.environ.get(POLL_BACKOFF_ENV, "0").strip() or "0"
+    if not raw.isdigit() or int(raw) > POLL_BACKOFF_MAX_NS:
+        raise ValueError(
+            f"{POLL_BACKOFF_ENV}={raw!r}: expected an integer of nanoseconds, 0 to "
+            f"{POLL_BACKOFF_MAX_NS}"
+        )
+    return int(raw)
 
 
 def tag_of(epoch: int, base: int, slot: int) -> int:

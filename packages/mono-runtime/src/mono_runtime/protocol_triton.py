@@ -33,6 +33,7 @@ _KIND_ALARM = tl.constexpr(P.KIND_ALARM)
 _KIND_ERA = tl.constexpr(P.KIND_ERA)
 _ALARM_FOLLOWED = tl.constexpr(P.ALARM_FOLLOWED)
 _ALARM_GAVE_UP = tl.constexpr(P.ALARM_GAVE_UP)
+_BACKOFF_NS = tl.constexpr(P.poll_backoff_ns())  # a constexpr global: in the cache key
 
 # A wait's state, ordered so that one CTA max combines them: the alarm outranks the
 # deadline, which outranks waiting, which outranks a match.
@@ -53,6 +54,20 @@ def _device_ns(_semantic=None):
     if str(_semantic.builder.options.arch).startswith("gfx"):
         return memrealtime(_semantic=_semantic).__mul__(10, _semantic=_semantic)
     return globaltimer(_semantic=_semantic)
+
+
+@tl.core.extern
+def _nap(_semantic=None):
+    """Sleep about _BACKOFF_NS between polls: `nanosleep` on NVIDIA, `s_sleep` on AMD (64
+    clocks a unit, ~30 ns)."""
+    ns = _BACKOFF_NS.value
+    if str(_semantic.builder.options.arch).startswith("gfx"):
+        asm = f"s_sleep {min(127, max(1, ns // 30))}\n\tv_mov_b32 $0, 0"
+    else:
+        asm = f"nanosleep.u32 {ns};\n\tmov.u32 $0, 0;"
+    return tl.inline_asm_elementwise(
+        asm, "=r", [], dtype=tl.int32, is_pure=False, pack=1, _semantic=_semantic
+    )
 
 
 @triton.jit
@@ -187,6 +202,9 @@ def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: t
     state = _wait_state(alarms, ranks, _pairs_state(pairs, mask, tag, t0 - t0, deadline))
     while (state == _W_WAITING) & (tag != 0):
         it += 1
+        if _BACKOFF_NS > 0:
+            if not CPU:
+                _nap()
         pairs = tl.load(ptrs, mask=mask, other=0, volatile=True)
         alarms = tl.load(head + ranks, mask=rmask, other=0, volatile=True)
         state = _wait_state(
