@@ -158,24 +158,6 @@ def row_pairs(x, _semantic=None):
 
 
 @_builtin
-def dot_ieee(a, b, acc, _semantic=None):
-    """`acc + a @ b` in fp32 FMAs (`tl.dot(..., input_precision="ieee")`); under Gluon,
-    `dot_fma` with the operands converted to `acc`'s blocked layout (Gluon has no
-    `tl.dot`)."""
-    if _semantic is None:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    if not _gluon(_semantic):
-        return tl.dot(a, b, acc, input_precision="ieee", _semantic=_semantic)
-    from triton.experimental.gluon.language import _layouts
-    from triton.experimental.gluon.language._core import dot_fma
-
-    parent = acc.type.layout
-    a = _semantic.convert_layout(a, _layouts.DotOperandLayout(0, parent, 0))
-    b = _semantic.convert_layout(b, _layouts.DotOperandLayout(1, parent, 0))
-    return dot_fma(a, b, acc, _semantic=_semantic)
-
-
-@_builtin
 def dot_bf16(a, b, acc, _semantic=None):
     """`acc + a @ b` of bf16 blocks on the tensor cores with fp32 sums (`tl.dot`); under
     Gluon, mma.sync with the operands and `acc` in its layout, the sum returned in `acc`'s
