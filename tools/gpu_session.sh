@@ -683,8 +683,7 @@ if has backoff; then
     # and 16 with its timeline. ~300 s.
     NS=(0 100 500 2000)
     for v in "${NS[@]}"; do
-        step "warm-ffn-ns$v" 200 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_minimax.ffn.bench \
-            --rows 1,16 --formats mxfp4 --layers 1 --no-baseline &
+        MONO_POLL_BACKOFF_NS=$v warm_ffn "ns$v" 200 1,16 mxfp4 "" &
     done
     wait
     for v in "${NS[@]}"; do

@@ -43,6 +43,12 @@ _W_LATE = tl.constexpr(2)
 _W_ALARM = tl.constexpr(3)
 
 
+def _amd(semantic) -> bool:
+    """Whether the compile's own target is AMD (an ahead-of-time gfx950 compile runs on a
+    machine without a GPU)."""
+    return str(semantic.builder.options.arch).startswith("gfx")
+
+
 @tl.core.extern
 def _device_ns(_semantic=None):
     """The device's ns clock for the target being compiled: `%globaltimer` on NVIDIA, the
@@ -51,7 +57,7 @@ def _device_ns(_semantic=None):
     from triton.language.extra.cuda import globaltimer
     from triton.language.extra.hip import memrealtime
 
-    if str(_semantic.builder.options.arch).startswith("gfx"):
+    if _amd(_semantic):
         return memrealtime(_semantic=_semantic).__mul__(10, _semantic=_semantic)
     return globaltimer(_semantic=_semantic)
 
@@ -61,7 +67,7 @@ def _nap(_semantic=None):
     """Sleep about _BACKOFF_NS between polls: `nanosleep` on NVIDIA, `s_sleep` on AMD (64
     clocks a unit, ~30 ns)."""
     ns = _BACKOFF_NS.value
-    if str(_semantic.builder.options.arch).startswith("gfx"):
+    if _amd(_semantic):
         asm = f"s_sleep {min(127, max(1, ns // 30))}\n\tv_mov_b32 $0, 0"
     else:
         asm = f"nanosleep.u32 {ns};\n\tmov.u32 $0, 0;"
