@@ -25,10 +25,12 @@ def _kernels():
     return module
 
 
-def _runner(rank, world, group, deadline_polls=2000):
+def _runner(rank, world, group, deadline_polls=2000, peer_bytes=4096):
     from mono_runtime.runner import MonoRunner
 
-    return MonoRunner("cpu", group, rank, world, 4096, 4096, deadline_ns=deadline_polls * POLLS)
+    return MonoRunner(
+        "cpu", group, rank, world, 4096, peer_bytes, deadline_ns=deadline_polls * POLLS
+    )
 
 
 def _exchange(K, runner, slot=0, skew=0, block=8):
@@ -89,6 +91,33 @@ def test_device_tags_match_host_and_ticket_loop():
     # item t waits for t - 1; the counter is back at 0 after every launch
     for (order, counter), n in zip(tickets, (7, 5, 2), strict=True):
         assert order == list(range(1, n + 1)) and counter == 0
+
+
+def push_child(rank, world, group):
+    """bench_protocol's push kernel, publish_value at both scopes, at 1 and 16 rows."""
+    import torch
+    from mono_runtime import bench_protocol as B
+    from mono_runtime import protocol as P
+
+    programs, landed = 2, []
+    runner = _runner(rank, world, group, peer_bytes=P.PEER_HEAD + 16 * 256 * programs * 8)
+    a = runner.launch_args()
+    data = runner.peer.bytes[P.PEER_HEAD :].view(torch.int64)
+    for rows in (1, 16):
+        for way in (0, 1):
+            words = data[: rows * 256 * programs]
+            words.zero_()
+            runner.step_begin()
+            B._push[(programs,)](a["ctl"], runner.peer.addresses, rows, way)
+            landed.append(B.pushed(words, rows, programs))
+            runner.after_step()
+    return landed
+
+
+@pytest.mark.timeout(120)
+def test_push_lands_every_pair():
+    """A mask narrower than the pointers once left most pairs unwritten (stop 44)."""
+    assert spawn(push_child, 1, 100, env=ENV)[0] == [True] * 4
 
 
 def exchange_child(rank, world, group):

@@ -158,6 +158,7 @@ def test_rot_layout_round_trip_in_place():
     same = L.rotate_codes(codes, out=codes, rows_per_pass=2)
     assert same is codes and torch.equal(codes, placed)
     assert torch.equal(L.unrotate_codes(codes), keep)
+    assert torch.equal(L.unrotate_codes(codes, rows_per_pass=4), keep)  # passes: 4, 4, 4, 3
 
 
 def test_rot_layout_is_tile_major_and_packs_in_place():

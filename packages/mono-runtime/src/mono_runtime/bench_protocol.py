@@ -171,10 +171,11 @@ def _push(ctl, peers, ROWS: tl.constexpr, WAY: tl.constexpr):
     rows = tl.arange(0, ROWS)[:, None]
     ptrs = T.peer_data(peers, 0) + rows * (256 * tl.num_programs(0)) + q[None, :]
     payload = (rows * 65536 + q[None, :]).to(tl.int32)
+    every = (rows >= 0) & (q[None, :] >= 0)  # the pointers' full shape (see publish_value)
     if WAY == 0:
-        T.publish_value(ptrs, payload, tag, rows >= 0, "sys")
+        T.publish_value(ptrs, payload, tag, every, "sys")
     elif WAY == 1:
-        T.publish_value(ptrs, payload, tag, rows >= 0, "gpu")
+        T.publish_value(ptrs, payload, tag, every, "gpu")
     else:
         _store_relaxed_sys(ptrs, T.make_pair(tag, payload))
 
@@ -281,6 +282,7 @@ def _variants(runner: MonoRunner, rounds: int, region: int) -> list[tuple[str, f
     return rows
 
 
+_PUSH_PROGRAMS = 12  # as many as the FFN's push items
 _PUSH_WAYS = {
     0: "publish_value (relaxed exchange, system scope) as shipped",
     1: "publish_value at device scope",
@@ -288,7 +290,18 @@ _PUSH_WAYS = {
 }
 
 
-def _pushes(runner: MonoRunner, programs: int = 12) -> list[tuple[str, float]]:
+def pushed(words: torch.Tensor, rows: int, programs: int) -> bool:
+    """Whether `_push` left every pair of `rows` rows with its payload and one nonzero tag
+    (`words`: the first rows * 256 * programs int64 words of the kernel data)."""
+    words = words.view(rows, -1)
+    tag = int(words[0, 0].item()) >> 32
+    want = torch.arange(rows, device=words.device)[:, None] * 65536 + torch.arange(
+        256 * programs, device=words.device
+    )
+    return tag != 0 and torch.equal(words & 0xFFFFFFFF, want) and not ((words >> 32) != tag).any()
+
+
+def _pushes(runner: MonoRunner, programs: int = _PUSH_PROGRAMS) -> list[tuple[str, float]]:
     """[(way and rows, ns a launch over the empty launch)] of `_push`; raises if a pair
     did not land with its tag and payload."""
     a, peers = runner.launch_args(), runner.peer.addresses
@@ -300,20 +313,12 @@ def _pushes(runner: MonoRunner, programs: int = 12) -> list[tuple[str, float]]:
             ns = _graph_ns(
                 runner, lambda r=rows, w=way: _push[(programs,)](a["ctl"], peers, r, w), 20, 50
             )
-            words = data[: rows * 256 * programs].view(rows, -1)
+            words = data[: rows * 256 * programs]
             words.zero_()  # what the timed launches left there must not pass the check
             runner.step_begin()
             _push[(programs,)](a["ctl"], peers, rows, way)
             torch.cuda.synchronize()
-            tag = int(words[0, 0].item()) >> 32
-            want = torch.arange(rows, device=words.device)[:, None] * 65536 + torch.arange(
-                256 * programs, device=words.device
-            )
-            if (
-                tag == 0
-                or not torch.equal(words & 0xFFFFFFFF, want)
-                or ((words >> 32) != tag).any()
-            ):
+            if not pushed(words, rows, programs):
                 raise RuntimeError(f"bench_protocol --push: {what}, {rows} rows: pairs not landed")
             runner.after_step()
             out.append(
@@ -330,9 +335,8 @@ def run(
     push table."""
     device = torch.device("cuda")
     programs = programs or torch.cuda.get_device_properties(device).multi_processor_count
-    runner = MonoRunner(
-        device, None, 0, 1, 1 << 20, 32 * rounds + (1 << 16), deadline_ns=1_000_000_000
-    )
+    peer_bytes = max(32 * rounds + (1 << 16), P.PEER_HEAD + 16 * 256 * 8 * _PUSH_PROGRAMS)
+    runner = MonoRunner(device, None, 0, 1, 1 << 20, peer_bytes, deadline_ns=1_000_000_000)
     a, peers = runner.launch_args(), runner.peer.addresses
     done = torch.zeros(8 * programs, dtype=torch.int64, device=device)
     region = 0x5EED

@@ -136,7 +136,9 @@ def publish_value(ptrs, payload, tag, mask, SCOPE: tl.constexpr):
     """Store (tag, payload) pairs that carry all their reader needs: one 64-bit relaxed
     exchange each, no fence. The tag in the same word is the signal, so nothing else needs
     ordering; a release at system scope would wait for every earlier store of the thread
-    to reach every GPU (microseconds, on the critical path of every push)."""
+    to reach every GPU (microseconds, on the critical path of every push). `mask` must have
+    the pointers' full shape: the interpreter does not broadcast an atomic's mask (a [1, 1]
+    mask over [1, 256] pointers stores one pair there)."""
     tl.atomic_xchg(ptrs, make_pair(tag, payload), mask=mask, sem="relaxed", scope=SCOPE)
 
 

@@ -138,11 +138,16 @@ def rotate_codes(
     return out
 
 
-def unrotate_codes(values: torch.Tensor) -> torch.Tensor:
-    """The inverse of `rotate_codes`, bit for bit."""
+def unrotate_codes(values: torch.Tensor, rows_per_pass: int = 4096) -> torch.Tensor:
+    """The inverse of `rotate_codes`, bit for bit; `rows_per_pass` rows at a time (a whole
+    expert weight at once needs 36 GiB for one temporary: 32 bytes a code)."""
     _check_codes(values)
-    codes = _codes_of_rot(values.reshape(-1, values.shape[-1]))
-    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).reshape(values.shape).contiguous()
+    flat = values.reshape(-1, values.shape[-1])
+    out = torch.empty_like(flat)
+    for r0 in range(0, flat.shape[0], rows_per_pass):
+        codes = _codes_of_rot(flat[r0 : r0 + rows_per_pass])
+        out[r0 : r0 + rows_per_pass] = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return out.reshape(values.shape)
 
 
 def pack_mxfp4_rot(
