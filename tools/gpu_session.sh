@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -659,6 +659,24 @@ if has push; then
     # the ping-pong variants beside. ~60 s.
     step push 120 python3 -m mono_runtime.bench_protocol --variants --push
 fi
+if has pubstore; then
+    # publish_value as relaxed 64-bit stores (MONO_PUBLISH=store) against the exchanges it
+    # ships with: the FFN at S = 1 and 16 with timelines (its push items: 2.3 / 9.2 us of
+    # exchanges at stop 43), each way compiled in its own process (the way is in Triton's
+    # cache key), and the Gluon FFN's tiny GPU test with stores. ~200 s.
+    for v in xchg store; do
+        MONO_PUBLISH=$v warm_ffn "pub$v" 200 1,16 mxfp4 "" &
+    done
+    MONO_PUBLISH=store tests ffn2 200 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
+        -k "gluon_tiny" --tb=short &
+    wait
+    for v in xchg store; do
+        d="$LOG/bench/pub$v"
+        mkdir -p "$d"
+        step "publish-$v" 60 env MONO_PUBLISH=$v python3 -m mono_kernels_minimax.ffn.tune \
+            --rows 1,16 --format mxfp4 --timeline "$d"
+    done
+fi
 if has backoff; then
     # Waits that sleep between polls (MONO_POLL_BACKOFF_NS, read at import; 0 spins): at
     # S = 16 ~100+ programs spin on the route's flags while the push, seam, router and
@@ -795,7 +813,7 @@ for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks tune-rr push backoff-ns0 backoff-ns100 backoff-ns500 backoff-ns2000 timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks tune-rr push publish-xchg publish-store backoff-ns0 backoff-ns100 backoff-ns500 backoff-ns2000 timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"

@@ -96,6 +96,16 @@ def other_kernels_child(rank, world, group):
     return {"ping_pong": ping.asm["ptx"], "tickets": tickets.asm["ptx"], "push": push.asm["ptx"]}
 
 
+def publish_child(rank, world, group):
+    """The push kernel's `publish_value` way (WAY 0), sm_90 PTX, compiled in a process whose
+    environment chose MONO_PUBLISH (read when protocol_triton is imported)."""
+    from mono_runtime import bench_protocol as B
+    from mono_runtime.compile_check import compile_for
+
+    types = {"ctl": "*i64", "peers": "*i64"}
+    return compile_for(B._push, types, {"ROWS": 16, "WAY": 0}).asm["ptx"]
+
+
 def backoff_child(rank, world, group):
     """The ping-pong's sm_90 PTX, compiled in a process whose environment set the poll
     backoff (it is read when protocol_triton is imported)."""
@@ -221,6 +231,17 @@ def test_poll_backoff_sleeps_between_polls_only_when_asked():
         backoff_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_POLL_BACKOFF_NS": "0"}
     )[0]
     assert "nanosleep" not in plain
+
+
+@pytest.mark.timeout(240)
+def test_publish_store_way_stores_where_asked():
+    """MONO_PUBLISH=store: one predicated relaxed store a pair, no exchange; by default
+    exchanges only."""
+    stored = spawn(publish_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_PUBLISH": "store"})
+    ptx = stored[0]
+    assert ptx.count("@p st.relaxed.sys.global.b64") == 32 and "atom." not in ptx
+    plain = spawn(publish_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_PUBLISH": ""})[0]
+    assert plain.count("atom.global.sys.relaxed.exch.b64") == 32 and "st.relaxed" not in plain
 
 
 @pytest.mark.timeout(240)

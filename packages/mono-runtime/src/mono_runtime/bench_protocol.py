@@ -284,8 +284,8 @@ def _variants(runner: MonoRunner, rounds: int, region: int) -> list[tuple[str, f
 
 _PUSH_PROGRAMS = 12  # as many as the FFN's push items
 _PUSH_WAYS = {
-    0: "publish_value (relaxed exchange, system scope) as shipped",
-    1: "publish_value at device scope",
+    0: f"publish_value (MONO_PUBLISH={P.publish_way()}), system scope",
+    1: f"publish_value (MONO_PUBLISH={P.publish_way()}), device scope",
     2: "relaxed 64-bit stores (st.relaxed.sys)",
 }
 

@@ -65,6 +65,26 @@ def poll_backoff_ns() -> int:
     return int(raw)
 
 
+def cpu_interpreter() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+PUBLISH_ENV = "MONO_PUBLISH"
+PUBLISH_WAYS = ("xchg", "store")
+
+
+def publish_way() -> str:
+    """How `publish_value` writes a pair word on NVIDIA, from MONO_PUBLISH: "xchg" (the
+    default: a relaxed 64-bit exchange) or "store" (a relaxed 64-bit store: as indivisible
+    for an aligned word, with no reply to wait for). Read when the kernels' module is
+    imported; AMD and the interpreter always exchange."""
+    raw = os.environ.get(PUBLISH_ENV, "xchg").strip() or "xchg"
+    if raw not in PUBLISH_WAYS:
+        raise ValueError(f"{PUBLISH_ENV}={raw!r}: expected one of {', '.join(PUBLISH_WAYS)}")
+    return raw
+
+
 def tag_of(epoch: int, base: int, slot: int) -> int:
     """The 32-bit tag of launch `slot` in the step at `epoch`, or TAG_INVALID outside the era.
 

@@ -34,6 +34,8 @@ _KIND_ERA = tl.constexpr(P.KIND_ERA)
 _ALARM_FOLLOWED = tl.constexpr(P.ALARM_FOLLOWED)
 _ALARM_GAVE_UP = tl.constexpr(P.ALARM_GAVE_UP)
 _BACKOFF_NS = tl.constexpr(P.poll_backoff_ns())  # a constexpr global: in the cache key
+# (the interpreter exchanges: it runs no inline assembly)
+_STORE_PUBLISH = tl.constexpr(P.publish_way() == "store" and not P.cpu_interpreter())
 
 # A wait's state, ordered so that one CTA max combines them: the alarm outranks the
 # deadline, which outranks waiting, which outranks a match.
@@ -73,6 +75,35 @@ def _nap(_semantic=None):
         asm = f"nanosleep.u32 {ns};\n\tmov.u32 $0, 0;"
     return tl.inline_asm_elementwise(
         asm, "=r", [], dtype=tl.int32, is_pure=False, pack=1, _semantic=_semantic
+    )
+
+
+@tl.core.extern
+def _store_words(ptrs, words, mask, SCOPE, _semantic=None):
+    """`publish_value`'s write with MONO_PUBLISH=store: on NVIDIA a predicated
+    `st.relaxed.{sys,gpu}.global.b64` a lane (its mask broadcast to the pointers' shape),
+    on AMD the exchange."""
+    if _amd(_semantic):
+        return tl.atomic_xchg(
+            ptrs, words, mask=mask, sem="relaxed", scope=SCOPE, _semantic=_semantic
+        )
+    asm = (
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $3, 0;\n\t"
+        f"@p st.relaxed.{tl.core._unwrap_if_constexpr(SCOPE)}.global.b64 [$1], $2;\n\t"
+        "mov.u32 $0, 0;\n\t}"
+    )
+    return tl.inline_asm_elementwise(
+        asm,
+        "=r,l,l,r",
+        [
+            ptrs.to(tl.int64, bitcast=True, _semantic=_semantic),
+            words,
+            mask.to(tl.int32, _semantic=_semantic),
+        ],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+        _semantic=_semantic,
     )
 
 
@@ -134,12 +165,16 @@ def publish(ptrs, payload, tag, mask, SCOPE: tl.constexpr):
 @triton.jit
 def publish_value(ptrs, payload, tag, mask, SCOPE: tl.constexpr):
     """Store (tag, payload) pairs that carry all their reader needs: one 64-bit relaxed
-    exchange each, no fence. The tag in the same word is the signal, so nothing else needs
-    ordering; a release at system scope would wait for every earlier store of the thread
-    to reach every GPU (microseconds, on the critical path of every push). `mask` must have
-    the pointers' full shape: the interpreter does not broadcast an atomic's mask (a [1, 1]
-    mask over [1, 256] pointers stores one pair there)."""
-    tl.atomic_xchg(ptrs, make_pair(tag, payload), mask=mask, sem="relaxed", scope=SCOPE)
+    exchange each (a relaxed store with MONO_PUBLISH=store), no fence. The tag in the same
+    word is the signal, so nothing else needs ordering; a release at system scope would wait
+    for every earlier store of the thread to reach every GPU (microseconds, on the critical
+    path of every push). `mask` must have the pointers' full shape: the interpreter does
+    not broadcast an atomic's mask (a [1, 1] mask over [1, 256] pointers stores one pair
+    there)."""
+    if _STORE_PUBLISH:
+        _store_words(ptrs, make_pair(tag, payload), mask, SCOPE)
+    else:
+        tl.atomic_xchg(ptrs, make_pair(tag, payload), mask=mask, sem="relaxed", scope=SCOPE)
 
 
 @triton.jit

@@ -13,7 +13,6 @@ MonoFault on every rank after any give-up; `reset()` makes the runner usable aga
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,10 +42,6 @@ from .spec import (
 from .weights import DrafterWeights
 
 BF16, F32 = torch.bfloat16, torch.float32
-
-
-def _cpu_interpreter() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -171,7 +166,7 @@ class DrafterRunner(MonoHooks):
             raise ValueError(f"weights: expected DrafterWeights, got {type(weights).__name__}")
         if not isinstance(caches, Sequence):
             raise ValueError(f"caches: expected a list of tensors, got {type(caches).__name__}")
-        if self.device.type == "cpu" and not _cpu_interpreter():
+        if self.device.type == "cpu" and not P.cpu_interpreter():
             raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
         world = 1 if group is None else group.size()
         cus = None

@@ -10,7 +10,6 @@ would otherwise each hold a copy. A subclass builds its kernels between `_setup`
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,11 +19,6 @@ from .. import protocol as P
 from ..errors import MonoUnsupported
 from ..runner import MonoRunner
 from .layer_runner import LayerRunner
-
-
-def cpu_interpreter() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 class MonoHooks(LayerRunner):
@@ -83,7 +77,7 @@ class MonoLayerRunner(MonoHooks):
             raise ValueError(f"scratch_offset: expected an int, got {scratch_offset!r}")
         if scratch_offset < 0 or scratch_offset % 256:
             raise ValueError(f"scratch_offset: {scratch_offset} is not a multiple of 256 >= 0")
-        if self.device.type == "cpu" and not cpu_interpreter():  # before any allocation
+        if self.device.type == "cpu" and not P.cpu_interpreter():  # before any allocation
             raise MonoUnsupported("a CPU device needs TRITON_INTERPRET=1 (the Triton interpreter)")
         self.cpu = self.device.type == "cpu"
 
