@@ -234,14 +234,14 @@ def test_poll_backoff_sleeps_between_polls_only_when_asked():
 
 
 @pytest.mark.timeout(240)
-def test_publish_store_way_stores_where_asked():
-    """MONO_PUBLISH=store: one predicated relaxed store a pair, no exchange; by default
+def test_publish_stores_by_default_and_exchanges_where_asked():
+    """By default one predicated relaxed store a pair and no exchange; MONO_PUBLISH=xchg:
     exchanges only."""
-    stored = spawn(publish_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_PUBLISH": "store"})
-    ptx = stored[0]
+    ptx = spawn(publish_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_PUBLISH": ""})[0]
     assert ptx.count("@p st.relaxed.sys.global.b64") == 32 and "atom." not in ptx
-    plain = spawn(publish_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_PUBLISH": ""})[0]
-    assert plain.count("atom.global.sys.relaxed.exch.b64") == 32 and "st.relaxed" not in plain
+    xchg = spawn(publish_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_PUBLISH": "xchg"})
+    assert xchg[0].count("atom.global.sys.relaxed.exch.b64") == 32
+    assert "st.relaxed" not in xchg[0]
 
 
 @pytest.mark.timeout(240)

@@ -113,9 +113,9 @@ def test_poll_backoff_comes_from_the_environment_and_is_checked(monkeypatch):
 
 def test_publish_way_comes_from_the_environment_and_is_checked(monkeypatch):
     monkeypatch.delenv(P.PUBLISH_ENV, raising=False)
-    assert P.publish_way() == "xchg"
-    monkeypatch.setenv(P.PUBLISH_ENV, "store")
     assert P.publish_way() == "store"
+    monkeypatch.setenv(P.PUBLISH_ENV, "xchg")
+    assert P.publish_way() == "xchg"
     monkeypatch.setenv(P.PUBLISH_ENV, "release")
     with pytest.raises(ValueError, match=P.PUBLISH_ENV):
         P.publish_way()

@@ -80,7 +80,7 @@ def _nap(_semantic=None):
 
 @tl.core.extern
 def _store_words(ptrs, words, mask, SCOPE, _semantic=None):
-    """`publish_value`'s write with MONO_PUBLISH=store: on NVIDIA a predicated
+    """`publish_value`'s write (MONO_PUBLISH=store, the default): on NVIDIA a predicated
     `st.relaxed.{sys,gpu}.global.b64` a lane (its mask broadcast to the pointers' shape),
     on AMD the exchange."""
     if _amd(_semantic):
@@ -165,12 +165,12 @@ def publish(ptrs, payload, tag, mask, SCOPE: tl.constexpr):
 @triton.jit
 def publish_value(ptrs, payload, tag, mask, SCOPE: tl.constexpr):
     """Store (tag, payload) pairs that carry all their reader needs: one 64-bit relaxed
-    exchange each (a relaxed store with MONO_PUBLISH=store), no fence. The tag in the same
-    word is the signal, so nothing else needs ordering; a release at system scope would wait
-    for every earlier store of the thread to reach every GPU (microseconds, on the critical
-    path of every push). `mask` must have the pointers' full shape: the interpreter does
-    not broadcast an atomic's mask (a [1, 1] mask over [1, 256] pointers stores one pair
-    there)."""
+    store each on NVIDIA (a relaxed exchange with MONO_PUBLISH=xchg, on AMD and in the
+    interpreter), no fence. The tag in the same word is the signal, so nothing else needs
+    ordering; a release at system scope would wait for every earlier store of the thread to
+    reach every GPU (microseconds, on the critical path of every push). `mask` must have
+    the pointers' full shape: the interpreter does not broadcast an atomic's mask (a [1, 1]
+    mask over [1, 256] pointers stores one pair there)."""
     if _STORE_PUBLISH:
         _store_words(ptrs, make_pair(tag, payload), mask, SCOPE)
     else:
