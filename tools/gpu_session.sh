@@ -660,10 +660,11 @@ if has push; then
     step push 120 python3 -m mono_runtime.bench_protocol --variants --push
 fi
 if has pubstore; then
-    # publish_value as relaxed 64-bit stores (MONO_PUBLISH=store, the default since stop 44)
-    # against exchanges (xchg, before): the FFN at S = 1 and 16 with timelines (its push items: 2.3 / 9.2 us of
-    # exchanges at stop 43), each way compiled in its own process (the way is in Triton's
-    # cache key), and the Gluon FFN's tiny GPU test with stores. ~200 s.
+    # publish_value as relaxed 64-bit stores (MONO_PUBLISH=store, the default since stop
+    # 44) against exchanges (xchg, before): the FFN at S = 1 and 16 with timelines (its push
+    # items took 2.3 / 9.2 us with exchanges at stop 43), each way compiled in its own
+    # process (the way is in Triton's cache key), and the Gluon FFN's tiny GPU test with
+    # stores. ~200 s.
     for v in xchg store; do
         MONO_PUBLISH=$v warm_ffn "pub$v" 200 1,16 mxfp4 "" &
     done
