@@ -319,7 +319,7 @@ def compile_checks(rank, world, group, tp, wide):
     k = triton_build.compile_for(b, "sm90")
     ptx = k.asm["ptx"]
     res = resources_of(k)
-    facts["sys_value_xchg"] = "atom.global.sys.relaxed.exch.b64" in ptx
+    facts["sys_value_store"] = "st.relaxed.sys.global.b64" in ptx
     facts["gpu_acquire"] = "atom.global.gpu.acquire" in ptx
     facts["globaltimer"] = "%globaltimer" in ptx
     facts["spills"] = res.spill_bytes

@@ -194,7 +194,7 @@ def compile_checks(rank, world, group, rows, tp):
     res = resources_of(k)
     return {
         "sys_release_xchg": "atom.global.sys.release.exch.b64" in ptx,
-        "sys_value_xchg": "atom.global.sys.relaxed.exch.b64" in ptx,
+        "sys_value_store": "st.relaxed.sys.global.b64" in ptx,
         "gpu_acquire": "atom.global.gpu.acquire" in ptx,
         "globaltimer": "%globaltimer" in ptx,
         "spills": res.spill_bytes,

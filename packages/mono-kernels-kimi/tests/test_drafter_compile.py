@@ -24,7 +24,7 @@ ranks = _load("drafter_ranks")
 def test_compiles_for_sm90_and_gfx950():
     """TP 2, narrow: a real launch's specialization (the wide build differs in constants)."""
     (facts,) = spawn(ranks.compile_checks, 1, 280, 2, False, env={"TRITON_INTERPRET": "0"})
-    assert facts["sys_value_xchg"], "peer pairs are not 64-bit relaxed exchanges at sys scope"
+    assert facts["sys_value_store"], "peer pairs are not 64-bit relaxed stores at sys scope"
     assert facts["gpu_acquire"], "waits on other programs' items have no gpu-scope acquire"
     assert facts["globaltimer"], "the bounded waits do not read %globaltimer"
     assert facts["spills"] == 0, f"sm_90 build spills {facts['spills']} bytes"

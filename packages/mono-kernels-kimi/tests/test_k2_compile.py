@@ -24,7 +24,7 @@ ranks = _load("k2_ranks")
 def test_compiles_for_sm90_and_gfx950():
     sm90, gfx950 = spawn(ranks.compile_checks, 2, 280, 2, 2, env={"TRITON_INTERPRET": "0"})
     facts = sm90 | gfx950
-    assert facts["sys_value_xchg"], "peer pairs are not 64-bit relaxed exchanges at sys scope"
+    assert facts["sys_value_store"], "peer pairs are not 64-bit relaxed stores at sys scope"
     assert facts["sys_release_xchg"], "the handshake is not a 64-bit release exchange at sys scope"
     assert facts["gpu_acquire"], "waits on other programs' items have no gpu-scope acquire"
     assert facts["globaltimer"], "the bounded waits do not read %globaltimer"

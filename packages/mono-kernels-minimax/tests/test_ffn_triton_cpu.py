@@ -93,7 +93,7 @@ def test_late_rank_faults_every_rank_then_reset():
 @pytest.mark.timeout(280)
 def test_compiles_for_sm90_and_gfx950():
     (facts,) = spawn(ranks.compile_checks, 1, 260, "mxfp4", 1, True, env={"TRITON_INTERPRET": "0"})
-    assert facts["sys_value_xchg"], "peer pairs are not 64-bit relaxed exchanges at sys scope"
+    assert facts["sys_value_store"], "peer pairs are not 64-bit relaxed stores at sys scope"
     assert facts["sys_release_xchg"], "the handshake is not a 64-bit release exchange at sys scope"
     assert facts["globaltimer"], "the bounded waits do not read %globaltimer"
     assert facts["gpu_acquire"], "waits on other programs' items have no gpu-scope acquire"
