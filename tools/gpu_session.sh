@@ -653,10 +653,10 @@ if has fulltests; then
         -k "full_rank and mxfp4-triton" --tb=long
 fi
 if has push; then
-    # What a push item's publishes cost (the FFN's 12 push items take 2.3 us at S = 1 and
-    # 9.2 us at S = 16, stop 43's timeline: 32 relaxed system-scope exchanges a thread at
-    # S = 16): publish_value as shipped, at device scope, and as relaxed 64-bit stores; with
-    # the ping-pong variants beside. ~60 s.
+    # What a push item's publishes cost (the FFN's 12 push items took 2.3 us at S = 1 and
+    # 9.2 us at S = 16 with exchanges, stop 43): publish_value as configured (stores since
+    # stop 44), at device scope, and as relaxed 64-bit exchanges; with the ping-pong
+    # variants beside. ~60 s.
     step push 120 python3 -m mono_runtime.bench_protocol --variants --push
 fi
 if has pubstore; then

@@ -75,7 +75,7 @@ def compile_child(rank, world, group):
 
 def other_kernels_child(rank, world, group):
     """The guard and the benchmark kernels compile for sm_90 (the GPU run must not be the
-    first to find a compile error), the push table's relaxed-store way among them."""
+    first to find a compile error), the push table's exchange way among them."""
     from mono_runtime import bench_protocol as B
     from mono_runtime.compile_check import compile_for
     from mono_runtime.guard import _guard_kernel
@@ -216,8 +216,8 @@ def test_guard_and_bench_kernels_compile_for_sm90_with_uniform_wait_exits():
     out = spawn(other_kernels_child, 1, 220, env={"TRITON_INTERPRET": "0"})[0]
     for name in ("ping_pong", "tickets"):
         assert_waits_leave_together(out[name])
-    # the push table's store way: 16 rows x 256 pairs over 128 threads, one store a pair
-    assert out["push"].count("st.relaxed.sys.global.b64") == 32
+    # the push table's exchange way: 16 rows x 256 pairs over 128 threads, one a pair
+    assert out["push"].count("atom.global.sys.relaxed.exch.b64") == 32
 
 
 @pytest.mark.timeout(240)

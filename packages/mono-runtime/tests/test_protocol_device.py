@@ -94,7 +94,8 @@ def test_device_tags_match_host_and_ticket_loop():
 
 
 def push_child(rank, world, group):
-    """bench_protocol's push kernel, publish_value at both scopes, at 1 and 16 rows."""
+    """bench_protocol's push kernel at 1 and 16 rows: publish_value at both scopes (the
+    interpreter exchanges) and the explicit exchange."""
     import torch
     from mono_runtime import bench_protocol as B
     from mono_runtime import protocol as P
@@ -104,7 +105,7 @@ def push_child(rank, world, group):
     a = runner.launch_args()
     data = runner.peer.bytes[P.PEER_HEAD :].view(torch.int64)
     for rows in (1, 16):
-        for way in (0, 1):
+        for way in (0, 1, 2):
             words = data[: rows * 256 * programs]
             words.zero_()
             runner.step_begin()
@@ -117,7 +118,7 @@ def push_child(rank, world, group):
 @pytest.mark.timeout(120)
 def test_push_lands_every_pair():
     """A mask narrower than the pointers once left most pairs unwritten (stop 44)."""
-    assert spawn(push_child, 1, 100, env=ENV)[0] == [True] * 4
+    assert spawn(push_child, 1, 100, env=ENV)[0] == [True] * 6
 
 
 def exchange_child(rank, world, group):

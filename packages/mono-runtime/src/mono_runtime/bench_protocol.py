@@ -148,24 +148,11 @@ def _ping_pong_every(
 
 
 @triton.jit
-def _store_relaxed_sys(ptrs, words):
-    """One `st.relaxed.sys.global.b64` a lane: a strong store, single-copy atomic as an
-    aligned 64-bit word, with no reply to wait for (an exchange has one)."""
-    tl.inline_asm_elementwise(
-        "st.relaxed.sys.global.b64 [$1], $2;\n\tmov.u32 $0, 0;",
-        "=r,l,l",
-        [ptrs.to(tl.int64, bitcast=True), words],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
 def _push(ctl, peers, ROWS: tl.constexpr, WAY: tl.constexpr):
     """Program i publishes pairs [i * 256, (i + 1) * 256) of ROWS rows (row stride: every
     program's pairs) with the step's tag: WAY 0 `publish_value` at system scope (as the
-    kernels push), 1 the same at device scope, 2 relaxed 64-bit stores."""
+    kernels push), 1 the same at device scope, 2 relaxed 64-bit exchanges at system scope
+    (publish_value's way before stop 44, still its way on AMD)."""
     tag = T.step_tag(ctl, 0)
     q = tl.program_id(0) * 256 + tl.arange(0, 256)
     rows = tl.arange(0, ROWS)[:, None]
@@ -177,7 +164,7 @@ def _push(ctl, peers, ROWS: tl.constexpr, WAY: tl.constexpr):
     elif WAY == 1:
         T.publish_value(ptrs, payload, tag, every, "gpu")
     else:
-        _store_relaxed_sys(ptrs, T.make_pair(tag, payload))
+        tl.atomic_xchg(ptrs, T.make_pair(tag, payload), mask=every, sem="relaxed", scope="sys")
 
 
 @triton.jit
@@ -286,7 +273,7 @@ _PUSH_PROGRAMS = 12  # as many as the FFN's push items
 _PUSH_WAYS = {
     0: f"publish_value (MONO_PUBLISH={P.publish_way()}), system scope",
     1: f"publish_value (MONO_PUBLISH={P.publish_way()}), device scope",
-    2: "relaxed 64-bit stores (st.relaxed.sys)",
+    2: "relaxed 64-bit exchanges, system scope",
 }
 
 
