@@ -679,12 +679,12 @@ if has pubstore; then
     done
 fi
 if has backoff; then
-    # Waits that sleep between polls (MONO_POLL_BACKOFF_NS, read at import; 0 spins): at
-    # S = 16 ~100+ programs spin on the route's flags while the push, seam, router and
-    # route stages take 15 -> 47 us for microseconds of arithmetic (stop 43). Each value
-    # compiled in its own process (the value is in Triton's cache key), then timed at S = 1
-    # and 16 with its timeline. ~300 s.
-    NS=(0 100 500 2000)
+    # Waits that sleep between polls (MONO_POLL_BACKOFF_NS, read at import; 0 spins). Stop
+    # 44 (exchanges then): 2000 ns slower at S = 1 and 16; 100 ns spanned 42.2 us at S = 1
+    # against 44.2 spinning, but its timing was cut by a 50 s step limit (each `ffn.tune`
+    # here takes ~45 s). Each value compiled in its own process (the value is in Triton's
+    # cache key), then timed at S = 1 and 16 with its timeline. ~280 s.
+    NS=(0 100 200)
     for v in "${NS[@]}"; do
         MONO_POLL_BACKOFF_NS=$v warm_ffn "ns$v" 200 1,16 mxfp4 "" &
     done
@@ -692,7 +692,7 @@ if has backoff; then
     for v in "${NS[@]}"; do
         d="$LOG/bench/ns$v"
         mkdir -p "$d"
-        step "backoff-ns$v" 50 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_minimax.ffn.tune \
+        step "backoff-ns$v" 75 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_minimax.ffn.tune \
             --rows 1,16 --format mxfp4 --timeline "$d"
     done
 fi
@@ -814,7 +814,7 @@ for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
 done
 for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
-    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks tune-rr push publish-xchg publish-store backoff-ns0 backoff-ns100 backoff-ns500 backoff-ns2000 timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
+    tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks tune-rr push publish-xchg publish-store backoff-ns0 backoff-ns100 backoff-ns200 timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue
     echo "== $name"
     tail -40 "$LOG/$name.txt"
