@@ -45,6 +45,22 @@ warm_ffn() {  # name, timeout, widths, format, MONO_FFN_TILES ("": none): compil
     step "warm-ffn-$1" "$2" env MONO_FFN_TILES="$5" python3 -m mono_kernels_minimax.ffn.bench \
         --rows "$3" --formats "$4" --layers 1 --no-baseline
 }
+warm_env() {  # name prefix, variable, values...: each value's FFN (mxfp4, S = 1 and 16)
+    # compiled in a process of its own, in the background (a variable read at import is in
+    # Triton's cache key)
+    local pre=$1 var=$2 v; shift 2
+    for v in "$@"; do
+        (export "$var=$v"; warm_ffn "$pre$v" 200 1,16 mxfp4 "") &
+    done
+}
+timed_env() {  # name prefix, step limit, variable, values...: each value timed with its timeline
+    local pre=$1 limit=$2 var=$3 v; shift 3
+    for v in "$@"; do
+        mkdir -p "$LOG/bench/$pre$v"
+        step "$pre$v" "$limit" env "$var=$v" python3 -m mono_kernels_minimax.ffn.tune \
+            --rows 1,16 --format mxfp4 --timeline "$LOG/bench/$pre$v"
+    done
+}
 : >"$LOG/status.txt"
 mkdir -p "$LOG/bench"
 if has k1-tests; then
@@ -665,18 +681,11 @@ if has pubstore; then
     # items took 2.3 / 9.2 us with exchanges at stop 43), each way compiled in its own
     # process (the way is in Triton's cache key), and the Gluon FFN's tiny GPU test with
     # stores. ~200 s.
-    for v in xchg store; do
-        MONO_PUBLISH=$v warm_ffn "pub$v" 200 1,16 mxfp4 "" &
-    done
+    warm_env publish- MONO_PUBLISH xchg store
     MONO_PUBLISH=store tests ffn2 200 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
         -k "gluon_tiny" --tb=short &
     wait
-    for v in xchg store; do
-        d="$LOG/bench/pub$v"
-        mkdir -p "$d"
-        step "publish-$v" 60 env MONO_PUBLISH=$v python3 -m mono_kernels_minimax.ffn.tune \
-            --rows 1,16 --format mxfp4 --timeline "$d"
-    done
+    timed_env publish- 60 MONO_PUBLISH xchg store
 fi
 if has backoff; then
     # Waits that sleep between polls (MONO_POLL_BACKOFF_NS, read at import; 0 spins). Stop
@@ -684,17 +693,9 @@ if has backoff; then
     # against 44.2 spinning, but its timing was cut by a 50 s step limit (each `ffn.tune`
     # here takes ~45 s). Each value compiled in its own process (the value is in Triton's
     # cache key), then timed at S = 1 and 16 with its timeline. ~280 s.
-    NS=(0 100 200)
-    for v in "${NS[@]}"; do
-        MONO_POLL_BACKOFF_NS=$v warm_ffn "ns$v" 200 1,16 mxfp4 "" &
-    done
+    warm_env backoff-ns MONO_POLL_BACKOFF_NS 0 100 200
     wait
-    for v in "${NS[@]}"; do
-        d="$LOG/bench/ns$v"
-        mkdir -p "$d"
-        step "backoff-ns$v" 75 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_minimax.ffn.tune \
-            --rows 1,16 --format mxfp4 --timeline "$d"
-    done
+    timed_env backoff-ns 75 MONO_POLL_BACKOFF_NS 0 100 200
 fi
 if has confirm; then
     # The defaults stop 41 chose from part sdown's tiles (spf=0 at S <= 4, the down ring at

@@ -5,9 +5,10 @@ Run on the GPU machine: `python3 -m mono_runtime.bench_protocol` (prints a table
 `run()` from tools/gpu_run.py; `--variants` adds a table of ping-pong variants (warps,
 fence, clock and alarm cadence, a bare spin floor) to see what one message costs and why;
 `--push` a table of what publishing a block of pairs costs (the FFN's push items: 12
-programs, 1 or 16 rows of 256 pairs each) with `publish_value`'s relaxed exchanges at
-system and device scope against relaxed 64-bit stores (each pair is one aligned 64-bit
-word, so a store is as indivisible as an exchange).
+programs, 1 or 16 rows of 256 pairs each) with `publish_value` as configured (relaxed
+64-bit stores on NVIDIA by default) at system and device scope against relaxed 64-bit
+exchanges (each pair is one aligned 64-bit word, so a store is as indivisible as an
+exchange).
 Ticket-loop times come from CUDA graphs of many launches, so launch overhead is amortised
 the way a captured decode step amortises it. Ping-pong times are the difference of two
 launches (R and 2R rounds), each warmed up first with identical arguments: Triton
