@@ -150,12 +150,12 @@ if has kimi; then
     tests k2 240 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "not bench" --tb=short &
     step warm-k2 240 python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 2 --no-baseline &
     wait
-    step bench-drafter 160 $MONO bench drafter --rows 1,2,4,8 --out "$LOG/bench"
-    step bench-k2 120 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
-    step timeline-drafter 60 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 8192 --timeline "$LOG/bench"
     step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 --layers 8 \
         --timeline "$LOG/bench"
+    step bench-k2 120 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
+    step bench-drafter 160 $MONO bench drafter --rows 1,2,4,8 --out "$LOG/bench"
+    step timeline-drafter 60 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
+        --context 8192 --timeline "$LOG/bench"
 fi
 if has drafter-tune; then
     # Drafter tiles (MONO_DRAFTER_TILES) compiled side by side and timed one after another
@@ -194,19 +194,26 @@ if has k2occ || has k2-tune; then
     # (sb = 64 and uc = 64 take 120 KB of shared memory: one program an SM; sm_90 on a CPU.
     # dc = 128: the routed down tile's e8m0 scales are 256 B a trip at 64 rows x 128, 2 B a
     # thread, which Triton loads synchronously each trip; 512 B at 128 rows go async)
-    has k2-tune && V=("" "sb=32" "uc=32" "oc=128" "sd=128" "dks=2" "dc=128")
+    # k2-tune (stop 45, the Gluon build): 64-row shared-up, latdown and upproj items (their
+    # K step 256 then needs 120 KB of shared memory: one program an SM) against the 16-row
+    # default, beside the drafter's GPU tests; the default's timelines first.
+    if has k2-tune; then
+        V=("" "occ=1" "uc=64,occ=1" "sb=64,occ=1" "lb=64,occ=1" "uc=64,sb=64,lb=64,occ=1")
+        tests drafter 240 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
+    fi
+    # (a process a variant, its widths in turn: 18 processes' weights would not fit an H100)
     for v in "${V[@]}"; do
-        for s in 1 4 16; do
-            step "warm-k2-$s-${v//[=,]/_}" 270 env MONO_K2_TILES="$v" \
-                python3 -m mono_kernels_kimi.k2.bench --rows $s --layers 2 --no-baseline &
-        done
+        step "warm-k2-${v//[=,]/_}" 300 env MONO_K2_TILES="$v" \
+            python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 2 --no-baseline &
     done
     wait
+    has k2-tune && step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 \
+        --layers 8 --timeline "$LOG/bench"
     for v in "${V[@]}"; do
         step "k2occ-${v//[=,]/_}" 90 env MONO_K2_TILES="$v" \
             python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 8 --no-baseline
     done
-    step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
+    has k2-tune || step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
 fi
 if has k1; then
     # After a change to K1 (issue 14): all its GPU tests (tiny and full shapes, eager and

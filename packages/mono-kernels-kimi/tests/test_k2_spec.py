@@ -53,7 +53,7 @@ def test_the_plan_covers_every_shape(b):
     c, p = b.cfg, b.plan
     assert [name for name, _ in stages(b)] == list(STAGES)
     assert p.no * p.oc == c.hidden_size and p.nch * p.rc == c.hidden_size
-    assert p.nr * 16 >= c.experts_per_rank and p.nl * 16 >= c.latent_per_rank
+    assert p.nr * 16 >= c.experts_per_rank and p.nl * p.lb >= c.latent_per_rank
     assert p.nsu * p.sb == c.shared_intermediate and p.nsd * p.sd == c.hidden_size
     assert p.nc * p.bn == c.routed_intermediate and p.nd * p.dc == c.latent_size
     assert p.nu * p.uc == c.hidden_per_rank and p.nf * p.fc == c.hidden_size
@@ -72,7 +72,7 @@ def test_counts_of_a_tiny_tp2_width_3():
     b = K2Build(KimiK3Config.tiny(2), 3)
     assert b.max_slots == 12  # 3 rows x 4 picks of 16 experts
     assert dict(stages(b)) == dict(
-        oproj=2, col=6, mix=6, norm=6, router=2, latdown=4, shup=4, shdown=2, gather=3, route=3,
+        oproj=2, col=6, mix=6, norm=6, router=2, latdown=2, shup=4, shdown=2, gather=3, route=3,
         union=1, up=24, down=4, dsum=2, lred=3, upproj=2, final=6, handshake=1,
     )  # fmt: skip
 

@@ -20,7 +20,7 @@ residency and under the interpreter, where programs run one after another:
     router   NR x DKS  16 rows of this rank's E/tp router rows, one of DKS parts of K
                      (= H); the last part to finish sums the parts in order: fp32 logits
                      -> every rank's `lg`
-    latdown  NL x DKS  16 rows of this rank's LAT/tp latent_down rows, likewise: bf16 ->
+    latdown  NL x DKS  LB rows of this rank's LAT/tp latent_down rows, likewise: bf16 ->
                      every rank's `lat`
     shup     NSU x DKS  SB gate + SB up rows of the shared gate_up, likewise: SiTU ->
                      `smid` (bf16)
@@ -174,7 +174,8 @@ class Plan:
     nr: int  # router row blocks (16 rows each)
     rbk: int  # their K step (K = H)
     dks: int  # K parts of the router, latdown and shup row blocks (items per block)
-    nl: int  # latdown items (16 rows each)
+    lb: int  # latent_down rows of a latdown item
+    nl: int  # latdown row blocks
     sb: int  # shared gate (and up) rows of a shup item
     nsu: int
     sd: int  # output columns of a shdown item
@@ -207,7 +208,11 @@ class Plan:
             # SI): split K, so that they fill the machine
             dks=4 if big else 2,
             oc=_step(h, 64 if big else 32),
+            # rows of a shared-up (gate and up each), latdown and upproj item: 16 keep the
+            # bf16 ring at 61 KB (two programs an SM), 64 need 120 KB (one); tiny builds
+            # take latdown blocks wider than a TP4 rank's share, so the interpreter runs both
             sb=16,
+            lb=16 if big else 32,
             sd=_step(h, 64 if big else 32),
             # routed up blocks of 64 rows: MXFP4 streams several times slower in fewer
             # (MX_FAST_ROWS); H200 at S = 1: 315.5 us with 16-row blocks, 258.4 with 64
@@ -233,7 +238,8 @@ class Plan:
         )
         if big:  # a real-shape build's, for tuning
             t = tile_overrides(TILES_ENV, t)
-        walks = dict(oc=h, sb=si, sd=h, bn=ri, dc=lat, uc=c.hidden_per_rank, obk=ko, sdk=si, dbk=ri)
+        walks = dict(oc=h, sb=si, lb=lat, sd=h, bn=ri, dc=lat, uc=c.hidden_per_rank)
+        walks.update(obk=ko, sdk=si, dbk=ri)
         for name, k in walks.items():
             check_tile("K2", name, t[name], divides=k)
         check_tile("K2", "occ", t["occ"], least=1, most=2)
@@ -252,7 +258,8 @@ class Plan:
             nr=-(-c.experts_per_rank // 16),
             rbk=_step(h // dks, 256),
             dks=dks,
-            nl=-(-c.latent_per_rank // 16),
+            lb=t["lb"],
+            nl=-(-c.latent_per_rank // t["lb"]),
             sb=sb,
             nsu=si // sb,
             sd=sd,
@@ -418,7 +425,7 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
     mid    bf16[MAXSLOTS, S, RI]  the routed experts' SiTU outputs, by slot
     count  int32[NR + NL + NSU]  K parts finished per row block of router, latdown, shup
            (the last resets it)
-    kpart  fp32 their parts: [NR + NL, DKS, 16, S] then [NSU, DKS, 2 SB, S]
+    kpart  fp32 their parts: [NR, DKS, 16, S], [NL, DKS, LB, S], then [NSU, DKS, 2 SB, S]
     dpart  fp32[ND, NG, DC, S]  the down groups' partials
     nlat   bf16[S, LAT] the normed latent the up-projection reads
     timeline  int64[tickets, 5] (timeline builds only): each item's program, ticket,
@@ -440,7 +447,7 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
             ("table", sum(table_sizes(b).values())),
             ("mid", 2 * b.max_slots * s * c.routed_intermediate),
             ("count", 4 * (p.nr + p.nl + p.nsu)),
-            ("kpart", 4 * p.dks * s * (16 * (p.nr + p.nl) + 2 * p.sb * p.nsu)),
+            ("kpart", 4 * p.dks * s * (16 * p.nr + p.lb * p.nl + 2 * p.sb * p.nsu)),
             ("dpart", 4 * b.plan.nd * b.plan.ng * b.plan.dc * s),
             ("nlat", 2 * s * lat),
         ]

@@ -119,6 +119,7 @@ def _k2_body(
     DKS: tl.constexpr,
     NR: tl.constexpr,
     NL: tl.constexpr,
+    LB: tl.constexpr,
     SB: tl.constexpr,
     SD: tl.constexpr,
     SDK: tl.constexpr,
@@ -358,8 +359,8 @@ def _k2_body(
                     r0 = _share_row0(rank, (t - T_ROUTER) // DKS, EPR, E, 16)
                     dt.prefetch_rows(router, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
                 elif t < T_SHUP:
-                    r0 = _share_row0(rank, (t - T_LATDOWN) // DKS, LPR, LAT, 16)
-                    dt.prefetch_rows(latent_down, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
+                    r0 = _share_row0(rank, (t - T_LATDOWN) // DKS, LPR, LAT, LB)
+                    dt.prefetch_rows(latent_down, r0, LB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
                 else:
                     r0 = ((t - T_SHUP) // DKS) * SB
                     dt.prefetch_rows(shared_w13, r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
@@ -403,7 +404,7 @@ def _k2_body(
                         kp,
                         x,
                         latent_down,
-                        buf + (NR + g) * (DKS * 16 * S),
+                        buf + (NR * 16 + g * LB) * (DKS * S),
                         cnt,
                         peers,
                         rank,
@@ -413,6 +414,7 @@ def _k2_body(
                         H,
                         LAT,
                         LPR,
+                        LB,
                         RBK,
                         DKS,
                         STAGES,
@@ -428,7 +430,7 @@ def _k2_body(
                         x,
                         shared_w13,
                         scratch,
-                        buf + (NR + NL) * (DKS * 16 * S) + c * (DKS * 2 * SB * S),
+                        buf + (NR * 16 + NL * LB) * (DKS * S) + c * (DKS * 2 * SB * S),
                         cnt,
                         S,
                         H,
@@ -980,6 +982,7 @@ def _latdown(
     H: tl.constexpr,
     LAT: tl.constexpr,
     LPR: tl.constexpr,
+    LB: tl.constexpr,
     RBK: tl.constexpr,
     DKS: tl.constexpr,
     STAGES: tl.constexpr,
@@ -987,18 +990,18 @@ def _latdown(
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """16 of this rank's latent_down rows over K part kp; the last part: bf16 -> every
+    """LB of this rank's latent_down rows over K part kp; the last part: bf16 -> every
     rank's lat (all-gather)."""
-    r0, rows, keep = _share(rank, g, LPR, LAT, 16)
+    r0, rows, keep = _share(rank, g, LPR, LAT, LB)
     KP: tl.constexpr = H // DKS
     acc = dt.any_stream_rows(
-        latent_down, latent_down, x, r0, kp * KP, KP // RBK, H, 16, RBK, S, 0, STAGES, CPU, ASM
+        latent_down, latent_down, x, r0, kp * KP, KP // RBK, H, LB, RBK, S, 0, STAGES, CPU, ASM
     )
-    last, acc = dt.split_k(acc, buf, cnt, kp, DKS, 16, S)
+    last, acc = dt.split_k(acc, buf, cnt, kp, DKS, LB, S)
     if last:
-        q = r0 // 2 + lg.arange(0, 8)
-        pairs = dt.tile_pairs(acc, 16)
-        kq = tl.sum(tl.reshape(lg.anchor(keep).to(tl.int32), (8, 2)), 1) == 2
+        q = r0 // 2 + lg.arange(0, LB // 2)
+        pairs = dt.tile_pairs(acc, LB)
+        kq = tl.sum(tl.reshape(lg.anchor(keep).to(tl.int32), (LB // 2, 2)), 1) == 2
         kq = lg.along(kq, pairs, 0)
         dt.push_pairs(peers, world, P_LAT // 8, LAT // 2, q, pairs, kq[None, :], tag, S)
 
@@ -1587,6 +1590,7 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         DKS=p.dks,
         NR=p.nr,
         NL=p.nl,
+        LB=p.lb,
         SB=p.sb,
         SD=p.sd,
         SDK=p.sdk,
