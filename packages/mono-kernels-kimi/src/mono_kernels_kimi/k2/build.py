@@ -109,7 +109,8 @@ class K2Gluon(K2Triton):
             "o_proj": c.o_proj_in // p.obk,
             "router / latent down / shared up": c.hidden_size // p.dks // p.rbk,
             "shared down": c.shared_intermediate // p.sdk,
-            "routed up / up_proj": c.latent_size // p.ubk,
+            "routed up": c.latent_size // p.ubk,
+            "up_proj": c.latent_size // p.pbk,
             "routed down": c.routed_intermediate // p.dbk,
         }
         return gluon_refusal(target, steps, {"ubk": p.ubk, "dbk": p.dbk})

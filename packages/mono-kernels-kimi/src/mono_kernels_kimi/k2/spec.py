@@ -189,6 +189,7 @@ class Plan:
     ng: int  # slot groups of the down stage
     dbk: int  # its K step (K = RI)
     uc: int  # up_proj rows of an upproj item
+    pbk: int  # its K step (K = LAT)
     nu: int
     fc: int  # columns of a final item
     nf: int
@@ -213,6 +214,10 @@ class Plan:
             # take latdown blocks wider than a TP4 rank's share, so the interpreter runs both
             sb=16,
             lb=16 if big else 32,
+            # K steps of the router / latdown / shup streams and of the upproj stream (128:
+            # half the ring's shared memory)
+            rbk=256,
+            pbk=256,
             sd=_step(h, 64 if big else 32),
             # routed up blocks of 64 rows: MXFP4 streams several times slower in fewer
             # (MX_FAST_ROWS); H200 at S = 1: 315.5 us with 16-row blocks, 258.4 with 64
@@ -256,7 +261,7 @@ class Plan:
             rc=rc,
             nch=h // rc,
             nr=-(-c.experts_per_rank // 16),
-            rbk=_step(h // dks, 256),
+            rbk=_step(h // dks, t["rbk"]),
             dks=dks,
             lb=t["lb"],
             nl=-(-c.latent_per_rank // t["lb"]),
@@ -268,6 +273,7 @@ class Plan:
             bn=bn,
             nc=ri // bn,
             ubk=_step(lat, 256),
+            pbk=_step(lat, t["pbk"]),
             dc=dc,
             nd=lat // dc,
             ng=min(b.max_slots, 8 if big else 2),

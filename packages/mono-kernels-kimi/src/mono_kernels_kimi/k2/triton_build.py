@@ -126,6 +126,7 @@ def _k2_body(
     BN: tl.constexpr,
     NC: tl.constexpr,
     UBK: tl.constexpr,
+    PBK: tl.constexpr,
     DC: tl.constexpr,
     DBK: tl.constexpr,
     NG: tl.constexpr,
@@ -680,7 +681,7 @@ def _k2_body(
                     LAT,
                     HPR,
                     UC,
-                    UBK,
+                    PBK,
                     S2,
                     STAGES,
                     T_LRED,
@@ -1470,7 +1471,7 @@ def _upproj(
     LAT: tl.constexpr,
     HPR: tl.constexpr,
     UC: tl.constexpr,
-    UBK: tl.constexpr,
+    PBK: tl.constexpr,
     S2: tl.constexpr,
     STAGES: tl.constexpr,
     T_LRED: tl.constexpr,
@@ -1490,7 +1491,7 @@ def _upproj(
     ready = dt.ready_clock(TL, CPU)
     nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.bfloat16))
     acc = dt.any_stream_rows(
-        up_proj, up_proj, nlat, r0, 0, LAT // UBK, LAT, UC, UBK, S, 0, STAGES, CPU, ASM
+        up_proj, up_proj, nlat, r0, 0, LAT // PBK, LAT, UC, PBK, S, 0, STAGES, CPU, ASM
     )
     q = r0 // 2 + lg.arange(0, UC // 2)
     dt.push_pairs(peers, world, P_UPO // 8, H // 2, q, dt.tile_pairs(acc, UC), True, tag, S)
@@ -1597,6 +1598,7 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         BN=p.bn,
         NC=p.nc,
         UBK=p.ubk,
+        PBK=p.pbk,
         DC=p.dc,
         DBK=p.dbk,
         NG=p.ng,
