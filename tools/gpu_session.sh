@@ -194,11 +194,13 @@ if has k2occ || has k2-tune; then
     # (sb = 64 and uc = 64 take 120 KB of shared memory: one program an SM; sm_90 on a CPU.
     # dc = 128: the routed down tile's e8m0 scales are 256 B a trip at 64 rows x 128, 2 B a
     # thread, which Triton loads synchronously each trip; 512 B at 128 rows go async)
-    # k2-tune (stop 45, the Gluon build): 64-row shared-up, latdown and upproj items (their
-    # K step 256 then needs 120 KB of shared memory: one program an SM; 128: two) against the 16-row
-    # default, beside the drafter's GPU tests; the default's timelines first.
+    # k2-tune (stop 45, the Gluon build): 64-row shared-up, latdown and upproj items (K
+    # steps of 256 then need 120 KB of shared memory: one program an SM; 128: two), gate
+    # and up rows in one ring (`ring`), against the 16-row default, beside the drafter's
+    # GPU tests; the default's timelines first.
     if has k2-tune; then
-        V=("" "occ=1" "uc=64,occ=1" "lb=64,occ=1" "uc=64,sb=64,lb=64,occ=1" "uc=64,sb=64,lb=64,rbk=128,pbk=128")
+        WIDE="uc=64,sb=64,lb=64,rbk=128,pbk=128"
+        V=("" "occ=1" "lb=64,occ=1" "$WIDE" "ring=1" "ring=1,$WIDE")
         tests drafter 240 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
     fi
     # (a process a variant, its widths in turn: 18 processes' weights would not fit an H100)

@@ -197,6 +197,7 @@ class Plan:
     warps: int
     occ: int  # programs an SM the runner launches (2 needs <= 113 KB of shared memory)
     upair: int  # a routed up item's gate and up rows in one loop: 1 two dots, 2 one tile
+    ring: int  # 1: gate and up rows of up and shup items in one ring (the Gluon build)
 
     @classmethod
     def of(cls, b: K2Build) -> Plan:
@@ -240,6 +241,10 @@ class Plan:
             # dots 243.1 / 309.8 / 547.9; tiny builds take one tile, so that the
             # interpreter runs it
             upair=1 if big else 2,
+            # the Gluon build's gate and up rows of a routed and a shared up item in one
+            # cp.async ring (as the FFN's pair 3): twice the bytes in flight, one prologue;
+            # tiny builds take it, so that the interpreter runs the shared pair's loop
+            ring=0 if big else 1,
         )
         if big:  # a real-shape build's, for tuning
             t = tile_overrides(TILES_ENV, t)
@@ -249,6 +254,7 @@ class Plan:
             check_tile("K2", name, t[name], divides=k)
         check_tile("K2", "occ", t["occ"], least=1, most=2)
         check_tile("K2", "upair", t["upair"], least=1, most=2, pow2=False)
+        check_tile("K2", "ring", t["ring"], least=0, most=1, pow2=False)
         check_tile("K2", "stages", t["stages"], least=1, pow2=False)
         check_tile("K2", "dks", t["dks"], least=1, most=8)
         dks, oc, sb, sd, bn, dc, uc = (t[n] for n in ("dks", "oc", "sb", "sd", "bn", "dc", "uc"))
@@ -286,6 +292,7 @@ class Plan:
             warps=4,
             occ=t["occ"],
             upair=t["upair"],
+            ring=t["ring"],
         )
 
 

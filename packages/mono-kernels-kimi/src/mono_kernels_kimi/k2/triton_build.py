@@ -136,6 +136,7 @@ def _k2_body(
     NF: tl.constexpr,
     STAGES: tl.constexpr,
     UPAIR: tl.constexpr,
+    RING: tl.constexpr,
     S2: tl.constexpr,
     NS2: tl.constexpr,
     NCH2: tl.constexpr,
@@ -445,6 +446,7 @@ def _k2_body(
                         LBETA,
                         CPU,
                         ASM,
+                        RING,
                     )
                     pt.ticket_finish(done, t, tag)
             elif t < T_GATHER:
@@ -573,6 +575,7 @@ def _k2_body(
                     FMT,
                     STAGES,
                     UPAIR == 2,
+                    RING,
                     O_TABLE,
                     T_SLOTE,
                     O_XLAT,
@@ -1028,29 +1031,26 @@ def _shup(
     LBETA: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
+    RING: tl.constexpr,
 ):
-    """SB gate + SB up rows of the shared gate_up over K part kp; the last part: bf16 (as
+    """SB gate + SB up rows of the shared gate_up over K part kp (RING: in one loop, one
+    ring on the Gluon build; else one stream after the other); the last part: bf16 (as
     its GEMM leaves them), SiTU -> smid (bf16)."""
     KP: tl.constexpr = H // DKS
-    g = dt.any_stream_rows(
-        shared_w13, shared_w13, x, c * SB, kp * KP, KP // RBK, H, SB, RBK, S, 0, STAGES, CPU, ASM
-    )
-    u = dt.any_stream_rows(
-        shared_w13,
-        shared_w13,
-        x,
-        SI + c * SB,
-        kp * KP,
-        KP // RBK,
-        H,
-        SB,
-        RBK,
-        S,
-        0,
-        STAGES,
-        CPU,
-        ASM,
-    )
+    if RING:
+        g, u = dt.any_stream_row_pair(
+            shared_w13, shared_w13, x, c * SB, SI + c * SB, kp * KP, KP // RBK, H, SB, RBK, S,
+            0, STAGES, CPU, ASM, False, True,
+        )  # fmt: skip
+    else:
+        g = dt.any_stream_rows(
+            shared_w13, shared_w13, x, c * SB, kp * KP, KP // RBK, H, SB, RBK, S, 0, STAGES,
+            CPU, ASM,
+        )  # fmt: skip
+        u = dt.any_stream_rows(
+            shared_w13, shared_w13, x, SI + c * SB, kp * KP, KP // RBK, H, SB, RBK, S, 0,
+            STAGES, CPU, ASM,
+        )  # fmt: skip
     last, g, u = dt.split_k_pair(g, u, buf, cnt, kp, DKS, SB, S)
     if last:
         h = _situ(dt.bf16_round(g), dt.bf16_round(u), BETA, LBETA)
@@ -1280,6 +1280,7 @@ def _up(
     FMT: tl.constexpr,
     STAGES: tl.constexpr,
     ONE_TILE: tl.constexpr,
+    RING: tl.constexpr,
     O_TABLE: tl.constexpr,
     T_SLOTE: tl.constexpr,
     O_XLAT: tl.constexpr,
@@ -1290,15 +1291,15 @@ def _up(
     ASM: tl.constexpr,
 ):
     """Slot j's gate and up rows [c BN, (c + 1) BN) (MXFP4, fp32 sums; in one loop,
-    ONE_TILE: as one tile), SiTU -> mid[j] (bf16); nothing for a slot past the union's
-    count."""
+    ONE_TILE: as one tile; RING: one ring on the Gluon build), SiTU -> mid[j] (bf16);
+    nothing for a slot past the union's count."""
     if j < _slot_count(scratch, O_TABLE, MAXSLOTS):
         e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
         w, ws = dt.stacked_expert(e, w13, w13_scale, 2 * RI, LAT, FMT)
         xlat = (scratch + O_XLAT).to(tl.pointer_type(tl.bfloat16))
         g, u = dt.any_stream_row_pair(
             w, ws, xlat, c * BN, RI + c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU,
-            ASM, ONE_TILE,
+            ASM, ONE_TILE, RING,
         )  # fmt: skip
         h = tl.where(ok, _situ(g, u, BETA, LBETA), float("nan"))
         mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
@@ -1608,6 +1609,7 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         NF=p.nf,
         STAGES=p.stages,
         UPAIR=p.upair,
+        RING=bool(p.ring),
         S2=p2(b.rows),
         NS2=p2(c.num_attn_res_blocks + 1),
         NCH2=p2(p.nch),
