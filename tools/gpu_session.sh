@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -183,6 +183,38 @@ if has k2perf; then
     step timeline-k2 120 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 --layers 8 \
         --timeline "$LOG/bench"
 fi
+if has kimi-tune; then
+    # Kimi-K3 tiles (stop 45), beside the drafter's GPU tests: K2's Gluon build with 64-row
+    # shared-up, latdown and upproj items (K steps of 256 then need 120 KB of shared memory,
+    # one program an SM; 128: two) and gate and up rows in one ring (`ring`), against the
+    # 16-row default; K1's proj loop in K steps of 128 / 256 (twice / four times the bytes
+    # in flight: at one request 100 programs stream ~32 GB/s each, what ~48 KB in flight
+    # allows). All compiled side by side (a process a variant), then K2's S = 1 timeline
+    # and each variant timed alone.
+    tests drafter 240 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
+    WIDE="uc=64,sb=64,lb=64,rbk=128,pbk=128"
+    V2=("" "occ=1" "lb=64,occ=1" "$WIDE" "ring=1" "ring=1,$WIDE")
+    V1=("" "block_k=128" "block_k=128,stages=3" "block_k=256,stages=2")
+    for v in "${V2[@]}"; do
+        step "warm-k2-${v//[=,]/_}" 300 env MONO_K2_TILES="$v" \
+            python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 2 --no-baseline &
+    done
+    for v in "${V1[@]}"; do
+        step "warm-k1-${v//[=,]/_}" 300 env MONO_K1_TILES="$v" python3 -m \
+            mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 2 --no-baseline &
+    done
+    wait
+    step timeline-k2 40 python3 -m mono_kernels_kimi.k2.bench --rows 1 --layers 8 \
+        --timeline "$LOG/bench"
+    for v in "${V2[@]}"; do
+        step "k2occ-${v//[=,]/_}" 50 env MONO_K2_TILES="$v" \
+            python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 8 --no-baseline
+    done
+    for v in "${V1[@]}"; do
+        step "k1tile-${v//[=,]/_}" 50 env MONO_K1_TILES="$v" python3 -m \
+            mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 8 --no-baseline
+    done
+fi
 if has k2occ || has k2-tune; then
     # K2 tiles (issue 15). k2occ: programs an SM (the default's bf16 streams at K step 128
     # need 61 KB of shared memory, two programs an SM; 122 KB at 256: one). k2-tune: the
@@ -194,28 +226,19 @@ if has k2occ || has k2-tune; then
     # (sb = 64 and uc = 64 take 120 KB of shared memory: one program an SM; sm_90 on a CPU.
     # dc = 128: the routed down tile's e8m0 scales are 256 B a trip at 64 rows x 128, 2 B a
     # thread, which Triton loads synchronously each trip; 512 B at 128 rows go async)
-    # k2-tune (stop 45, the Gluon build): 64-row shared-up, latdown and upproj items (K
-    # steps of 256 then need 120 KB of shared memory: one program an SM; 128: two), gate
-    # and up rows in one ring (`ring`), against the 16-row default, beside the drafter's
-    # GPU tests; the default's timelines first.
-    if has k2-tune; then
-        WIDE="uc=64,sb=64,lb=64,rbk=128,pbk=128"
-        V=("" "occ=1" "lb=64,occ=1" "$WIDE" "ring=1" "ring=1,$WIDE")
-        tests drafter 240 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
-    fi
-    # (a process a variant, its widths in turn: 18 processes' weights would not fit an H100)
+    has k2-tune && V=("" "sb=32" "uc=32" "oc=128" "sd=128" "dks=2" "dc=128")
     for v in "${V[@]}"; do
-        step "warm-k2-${v//[=,]/_}" 300 env MONO_K2_TILES="$v" \
-            python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 2 --no-baseline &
+        for s in 1 4 16; do
+            step "warm-k2-$s-${v//[=,]/_}" 270 env MONO_K2_TILES="$v" \
+                python3 -m mono_kernels_kimi.k2.bench --rows $s --layers 2 --no-baseline &
+        done
     done
     wait
-    has k2-tune && step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 16,1 \
-        --layers 8 --timeline "$LOG/bench"
     for v in "${V[@]}"; do
         step "k2occ-${v//[=,]/_}" 90 env MONO_K2_TILES="$v" \
             python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 8 --no-baseline
     done
-    has k2-tune || step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
+    step bench-k2 150 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
 fi
 if has k1; then
     # After a change to K1 (issue 14): all its GPU tests (tiny and full shapes, eager and
