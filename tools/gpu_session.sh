@@ -203,8 +203,10 @@ if has kimi-tune; then
         step "warm-k1-${v//[=,]/_}" 300 env MONO_K1_TILES="$v" python3 -m \
             mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 2 --no-baseline &
     done
+    step warm-timeline-k2 300 python3 -m mono_kernels_kimi.k2.bench --rows 1 --layers 1 \
+        --timeline "$LOG/warm" &  # (compiles the timeline build: timed again below)
     wait
-    step timeline-k2 40 python3 -m mono_kernels_kimi.k2.bench --rows 1 --layers 8 \
+    step timeline-k2 50 python3 -m mono_kernels_kimi.k2.bench --rows 1 --layers 8 \
         --timeline "$LOG/bench"
     for v in "${V2[@]}"; do
         step "k2occ-${v//[=,]/_}" 50 env MONO_K2_TILES="$v" \
