@@ -193,13 +193,13 @@ if has kimi-tune; then
     # and each variant timed alone.
     tests drafter 240 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
     WIDE="uc=64,sb=64,lb=64,rbk=128,pbk=128"
-    V2=("" "occ=1" "lb=64,occ=1" "$WIDE" "ring=1" "ring=1,$WIDE")
+    V2=("" "$WIDE" "ring=1,$WIDE" "ring=1" "lb=64,occ=1" "occ=1")
     V1=("" "block_k=128" "block_k=128,stages=3" "block_k=256,stages=2")
     # the widest variants' results checked at full shapes against the references
     (export MONO_K2_TILES="ring=1,$WIDE"
-     tests k2 300 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short) &
+     tests k2 240 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short) &
     (export MONO_K1_TILES="block_k=128"
-     tests k1 300 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "full" --tb=short) &
+     tests k1 240 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "full" --tb=short) &
     for v in "${V2[@]}"; do
         step "warm-k2-${v//[=,]/_}" 300 env MONO_K2_TILES="$v" \
             python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 2 --no-baseline &
