@@ -189,12 +189,13 @@ if has kimi-tune; then
     # one program an SM; 128: two) and gate and up rows in one ring (`ring`), against the
     # 16-row default; K1's proj loop in K steps of 128 / 256 (twice / four times the bytes
     # in flight: at one request 100 programs stream ~32 GB/s each, what ~48 KB in flight
-    # allows). All compiled side by side (a process a variant), then K2's S = 1 timeline
-    # and each variant timed alone.
+    # allows) and its items' first 896 columns asked of L2 while AttnRes runs (`proj_pf`).
+    # All compiled side by side (a process a variant), then K2's S = 1 timeline and each
+    # variant timed alone.
     tests drafter 240 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
     WIDE="uc=64,sb=64,lb=64,rbk=128,pbk=128"
     V2=("" "$WIDE" "ring=1,$WIDE" "ring=1" "lb=64,occ=1" "occ=1")
-    V1=("" "block_k=128" "block_k=128,stages=3" "block_k=256,stages=2")
+    V1=("" "block_k=128" "proj_pf=896" "block_k=128,proj_pf=896" "block_k=256,stages=2")
     # the widest variants' results checked at full shapes against the references
     (export MONO_K2_TILES="ring=1,$WIDE"
      tests k2 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short) &
@@ -219,9 +220,9 @@ if has kimi-tune; then
         mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 8 --no-baseline; }
     # the likeliest first, should the budget end the list
     for v in "${V2[@]:0:3}"; do k2time "$v"; done
-    for v in "${V1[@]:0:2}"; do k1time "$v"; done
+    for v in "${V1[@]:0:3}"; do k1time "$v"; done
     for v in "${V2[@]:3}"; do k2time "$v"; done
-    for v in "${V1[@]:2}"; do k1time "$v"; done
+    for v in "${V1[@]:3}"; do k1time "$v"; done
 fi
 if has k2occ || has k2-tune; then
     # K2 tiles (issue 15). k2occ: programs an SM (the default's bf16 streams at K step 128

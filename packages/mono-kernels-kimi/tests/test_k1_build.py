@@ -85,6 +85,21 @@ def test_tile_overrides_are_checked(monkeypatch):
             K1Build.for_step(real, 1, 1)
 
 
+def test_proj_prefetch_is_checked_and_nvidia_only(monkeypatch):
+    """`proj_pf` (an override for GPU tuning) is a multiple of 8 columns within a proj
+    item's K part; gfx950 refuses a build that sets it (the prefetch is NVIDIA PTX)."""
+    real = KimiK3Config()
+    assert K1Build.for_step(real, 1, 1).proj_pf == 0
+    monkeypatch.setenv(spec.TILES_ENV, "proj_pf=512")
+    b = K1Build.for_step(real, 1, 1)
+    assert b.proj_pf == 512 and triton_build.constexprs(b, triton_build.offsets(b))["PF"] == 512
+    assert "NVIDIA" in K1Triton(b).supports("gfx950") and K1Triton(b).supports("sm90") is None
+    for bad in ("proj_pf=12", f"proj_pf={real.hidden_size}"):
+        monkeypatch.setenv(spec.TILES_ENV, bad)
+        with pytest.raises(ValueError, match="proj_pf"):
+            K1Build.for_step(real, 1, 1)
+
+
 def test_ares_items_fill_the_programs_once_and_proj_parts_by_width():
     """`ares_block_h`: 256 columns an AttnRes item (28 a row) while a stage's items fit 132
     programs, 512 at 8 rows (112 items), 1024 at 16 (112), never more; an explicit

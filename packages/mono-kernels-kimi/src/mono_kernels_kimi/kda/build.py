@@ -84,7 +84,10 @@ class K1Triton(Build):
     spec = SPEC
 
     def supports(self, target: str) -> str | None:
-        return None  # Triton compiles it for every GPU and runs it in the interpreter
+        # Triton compiles it for every GPU and runs it in the interpreter
+        if self.key.proj_pf and target.startswith("gfx"):
+            return "proj_pf: the L2 bulk prefetch is NVIDIA's (cp.async.bulk.prefetch.L2)"
+        return None
 
     def _compile(self, target: str) -> Compiled:
         kernel = triton_build.compile_for(self.key, target)

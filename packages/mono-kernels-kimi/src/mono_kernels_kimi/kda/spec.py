@@ -157,6 +157,7 @@ def tunable_tiling(cfg: KimiK3Config) -> dict:
         block_v=0,
         stages=K1Build.stages,
         num_warps=K1Build.num_warps,
+        proj_pf=K1Build.proj_pf,
     )
     return tile_overrides(TILES_ENV, t) if cfg.hidden_size >= 2048 else t
 
@@ -190,6 +191,9 @@ class K1Build:
     block_k: int = 64  # K of one pipelined step of the proj loop
     split_k: int = 8  # K parts of a row block (hidden = split_k x steps x block_k)
     stages: int = 4  # software-pipeline depth of the proj loop
+    # K columns of a proj item's rows asked of L2 before it waits for AttnRes (0: none;
+    # NVIDIA's bulk prefetch): HBM streams them while the AttnRes stages run
+    proj_pf: int = 0
     block_v: int = 16
     num_warps: int = 8
     timeline: bool = False  # stamp each item's program, ticket, start, ready, end (GPU tuning)
@@ -218,6 +222,12 @@ class K1Build:
             )
         if self.stages < 1:
             raise ValueError(f"stages = {self.stages} must be >= 1")
+        part = self.hidden // self.split_k
+        if not 0 <= self.proj_pf <= part or self.proj_pf % 8:
+            raise ValueError(
+                f"proj_pf = {self.proj_pf}: a multiple of 8 columns in 0..{part} (a proj "
+                "item's K part)"
+            )
 
     @classmethod
     def for_step(

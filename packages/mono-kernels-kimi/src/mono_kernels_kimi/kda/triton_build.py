@@ -366,6 +366,7 @@ def k1_kernel(
     BK: tl.constexpr,
     KS: tl.constexpr,
     STAGES: tl.constexpr,
+    PF: tl.constexpr,
     BV: tl.constexpr,
     NSH: tl.constexpr,
     N2P: tl.constexpr,
@@ -488,6 +489,9 @@ def k1_kernel(
             row0 = _proj_block_row(u // KS, NH, D, BN, NSH)
             rows = row0 + tl.arange(0, BN)
             nm = rows < NP
+            if PF > 0:  # the item's first PF columns asked of L2 while AttnRes runs
+                r0 = tl.minimum(row0, NP - BN)  # (the last block's rows past in_proj: theirs)
+                dt.prefetch_rows(in_proj, r0, BN, HID, kp * KP, PF, 0, INTERPRET)
             pt.wait_done(
                 done, E1, E2 - E1, N2P, tag, ctl, health, peers, rank, world, R_MIX, 0, INTERPRET
             )
@@ -802,6 +806,7 @@ def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
         BK=build.block_k,
         KS=build.split_k,
         STAGES=build.stages,
+        PF=build.proj_pf,
         BV=build.block_v,
         NSH=build.shared_blocks,
         N2P=_pow2(items[1]),
