@@ -194,22 +194,26 @@ if has kimi-tune; then
     # variant timed alone.
     tests drafter 240 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
     WIDE="uc=64,sb=64,lb=64,rbk=128,pbk=128"
-    V2=("" "$WIDE" "ring=1,$WIDE" "ring=1" "lb=64,occ=1" "occ=1")
-    V1=("" "block_k=128" "proj_pf=896" "block_k=128,proj_pf=896" "block_k=256,stages=2")
+    V2=("" "$WIDE" "ring=1,$WIDE")
+    V1=("" "block_k=128" "proj_pf=896")
+    if [[ ${KIMI_TUNE_MORE:-0} == 1 ]]; then  # a whole call's worth: the rest
+        V2=("" "ring=1" "lb=64,occ=1" "occ=1")
+        V1=("" "block_k=128,proj_pf=896" "block_k=256,stages=2")
+    fi
     # the widest variants' results checked at full shapes against the references
     (export MONO_K2_TILES="ring=1,$WIDE"
      tests k2 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short) &
     (export MONO_K1_TILES="block_k=128"
      tests k1 200 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "full" --tb=short) &
     for v in "${V2[@]}"; do
-        step "warm-k2-${v//[=,]/_}" 300 env MONO_K2_TILES="$v" \
+        step "warm-k2-${v//[=,]/_}" 240 env MONO_K2_TILES="$v" \
             python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 2 --no-baseline &
     done
     for v in "${V1[@]}"; do
-        step "warm-k1-${v//[=,]/_}" 300 env MONO_K1_TILES="$v" python3 -m \
+        step "warm-k1-${v//[=,]/_}" 240 env MONO_K1_TILES="$v" python3 -m \
             mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 2 --no-baseline &
     done
-    step warm-timeline-k2 300 python3 -m mono_kernels_kimi.k2.bench --rows 1 --layers 1 \
+    step warm-timeline-k2 240 python3 -m mono_kernels_kimi.k2.bench --rows 1 --layers 1 \
         --timeline "$LOG/warm" &  # (compiles the timeline build: timed again below)
     wait
     step timeline-k2 50 python3 -m mono_kernels_kimi.k2.bench --rows 1 --layers 8 \
