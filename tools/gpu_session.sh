@@ -196,15 +196,22 @@ if has kimi-tune; then
     WIDE="uc=64,sb=64,lb=64,rbk=128,pbk=128"
     V2=("" "$WIDE" "ring=1,$WIDE")
     V1=("" "block_k=128" "proj_pf=896")
+    CHECK2="ring=1,$WIDE"
     if [[ ${KIMI_TUNE_MORE:-0} == 1 ]]; then  # a whole call's worth: the rest
         V2=("" "ring=1" "lb=64,occ=1" "occ=1")
         V1=("" "block_k=128,proj_pf=896" "block_k=256,stages=2")
+    elif [[ ${KIMI_TUNE_MIN:-0} == 1 ]]; then  # ~250 s: K2's wide items alone
+        V2=("" "$WIDE")
+        V1=()
+        CHECK2=$WIDE
     fi
     # the widest variants' results checked at full shapes against the references
-    (export MONO_K2_TILES="ring=1,$WIDE"
+    (export MONO_K2_TILES="$CHECK2"
      tests k2 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short) &
-    (export MONO_K1_TILES="block_k=128"
-     tests k1 200 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "full" --tb=short) &
+    if ((${#V1[@]})); then
+        (export MONO_K1_TILES="block_k=128"
+         tests k1 200 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "full" --tb=short) &
+    fi
     for v in "${V2[@]}"; do
         step "warm-k2-${v//[=,]/_}" 240 env MONO_K2_TILES="$v" \
             python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 2 --no-baseline &
