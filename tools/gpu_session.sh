@@ -192,7 +192,8 @@ if has kimi-tune; then
     # allows) and its items' first 896 columns asked of L2 while AttnRes runs (`proj_pf`).
     # All compiled side by side (a process a variant), then K2's S = 1 timeline and each
     # variant timed alone.
-    tests drafter 240 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
+    [[ ${KIMI_TUNE_MIN:-0} == 1 ]] ||
+        tests drafter 240 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
     WIDE="uc=64,sb=64,lb=64,rbk=128,pbk=128"
     V2=("" "$WIDE" "ring=1,$WIDE")
     V1=("" "block_k=128" "proj_pf=896")
@@ -200,14 +201,14 @@ if has kimi-tune; then
     if [[ ${KIMI_TUNE_MORE:-0} == 1 ]]; then  # a whole call's worth: the rest
         V2=("" "ring=1" "lb=64,occ=1" "occ=1")
         V1=("" "block_k=128,proj_pf=896" "block_k=256,stages=2")
-    elif [[ ${KIMI_TUNE_MIN:-0} == 1 ]]; then  # ~250 s: K2's wide items alone
+    elif [[ ${KIMI_TUNE_MIN:-0} == 1 ]]; then  # ~300 s: K2's wide items alone, no drafter
         V2=("" "$WIDE")
         V1=()
         CHECK2=$WIDE
     fi
     # the widest variants' results checked at full shapes against the references
     (export MONO_K2_TILES="$CHECK2"
-     tests k2 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short) &
+     tests k2 180 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short) &
     if ((${#V1[@]})); then
         (export MONO_K1_TILES="block_k=128"
          tests k1 200 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "full" --tb=short) &
