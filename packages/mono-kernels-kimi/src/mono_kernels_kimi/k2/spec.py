@@ -20,14 +20,18 @@ residency and under the interpreter, where programs run one after another:
     router   NR x DKS  16 rows of this rank's E/tp router rows, one of DKS parts of K
                      (= H); the last part to finish sums the parts in order: fp32 logits
                      -> every rank's `lg`
+    route    S       row s: sigmoid + bias top-k of the gathered logits -> ids, weights
+    union    1       the union of the live rows' experts, ascending id -> the slot table
+                     (route and union take their tickets before latdown's: they need only
+                     the router's logits, and run while the latent and shared streams do;
+                     after the gather, an H100 timeline (stop 45, S = 1) had the one
+                     route item start 44 us after its logits were in, on the critical path)
     latdown  NL x DKS  LB rows of this rank's LAT/tp latent_down rows, likewise: bf16 ->
                      every rank's `lat`
     shup     NSU x DKS  SB gate + SB up rows of the shared gate_up, likewise: SiTU ->
                      `smid` (bf16)
     shdown   NSD     SD output columns of the shared down (K = SI) -> every rank's `sh`
     gather   S       row s of the gathered latent input -> `xlat`
-    route    S       row s: sigmoid + bias top-k of the gathered logits -> ids, weights
-    union    1       the union of the live rows' experts, ascending id -> the slot table
     up       MAXSLOTS x NC  slot j, BN gate + BN up rows of w13 (K = LAT, MXFP4), SiTU ->
                      `mid[j]` (bf16); a slot past the route's count does nothing
     down     ND x NG DC latent columns over slot group q (slots in order, weights applied,
@@ -210,15 +214,19 @@ class Plan:
             # SI): split K, so that they fill the machine
             dks=4 if big else 2,
             oc=_step(h, 64 if big else 32),
-            # rows of a shared-up (gate and up each), latdown and upproj item: 16 keep the
-            # bf16 ring at 61 KB (two programs an SM), 64 need 120 KB (one); tiny builds
-            # take latdown blocks wider than a TP4 rank's share, so the interpreter runs both
-            sb=16,
-            lb=16 if big else 32,
-            # K steps of the router / latdown / shup streams and of the upproj stream (128:
-            # half the ring's shared memory)
-            rbk=256,
-            pbk=256,
+            # rows of a shared-up (gate and up each), latdown and upproj item, and the K
+            # steps of those streams (rbk also the router's). The Gluon build takes 64 rows
+            # at K steps of 128: its 16-row tiles are one warp's MMAs done by all four,
+            # ~16 KB of weights in flight a program; 64 x 128 keeps the ring at 61 KB (two
+            # programs an SM). H100 (stop 45, `k2.bench --layers 4`): 221.6 -> 189.5 us at
+            # S = 1, 459.6 -> 427.7 at 16. The Triton build keeps 16 rows at 256 (64 there:
+            # 120 KB, one program an SM). Tiny builds take latdown blocks wider than a TP4
+            # rank's share, so the interpreter runs that path too
+            sb=64 if big and b.frag else 16,
+            lb=64 if big and b.frag else 16 if big else 32,
+            uc=64 if big and b.frag else 16,
+            rbk=128 if big and b.frag else 256,
+            pbk=128 if big and b.frag else 256,
             sd=_step(h, 64 if big else 32),
             # routed up blocks of 64 rows: MXFP4 streams several times slower in fewer
             # (MX_FAST_ROWS); H200 at S = 1: 315.5 us with 16-row blocks, 258.4 with 64
@@ -227,7 +235,6 @@ class Plan:
             # which Triton loads asynchronously (256 B at 64 columns: a synchronous load a
             # trip); H200: 255 / 346 / 653 -> 243 / 310 / 548 us at S = 1 / 4 / 16
             dc=_step(lat, 128 if big else 32),
-            uc=16,
             # two programs an SM (K steps of 128 keep the bf16 stages' shared memory near
             # 61 KB): on the H200 400 -> 316 / 860 -> 607 / 1653 -> 1082 us at S = 1 / 4 / 16
             obk=_step(ko, 128),
@@ -302,12 +309,12 @@ STAGES = (
     "mix",
     "norm",
     "router",
+    "route",
+    "union",
     "latdown",
     "shup",
     "shdown",
     "gather",
-    "route",
-    "union",
     "up",
     "down",
     "dsum",
@@ -327,12 +334,12 @@ def stages(b: K2Build, final: bool = True) -> list[tuple[str, int]]:
         mix=s * p.nch,
         norm=s * p.nch,
         router=p.nr * p.dks,
+        route=s,
+        union=1,
         latdown=p.nl * p.dks,
         shup=p.nsu * p.dks,
         shdown=p.nsd,
         gather=s,
-        route=s,
-        union=1,
         up=b.max_slots * p.nc,
         down=p.nd * p.ng,
         dsum=p.nd,

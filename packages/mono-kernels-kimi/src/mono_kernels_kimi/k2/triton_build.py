@@ -351,11 +351,14 @@ def _k2_body(
                     s_, (t - T_NORM) % NCH, post_norm, scratch, H, RC, NCH, O_MIX, O_SSQ2, O_X, EPS
                 )
                 pt.ticket_finish(done, t, tag)
-            elif t < T_SHDOWN:
+            elif (t < T_ROUTE) | ((t >= T_LATDOWN) & (t < T_SHDOWN)):
                 # router, latent down and shared up, each split over DKS parts of K: all read
-                # x, every row of it; their weights are asked of L2 while the norm items land
-                kp = (t - T_ROUTER) % DKS  # every stage of the three has DKS parts an item
-                cnt = (scratch + O_COUNT).to(tl.pointer_type(tl.int32)) + (t - T_ROUTER) // DKS
+                # x, every row of it; their weights are asked of L2 while the norm items land.
+                # u: the item's index in the three stages as one (the route and union items
+                # sit between the router's and latdown's tickets)
+                u = t - T_ROUTER - (t >= T_LATDOWN).to(tl.int32) * (T_LATDOWN - T_ROUTE)
+                kp = u % DKS  # every stage of the three has DKS parts an item
+                cnt = (scratch + O_COUNT).to(tl.pointer_type(tl.int32)) + u // DKS
                 buf = (scratch + O_KPART).to(tl.pointer_type(tl.float32))
                 if t < T_LATDOWN:
                     r0 = _share_row0(rank, (t - T_ROUTER) // DKS, EPR, E, 16)
@@ -449,6 +452,56 @@ def _k2_body(
                         RING,
                     )
                     pt.ticket_finish(done, t, tag)
+            elif t < T_UNION:
+                _route(
+                    t - T_ROUTE,
+                    bias,
+                    slots,
+                    scratch,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    me,
+                    E,
+                    E2,
+                    K,
+                    KP,
+                    O_TABLE,
+                    T_IDS,
+                    T_TOPW,
+                    P_LG,
+                    R_LG,
+                    RSF,
+                    RENORM,
+                    CPU,
+                )
+                pt.ticket_finish(done, t, tag)
+            elif t < T_LATDOWN:
+                dt.wait_items(
+                    done, T_ROUTE, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+                )
+                if TL:
+                    t_ready = pt.clock(0, CPU)
+                _union(
+                    scratch,
+                    S,
+                    E,
+                    K,
+                    MAXSLOTS,
+                    E2,
+                    SK2,
+                    WT2,
+                    O_TABLE,
+                    T_SLOTE,
+                    T_WTAB,
+                    T_IDS,
+                    T_TOPW,
+                    T_POS,
+                )
+                pt.ticket_finish(done, t, tag)
             elif t < T_GATHER:
                 ready = _shdown(
                     t - T_SHDOWN,
@@ -480,7 +533,7 @@ def _k2_body(
                 )
                 if TL:
                     t_ready = ready
-            elif t < T_ROUTE:
+            elif t < T_UP:
                 _gather(
                     t - T_GATHER,
                     scratch,
@@ -497,56 +550,6 @@ def _k2_body(
                     P_LAT,
                     R_LAT,
                     CPU,
-                )
-                pt.ticket_finish(done, t, tag)
-            elif t < T_UNION:
-                _route(
-                    t - T_ROUTE,
-                    bias,
-                    slots,
-                    scratch,
-                    tag,
-                    ctl,
-                    health,
-                    peers,
-                    rank,
-                    world,
-                    me,
-                    E,
-                    E2,
-                    K,
-                    KP,
-                    O_TABLE,
-                    T_IDS,
-                    T_TOPW,
-                    P_LG,
-                    R_LG,
-                    RSF,
-                    RENORM,
-                    CPU,
-                )
-                pt.ticket_finish(done, t, tag)
-            elif t < T_UP:
-                dt.wait_items(
-                    done, T_ROUTE, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
-                )
-                if TL:
-                    t_ready = pt.clock(0, CPU)
-                _union(
-                    scratch,
-                    S,
-                    E,
-                    K,
-                    MAXSLOTS,
-                    E2,
-                    SK2,
-                    WT2,
-                    O_TABLE,
-                    T_SLOTE,
-                    T_WTAB,
-                    T_IDS,
-                    T_TOPW,
-                    T_POS,
                 )
                 pt.ticket_finish(done, t, tag)
             elif t < T_DOWN:
