@@ -184,35 +184,24 @@ if has k2perf; then
         --timeline "$LOG/bench"
 fi
 if has kimi-tune; then
-    # Kimi-K3 tiles (stop 45), beside the drafter's GPU tests: K2's Gluon build with 64-row
-    # shared-up, latdown and upproj items (K steps of 256 then need 120 KB of shared memory,
-    # one program an SM; 128: two) and gate and up rows in one ring (`ring`), against the
-    # 16-row default; K1's proj loop in K steps of 128 / 256 (twice / four times the bytes
-    # in flight: at one request 100 programs stream ~32 GB/s each, what ~48 KB in flight
-    # allows) and its items' first 896 columns asked of L2 while AttnRes runs (`proj_pf`).
-    # All compiled side by side (a process a variant), then K2's S = 1 timeline and each
-    # variant timed alone.
-    [[ ${KIMI_TUNE_MIN:-0} == 1 ]] ||
-        tests drafter 240 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
-    WIDE="uc=64,sb=64,lb=64,rbk=128,pbk=128"
-    V2=("" "$WIDE" "ring=1,$WIDE")
-    V1=("" "block_k=128" "proj_pf=896")
-    CHECK2="ring=1,$WIDE"
-    if [[ ${KIMI_TUNE_MORE:-0} == 1 ]]; then  # a whole call's worth: the rest
-        V2=("" "ring=1" "lb=64,occ=1" "occ=1")
-        V1=("" "block_k=128,proj_pf=896" "block_k=256,stages=2")
-    elif [[ ${KIMI_TUNE_MIN:-0} == 1 ]]; then  # ~300 s: K2's wide items alone, no drafter
-        V2=("" "$WIDE")
-        V1=()
-        CHECK2=$WIDE
-    fi
-    # the widest variants' results checked at full shapes against the references
-    (export MONO_K2_TILES="$CHECK2"
-     tests k2 180 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short) &
-    if ((${#V1[@]})); then
-        (export MONO_K1_TILES="block_k=128"
-         tests k1 200 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "full" --tb=short) &
-    fi
+    # Kimi-K3 tiles, beside the drafter's GPU tests (stop 45; its one call, KIMI_TUNE_MIN,
+    # made K2's 64-row bf16 items the Gluon build's default and took its S = 1 timeline).
+    # K2: the early route (the default since) and 16-row items (the old tiles) timed against
+    # it, then gate and up rows in one ring (`ring`) and one program an SM; K1: its proj loop
+    # in K steps of 128 / 256 (twice / four times the bytes in flight: at one request 100
+    # programs stream ~32 GB/s each, what ~48 KB in flight allows) and its items' first 896
+    # columns asked of L2 while AttnRes runs (`proj_pf`). All compiled side by side (a
+    # process a variant), then K2's S = 1 and 16 timelines and each variant timed alone (4
+    # layers a graph: 8.6 GB of K2 weights, ~150x the L2). ~560 s on a fresh machine.
+    tests drafter 240 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
+    OLD="uc=16,sb=16,lb=16,rbk=256,pbk=256"
+    V2=("" "$OLD" "ring=1" "occ=1")
+    V1=("" "block_k=128" "proj_pf=896" "block_k=128,proj_pf=896")
+    # the variants' results checked at full shapes against the references
+    (export MONO_K2_TILES="ring=1"
+     tests k2 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short) &
+    (export MONO_K1_TILES="block_k=128,proj_pf=896"
+     tests k1 200 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "full" --tb=short) &
     for v in "${V2[@]}"; do
         step "warm-k2-${v//[=,]/_}" 240 env MONO_K2_TILES="$v" \
             python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 2 --no-baseline &
@@ -221,20 +210,19 @@ if has kimi-tune; then
         step "warm-k1-${v//[=,]/_}" 240 env MONO_K1_TILES="$v" python3 -m \
             mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 2 --no-baseline &
     done
-    step warm-timeline-k2 240 python3 -m mono_kernels_kimi.k2.bench --rows 1 --layers 1 \
-        --timeline "$LOG/warm" &  # (compiles the timeline build: timed again below)
+    step warm-timeline-k2 240 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
+        --timeline "$LOG/warm" &  # (compiles the timeline builds: timed again below)
     wait
-    step timeline-k2 50 python3 -m mono_kernels_kimi.k2.bench --rows 1 --layers 8 \
+    step timeline-k2 90 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
         --timeline "$LOG/bench"
-    k2time() { step "k2occ-${1//[=,]/_}" 50 env MONO_K2_TILES="$1" \
-        python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 8 --no-baseline; }
-    k1time() { step "k1tile-${1//[=,]/_}" 50 env MONO_K1_TILES="$1" python3 -m \
-        mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 8 --no-baseline; }
-    # the likeliest first, should the budget end the list
-    for v in "${V2[@]:0:3}"; do k2time "$v"; done
-    for v in "${V1[@]:0:3}"; do k1time "$v"; done
-    for v in "${V2[@]:3}"; do k2time "$v"; done
-    for v in "${V1[@]:3}"; do k1time "$v"; done
+    for v in "${V2[@]}"; do
+        step "k2occ-${v//[=,]/_}" 80 env MONO_K2_TILES="$v" \
+            python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 --no-baseline
+    done
+    for v in "${V1[@]}"; do
+        step "k1tile-${v//[=,]/_}" 80 env MONO_K1_TILES="$v" python3 -m \
+            mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 8 --no-baseline
+    done
 fi
 if has k2occ || has k2-tune; then
     # K2 tiles (issue 15). k2occ: programs an SM (the default's bf16 streams at K step 128
