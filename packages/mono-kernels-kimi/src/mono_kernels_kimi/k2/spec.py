@@ -23,9 +23,10 @@ residency and under the interpreter, where programs run one after another:
     route    S       row s: sigmoid + bias top-k of the gathered logits -> ids, weights
     union    1       the union of the live rows' experts, ascending id -> the slot table
                      (route and union take their tickets before latdown's: they need only
-                     the router's logits, and run while the latent and shared streams do;
-                     after the gather, an H100 timeline (stop 45, S = 1) had the one
-                     route item start 44 us after its logits were in, on the critical path)
+                     the router's logits, and run while the latent and shared streams do.
+                     When they came after the gather, an H100 timeline (stop 45, S = 1) had
+                     the one route item start 44 us after its logits were in, on the
+                     critical path)
     latdown  NL x DKS  LB rows of this rank's LAT/tp latent_down rows, likewise: bf16 ->
                      every rank's `lat`
     shup     NSU x DKS  SB gate + SB up rows of the shared gate_up, likewise: SiTU ->
