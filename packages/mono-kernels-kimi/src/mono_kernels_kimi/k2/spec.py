@@ -210,6 +210,7 @@ class Plan:
         h, ko, lat = c.hidden_size, c.o_proj_in, c.latent_size
         ri, si = c.routed_intermediate, c.shared_intermediate
         big = h >= 2048  # real shapes: tiles for bandwidth; tiny ones: several items a stage
+        wide = big and b.frag  # the Gluon build's 64-row bf16 items (below)
         t = dict(
             # the router, latdown and shup stages run at once on few rows (E/tp, LAT/tp,
             # SI): split K, so that they fill the machine
@@ -223,11 +224,11 @@ class Plan:
             # S = 1, 459.6 -> 427.7 at 16. The Triton build keeps 16 rows at 256 (64 there:
             # 120 KB, one program an SM). Tiny builds take latdown blocks wider than a TP4
             # rank's share, so the interpreter runs that path too
-            sb=64 if big and b.frag else 16,
-            lb=64 if big and b.frag else 16 if big else 32,
-            uc=64 if big and b.frag else 16,
-            rbk=128 if big and b.frag else 256,
-            pbk=128 if big and b.frag else 256,
+            sb=64 if wide else 16,
+            lb=64 if wide else 16 if big else 32,
+            uc=64 if wide else 16,
+            rbk=128 if wide else 256,
+            pbk=128 if wide else 256,
             sd=_step(h, 64 if big else 32),
             # routed up blocks of 64 rows: MXFP4 streams several times slower in fewer
             # (MX_FAST_ROWS); H200 at S = 1: 315.5 us with 16-row blocks, 258.4 with 64
