@@ -198,7 +198,7 @@ if has kimi-tune; then
     V2=("" "$OLD" "ring=1" "occ=1")
     V1=("" "block_k=128" "proj_pf=896" "block_k=128,proj_pf=896")
     # the variants' results checked at full shapes against the references
-    (export MONO_K2_TILES="ring=1"
+    (export MONO_K2_TILES=""
      tests k2 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short) &
     (export MONO_K1_TILES="block_k=128,proj_pf=896"
      tests k1 200 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "full" --tb=short) &

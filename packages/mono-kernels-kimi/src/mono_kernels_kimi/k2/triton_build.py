@@ -106,6 +106,7 @@ def _k2_body(
     RI: tl.constexpr,
     SI: tl.constexpr,
     NB: tl.constexpr,
+    NB2: tl.constexpr,
     EPR: tl.constexpr,
     LPR: tl.constexpr,
     HPR: tl.constexpr,
@@ -280,6 +281,7 @@ def _k2_body(
                     S,
                     H,
                     NB,
+                    NB2,
                     RC,
                     NCH,
                     O_PNEW,
@@ -813,6 +815,7 @@ def _col(
     S: tl.constexpr,
     H: tl.constexpr,
     NB: tl.constexpr,
+    NB2: tl.constexpr,
     RC: tl.constexpr,
     NCH: tl.constexpr,
     O_PNEW: tl.constexpr,
@@ -848,12 +851,21 @@ def _col(
     dot = (scratch + O_DOT).to(tl.pointer_type(tl.float32)) + s * ((NB + 1) * NCH) + ch
     tl.store(ssq + NB * NCH, tl.sum(pl * pl + ph * ph, 0))
     tl.store(dot + NB * NCH, tl.sum(pl * wl + ph * wh, 0))
-    for j in range(0, sources):
-        src = blocks + s * blocks_row + j * blocks_block + 2 * p
-        bl = tl.load(src).to(tl.float32)
-        bh = tl.load(src + 1).to(tl.float32)
-        tl.store(ssq + j * NCH, tl.sum(bl * bl + bh * bh, 0))
-        tl.store(dot + j * NCH, tl.sum(bl * wl + bh * wh, 0))
+    # every source's chunk in one load: one memory latency, where a loop over the sources
+    # paid one a source (its stores keep the next source's loads behind them)
+    grid = lg.anchor(lg.zeros((NB2, RC // 2), tl.int32))  # (Gluon: sources x columns)
+    jj = lg.along(lg.arange(0, NB2), grid, 1)
+    sq = lg.zeros_like(jj, tl.float32)
+    dp = lg.zeros_like(jj, tl.float32)
+    for half in tl.static_range(2):
+        k = lg.along(ch * RC + half * (RC // 2) + lg.arange(0, RC // 2), grid, 0)
+        w = tl.load(mlp_res_norm + k).to(tl.float32) * tl.load(mlp_res_proj + k).to(tl.float32)
+        src = blocks + s * blocks_row + jj[:, None] * blocks_block + k[None, :]
+        b = tl.load(src, mask=(jj < sources)[:, None], other=0.0).to(tl.float32)
+        sq += tl.sum(b * b, 1)
+        dp += tl.sum(b * w[None, :], 1)
+    tl.store(ssq + jj * NCH, sq, mask=jj < sources)
+    tl.store(dot + jj * NCH, dp, mask=jj < sources)
     pt.ticket_finish(done, t, tag)
 
 
@@ -896,9 +908,10 @@ def _mix(
     wts = ex / tl.sum(ex, 0)
     k = lg.anchor(ch * RC + lg.arange(0, RC))
     acc = lg.zeros_like(k, tl.float32)
-    for j in range(0, sources):
+    for j in tl.static_range(NB):  # unrolled: every source's loads fly together
         wj = tl.sum(tl.where(jj == j, wts, 0.0), 0)
-        acc += wj * tl.load(blocks + s * blocks_row + j * blocks_block + k).to(tl.float32)
+        src = blocks + s * blocks_row + j * blocks_block + k
+        acc += wj * tl.load(src, mask=(k >= 0) & (j < sources), other=0.0).to(tl.float32)
     pnew = (scratch + O_PNEW).to(tl.pointer_type(tl.bfloat16)) + s * H
     acc += tl.sum(tl.where(jj == NB, wts, 0.0), 0) * tl.load(pnew + k, volatile=True).to(tl.float32)
     tl.store((scratch + O_MIX).to(tl.pointer_type(tl.float32)) + s * H + k, acc)
@@ -1581,6 +1594,7 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         RI=c.routed_intermediate,
         SI=c.shared_intermediate,
         NB=c.num_attn_res_blocks,
+        NB2=p2(c.num_attn_res_blocks),
         EPR=c.experts_per_rank,
         LPR=c.latent_per_rank,
         HPR=c.hidden_per_rank,
