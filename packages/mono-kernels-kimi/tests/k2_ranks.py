@@ -234,6 +234,7 @@ def topk_cases(rank, world, group):
     logits[4, :10] = float("nan")  # fewer finite keys than picks
     bias = torch.zeros(e)
     bias[7] = 0.01
+    bias[9:] = torch.tensor([-3.0, -0.75, -1.5])  # negative keys, ordered as floats
     ids = torch.empty(6, k, dtype=torch.int32)
     w = torch.empty(6, k)
     _topk_kernel[(6,)](logits, bias, ids, w, e, 16, k)

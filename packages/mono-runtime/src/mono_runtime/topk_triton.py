@@ -14,6 +14,9 @@ import triton.language as tl
 
 from . import lang as lg
 
+# below every key's word (-inf's is -0x7F800001 << 32 and up): a lane already picked
+_TAKEN = tl.constexpr(-(1 << 63))
+
 
 @triton.jit
 def sigmoid_topk_row(
@@ -34,14 +37,20 @@ def sigmoid_topk_row(
     score = tl.sigmoid(logits)
     key = score + bias
     key = tl.where((key != key) | (ex >= E), float("-inf"), key)
+    # one max a pick instead of a max and an argmin: the key's bits made to sort as signed
+    # integers (-0 taken as +0, as a float compare does) over the inverted id, so the
+    # largest word is the largest key at its lowest id
+    bits = tl.where(key == 0.0, 0.0, key).to(tl.int32, bitcast=True)
+    word = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) << 32
+    word = word | (ex ^ (logits.shape[0] - 1)).to(tl.int64)  # (a power of two: the id inverted)
     kk = lg.anchor(lg.arange(0, KP))
     ids = lg.zeros_like(kk, tl.int32)
     w = lg.zeros_like(kk, tl.float32)
     wsum = tl.sum(w, 0)
     taken = ex >= E
     for k in tl.static_range(K):
-        m = tl.max(tl.where(taken, float("-inf"), key), 0)
-        pick = tl.min(tl.where((~taken) & (key == m), ex, logits.shape[0]), 0)
+        best = tl.max(tl.where(taken, _TAKEN, word), 0)
+        pick = (best & 0xFFFFFFFF).to(tl.int32) ^ (logits.shape[0] - 1)
         hit = ex == pick
         taken = taken | hit
         sc = tl.sum(tl.where(hit, score, 0.0), 0)
