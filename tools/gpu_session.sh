@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -727,6 +727,38 @@ if has pubstore; then
         -k "gluon_tiny" --tb=short &
     wait
     timed_env publish- 60 MONO_PUBLISH xchg store
+fi
+if has k2-backoff; then
+    # K2's waits sleeping between polls (MONO_POLL_BACKOFF_NS): stop 46's S = 1 timeline had
+    # col end 11 us after the last o_proj push and dsum take 13 us for 64 KB while ~250
+    # programs spun on their waits. Each value compiled in its own process (it is in
+    # Triton's cache key), then timed at S = 1 and 16, a timeline each; then `ring` at S = 4
+    # and 8 (timed at 1 and 16 only). ~300 s on a fresh machine.
+    NS=(0 200 1000)
+    for v in "${NS[@]}"; do
+        step "warm-k2-ns$v" 240 env MONO_POLL_BACKOFF_NS=$v python3 -m \
+            mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 --no-baseline &
+        step "warm-tl-k2-ns$v" 240 env MONO_POLL_BACKOFF_NS=$v python3 -m \
+            mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 --timeline "$LOG/warm$v" &
+    done
+    for v in "" "ring=1"; do
+        step "warm-k2-r${v//[=,]/_}" 240 env MONO_K2_TILES="$v" \
+            python3 -m mono_kernels_kimi.k2.bench --rows 4,8 --layers 2 --no-baseline &
+    done
+    wait
+    for v in "${NS[@]}"; do
+        step "k2-ns$v" 60 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 4 --no-baseline
+    done
+    for v in "${NS[@]}"; do
+        mkdir -p "$LOG/bench/ns$v"
+        step "k2-tl-ns$v" 60 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 4 --timeline "$LOG/bench/ns$v"
+    done
+    for v in "" "ring=1"; do
+        step "k2-r${v//[=,]/_}" 60 env MONO_K2_TILES="$v" \
+            python3 -m mono_kernels_kimi.k2.bench --rows 4,8 --layers 4 --no-baseline
+    done
 fi
 if has backoff; then
     # Waits that sleep between polls (MONO_POLL_BACKOFF_NS, read at import; 0 spins). Stop
