@@ -96,11 +96,12 @@ def _pow2_at_most(n: int, cap: int) -> int:
 def fit_tiling(cfg: KimiK3Config) -> dict:
     """Tile sizes that fit the model's sizes (the defaults of `K1Build.for_step`). A TP8
     rank of Kimi-K3 gets 28 AttnRes items a row and 200 proj items of 128 rows x 1792 K
-    (1.5 a program on 132 SMs), 28 pipelined steps of 64 K each: 0.11 warp-instructions a
-    weight value in the sm_90 loop (64-row items: 0.22; 128 K steps spill past 255
-    registers at S >= 8). H200 (stop 31): 8 K parts (400 items, 3 waves) 68.4 / 121.2 /
-    196.4 us at S = 1 / 8 / 16, 4 parts 58.9 / 113.2 / 188.4."""
-    block_k = _pow2_at_most(cfg.hidden_size, 64)
+    (1.5 a program on 132 SMs), 14 pipelined steps of 128 K each (twice the bytes in
+    flight of 64-K steps: H100, stop 46, 62.8 / 68.8 / 70.6 / 83.0 -> 60.1 / 67.7 / 67.1 /
+    82.1 us at S = 1 / 4 / 8 / 16; sm_90: no spills but 32 B at S = 4). H200 (stop 31): 8
+    K parts (400 items, 3 waves) 68.4 / 121.2 / 196.4 us at S = 1 / 8 / 16, 4 parts 58.9 /
+    113.2 / 188.4. Tiny models keep 64-K steps, so that the interpreter runs split K."""
+    block_k = _pow2_at_most(cfg.hidden_size, 128 if cfg.hidden_size >= 2048 else 64)
     return dict(
         block_h=_pow2_at_most(cfg.hidden_size, 256),
         block_n=min(128, cfg.kda_head_dim),
