@@ -732,8 +732,9 @@ if has k2-backoff; then
     # K2's waits sleeping between polls (MONO_POLL_BACKOFF_NS): stop 46's S = 1 timeline had
     # col end 11 us after the last o_proj push and dsum take 13 us for 64 KB while ~250
     # programs spun on their waits. Each value compiled in its own process (it is in
-    # Triton's cache key), then timed at S = 1 and 16, a timeline each; then `ring` at S = 4
-    # and 8 (timed at 1 and 16 only). ~300 s on a fresh machine.
+    # Triton's cache key), then timed at S = 1 and 16, a timeline each; upproj without its
+    # L2 ask (`upf=0`) likewise; then `ring` at S = 4 and 8 (timed at 1 and 16 only). ~380 s
+    # on a fresh machine.
     NS=(0 200 1000)
     for v in "${NS[@]}"; do
         step "warm-k2-ns$v" 240 env MONO_POLL_BACKOFF_NS=$v python3 -m \
@@ -745,7 +746,13 @@ if has k2-backoff; then
         step "warm-k2-r${v//[=,]/_}" 240 env MONO_K2_TILES="$v" \
             python3 -m mono_kernels_kimi.k2.bench --rows 4,8 --layers 2 --no-baseline &
     done
+    step warm-k2-upf0 240 env MONO_K2_TILES=upf=0 python3 -m mono_kernels_kimi.k2.bench \
+        --rows 1,16 --layers 1 --no-baseline &
+    step warm-tl-k2-upf0 240 env MONO_K2_TILES=upf=0 python3 -m mono_kernels_kimi.k2.bench \
+        --rows 1,16 --layers 1 --timeline "$LOG/warm-upf0" &
     wait
+    step k2-upf0 60 env MONO_K2_TILES=upf=0 python3 -m mono_kernels_kimi.k2.bench \
+        --rows 1,16 --layers 4 --no-baseline
     for v in "${NS[@]}"; do
         step "k2-ns$v" 60 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 4 --no-baseline
@@ -755,6 +762,9 @@ if has k2-backoff; then
         step "k2-tl-ns$v" 60 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 4 --timeline "$LOG/bench/ns$v"
     done
+    mkdir -p "$LOG/bench/upf0"
+    step k2-tl-upf0 60 env MONO_K2_TILES=upf=0 python3 -m mono_kernels_kimi.k2.bench \
+        --rows 1,16 --layers 4 --timeline "$LOG/bench/upf0"
     for v in "" "ring=1"; do
         step "k2-r${v//[=,]/_}" 60 env MONO_K2_TILES="$v" \
             python3 -m mono_kernels_kimi.k2.bench --rows 4,8 --layers 4 --no-baseline

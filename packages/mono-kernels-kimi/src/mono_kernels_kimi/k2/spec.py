@@ -203,6 +203,7 @@ class Plan:
     occ: int  # programs an SM the runner launches (2 needs <= 113 KB of shared memory)
     upair: int  # a routed up item's gate and up rows in one loop: 1 two dots, 2 one tile
     ring: int  # 1: gate and up rows of up and shup items in one ring (the Gluon build)
+    upf: int  # 1: an upproj item asks L2 for its rows before it waits for lred
 
     @classmethod
     def of(cls, b: K2Build) -> Plan:
@@ -254,6 +255,10 @@ class Plan:
             # cp.async ring (as the FFN's pair 3): twice the bytes in flight, one prologue;
             # tiny builds take it, so that the interpreter runs the shared pair's loop
             ring=0 if big else 1,
+            # upproj's rows asked of L2 while lred runs: HBM works during the dsum -> lred
+            # chain, but at TP 1 (the bench's whole up_proj, 51 MB) that chain's own reads
+            # queue behind them (stop 46 timeline: dsum 13 us for 64 KB)
+            upf=1,
         )
         if big:  # a real-shape build's, for tuning
             t = tile_overrides(TILES_ENV, t)
@@ -264,6 +269,7 @@ class Plan:
         check_tile("K2", "occ", t["occ"], least=1, most=2)
         check_tile("K2", "upair", t["upair"], least=1, most=2, pow2=False)
         check_tile("K2", "ring", t["ring"], least=0, most=1, pow2=False)
+        check_tile("K2", "upf", t["upf"], least=0, most=1, pow2=False)
         check_tile("K2", "stages", t["stages"], least=1, pow2=False)
         check_tile("K2", "dks", t["dks"], least=1, most=8)
         dks, oc, sb, sd, bn, dc, uc = (t[n] for n in ("dks", "oc", "sb", "sd", "bn", "dc", "uc"))
@@ -302,6 +308,7 @@ class Plan:
             occ=t["occ"],
             upair=t["upair"],
             ring=t["ring"],
+            upf=t["upf"],
         )
 
 

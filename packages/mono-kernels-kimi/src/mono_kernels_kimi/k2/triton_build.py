@@ -138,6 +138,7 @@ def _k2_body(
     STAGES: tl.constexpr,
     UPAIR: tl.constexpr,
     RING: tl.constexpr,
+    UPF: tl.constexpr,
     S2: tl.constexpr,
     NS2: tl.constexpr,
     NCH2: tl.constexpr,
@@ -692,6 +693,7 @@ def _k2_body(
                     PBK,
                     S2,
                     STAGES,
+                    UPF,
                     T_LRED,
                     O_NLAT,
                     P_UPO,
@@ -1491,6 +1493,7 @@ def _upproj(
     PBK: tl.constexpr,
     S2: tl.constexpr,
     STAGES: tl.constexpr,
+    UPF: tl.constexpr,
     T_LRED: tl.constexpr,
     O_NLAT: tl.constexpr,
     P_UPO: tl.constexpr,
@@ -1499,11 +1502,12 @@ def _upproj(
     ASM: tl.constexpr,
     TL: tl.constexpr,
 ):
-    """UC of this rank's H/tp up_proj rows (its rows asked of L2 before the wait for every
+    """UC of this rank's H/tp up_proj rows (UPF: asked of L2 before the wait for every
     lred item) over the normed latent -> bf16 -> every rank's upo (the column's owner);
     returns the timeline's ready clock."""
     r0 = rank * HPR + u * UC
-    dt.prefetch_rows(up_proj, r0, UC, LAT, 0, LAT, 0, CPU, ASM)
+    if UPF:
+        dt.prefetch_rows(up_proj, r0, UC, LAT, 0, LAT, 0, CPU, ASM)
     dt.wait_items(done, T_LRED, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
     ready = dt.ready_clock(TL, CPU)
     nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.bfloat16))
@@ -1627,6 +1631,7 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         STAGES=p.stages,
         UPAIR=p.upair,
         RING=bool(p.ring),
+        UPF=bool(p.upf),
         S2=p2(b.rows),
         NS2=p2(c.num_attn_res_blocks + 1),
         NCH2=p2(p.nch),
