@@ -732,10 +732,11 @@ if has k2-backoff; then
     # K2's waits sleeping between polls (MONO_POLL_BACKOFF_NS): stop 46's S = 1 timeline had
     # col end 11 us after the last o_proj push and dsum take 13 us for 64 KB while ~250
     # programs spun on their waits. Each value compiled in its own process (it is in
-    # Triton's cache key), then timed at S = 1 and 16, a timeline each; upproj without its
-    # L2 ask (`upf=0`) likewise; then `ring` at S = 4 and 8 (timed at 1 and 16 only). ~380 s
-    # on a fresh machine.
-    NS=(0 200 1000)
+    # Triton's cache key), then timed at S = 1 and 16, a timeline each; the weight rows not
+    # asked of L2 ahead (`upf=0`: upproj's, `xpf=0`: router / latdown / shup's; both with a
+    # timeline) likewise; then `ring` at S = 4 and 8 (timed at 1 and 16 only). ~420 s on a
+    # fresh machine.
+    NS=(0 1000)
     for v in "${NS[@]}"; do
         step "warm-k2-ns$v" 240 env MONO_POLL_BACKOFF_NS=$v python3 -m \
             mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 --no-baseline &
@@ -746,13 +747,18 @@ if has k2-backoff; then
         step "warm-k2-r${v//[=,]/_}" 240 env MONO_K2_TILES="$v" \
             python3 -m mono_kernels_kimi.k2.bench --rows 4,8 --layers 2 --no-baseline &
     done
-    step warm-k2-upf0 240 env MONO_K2_TILES=upf=0 python3 -m mono_kernels_kimi.k2.bench \
-        --rows 1,16 --layers 1 --no-baseline &
-    step warm-tl-k2-upf0 240 env MONO_K2_TILES=upf=0 python3 -m mono_kernels_kimi.k2.bench \
-        --rows 1,16 --layers 1 --timeline "$LOG/warm-upf0" &
+    PF=("upf=0" "xpf=0" "upf=0,xpf=0")
+    for v in "${PF[@]}"; do
+        step "warm-k2-${v//[=,]/_}" 240 env MONO_K2_TILES="$v" python3 -m \
+            mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 --no-baseline &
+    done
+    step warm-tl-k2-pf0 240 env MONO_K2_TILES=upf=0,xpf=0 python3 -m \
+        mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 --timeline "$LOG/warm-pf0" &
     wait
-    step k2-upf0 60 env MONO_K2_TILES=upf=0 python3 -m mono_kernels_kimi.k2.bench \
-        --rows 1,16 --layers 4 --no-baseline
+    for v in "${PF[@]}"; do
+        step "k2-${v//[=,]/_}" 60 env MONO_K2_TILES="$v" python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 4 --no-baseline
+    done
     for v in "${NS[@]}"; do
         step "k2-ns$v" 60 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 4 --no-baseline
@@ -762,9 +768,9 @@ if has k2-backoff; then
         step "k2-tl-ns$v" 60 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 4 --timeline "$LOG/bench/ns$v"
     done
-    mkdir -p "$LOG/bench/upf0"
-    step k2-tl-upf0 60 env MONO_K2_TILES=upf=0 python3 -m mono_kernels_kimi.k2.bench \
-        --rows 1,16 --layers 4 --timeline "$LOG/bench/upf0"
+    mkdir -p "$LOG/bench/pf0"
+    step k2-tl-pf0 60 env MONO_K2_TILES=upf=0,xpf=0 python3 -m mono_kernels_kimi.k2.bench \
+        --rows 1,16 --layers 4 --timeline "$LOG/bench/pf0"
     for v in "" "ring=1"; do
         step "k2-r${v//[=,]/_}" 60 env MONO_K2_TILES="$v" \
             python3 -m mono_kernels_kimi.k2.bench --rows 4,8 --layers 4 --no-baseline

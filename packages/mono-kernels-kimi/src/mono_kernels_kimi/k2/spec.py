@@ -204,6 +204,7 @@ class Plan:
     upair: int  # a routed up item's gate and up rows in one loop: 1 two dots, 2 one tile
     ring: int  # 1: gate and up rows of up and shup items in one ring (the Gluon build)
     upf: int  # 1: an upproj item asks L2 for its rows before it waits for lred
+    xpf: int  # 1: router, latdown and shup items ask L2 for their rows before x is in
 
     @classmethod
     def of(cls, b: K2Build) -> Plan:
@@ -259,6 +260,9 @@ class Plan:
             # chain, but at TP 1 (the bench's whole up_proj, 51 MB) that chain's own reads
             # queue behind them (stop 46 timeline: dsum 13 us for 64 KB)
             upf=1,
+            # likewise the router, latdown and shup rows while col / mix / norm run (at TP 1
+            # the bench's whole router and latent down: ~64 MB, more than the L2)
+            xpf=1,
         )
         if big:  # a real-shape build's, for tuning
             t = tile_overrides(TILES_ENV, t)
@@ -270,6 +274,7 @@ class Plan:
         check_tile("K2", "upair", t["upair"], least=1, most=2, pow2=False)
         check_tile("K2", "ring", t["ring"], least=0, most=1, pow2=False)
         check_tile("K2", "upf", t["upf"], least=0, most=1, pow2=False)
+        check_tile("K2", "xpf", t["xpf"], least=0, most=1, pow2=False)
         check_tile("K2", "stages", t["stages"], least=1, pow2=False)
         check_tile("K2", "dks", t["dks"], least=1, most=8)
         dks, oc, sb, sd, bn, dc, uc = (t[n] for n in ("dks", "oc", "sb", "sd", "bn", "dc", "uc"))
@@ -309,6 +314,7 @@ class Plan:
             upair=t["upair"],
             ring=t["ring"],
             upf=t["upf"],
+            xpf=t["xpf"],
         )
 
 

@@ -139,6 +139,7 @@ def _k2_body(
     UPAIR: tl.constexpr,
     RING: tl.constexpr,
     UPF: tl.constexpr,
+    XPF: tl.constexpr,
     S2: tl.constexpr,
     NS2: tl.constexpr,
     NCH2: tl.constexpr,
@@ -356,25 +357,31 @@ def _k2_body(
                 pt.ticket_finish(done, t, tag)
             elif (t < T_ROUTE) | ((t >= T_LATDOWN) & (t < T_SHDOWN)):
                 # router, latent down and shared up, each split over DKS parts of K: all read
-                # x, every row of it; their weights are asked of L2 while the norm items land.
+                # x, every row of it; their weights are asked of L2 while the norm items land
+                # (XPF).
                 # u: the item's index in the three stages as one (the route and union items
                 # sit between the router's and latdown's tickets)
                 u = t - T_ROUTER - (t >= T_LATDOWN).to(tl.int32) * (T_LATDOWN - T_ROUTE)
                 kp = u % DKS  # every stage of the three has DKS parts an item
                 cnt = (scratch + O_COUNT).to(tl.pointer_type(tl.int32)) + u // DKS
                 buf = (scratch + O_KPART).to(tl.pointer_type(tl.float32))
-                if t < T_LATDOWN:
-                    r0 = _share_row0(rank, (t - T_ROUTER) // DKS, EPR, E, 16)
-                    dt.prefetch_rows(router, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
-                elif t < T_SHUP:
-                    r0 = _share_row0(rank, (t - T_LATDOWN) // DKS, LPR, LAT, LB)
-                    dt.prefetch_rows(latent_down, r0, LB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
-                else:
-                    r0 = ((t - T_SHUP) // DKS) * SB
-                    dt.prefetch_rows(shared_w13, r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
-                    dt.prefetch_rows(
-                        shared_w13, SI + r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM
-                    )
+                if XPF:
+                    if t < T_LATDOWN:
+                        r0 = _share_row0(rank, (t - T_ROUTER) // DKS, EPR, E, 16)
+                        dt.prefetch_rows(router, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
+                    elif t < T_SHUP:
+                        r0 = _share_row0(rank, (t - T_LATDOWN) // DKS, LPR, LAT, LB)
+                        dt.prefetch_rows(
+                            latent_down, r0, LB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM
+                        )
+                    else:
+                        r0 = ((t - T_SHUP) // DKS) * SB
+                        dt.prefetch_rows(
+                            shared_w13, r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM
+                        )
+                        dt.prefetch_rows(
+                            shared_w13, SI + r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM
+                        )
                 dt.wait_items(
                     done, T_NORM, S * NCH, SNCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
                 )
@@ -831,30 +838,11 @@ def _col(
     the new prefix (reset: o; else bf16(prefix + o)) -> pnew (and the prefix, live rows);
     each source's sum of squares and dot with norm * proj over the chunk."""
     p = lg.anchor(ch * (RC // 2) + lg.arange(0, RC // 2))
-    lo, hi, ok = dt.reduce_row(
-        me, P_AR1 // 8, s, p, ch * (RC // 2), p >= 0, H // 2,
-        tag, ctl, health, peers, rank, world, R_AR1, CPU,
-    )  # fmt: skip
-    ol, oh = dt.bf16_round(lo), dt.bf16_round(hi)
-    old = tl.load(prefix + s * (H // 2) + p)
-    pl = tl.where(reset != 0, ol, dt.bf16_round(pt.bf16x2_lo(old) + ol))
-    ph = tl.where(reset != 0, oh, dt.bf16_round(pt.bf16x2_hi(old) + oh))
-    pl = tl.where(ok, pl, float("nan"))
-    ph = tl.where(ok, ph, float("nan"))
-    packed = pt.bf16x2_pack(pl, ph)
-    tl.store((scratch + O_PNEW).to(tl.pointer_type(tl.int32)) + s * (H // 2) + p, packed)
-    live = tl.load(slots + s) >= 0
-    tl.store(prefix + s * (H // 2) + p, packed, mask=(p >= 0) & live)
-    wl = tl.load(mlp_res_norm + 2 * p).to(tl.float32) * tl.load(mlp_res_proj + 2 * p).to(tl.float32)
-    wh = tl.load(mlp_res_norm + 2 * p + 1).to(tl.float32) * tl.load(mlp_res_proj + 2 * p + 1).to(
-        tl.float32
-    )
     ssq = (scratch + O_SSQ).to(tl.pointer_type(tl.float32)) + s * ((NB + 1) * NCH) + ch
     dot = (scratch + O_DOT).to(tl.pointer_type(tl.float32)) + s * ((NB + 1) * NCH) + ch
-    tl.store(ssq + NB * NCH, tl.sum(pl * pl + ph * ph, 0))
-    tl.store(dot + NB * NCH, tl.sum(pl * wl + ph * wh, 0))
-    # every source's chunk in one load: one memory latency, where a loop over the sources
-    # paid one a source (its stores keep the next source's loads behind them)
+    # First what needs no o_proj partial, while o_proj's items still stream: the sources'
+    # sums (every source's chunk in one load, not one latency a source) and the prefix's
+    # and weights' loads; after the wait only the prefix's own sums are left
     grid = lg.anchor(lg.zeros((NB2, RC // 2), tl.int32))  # (Gluon: sources x columns)
     jj = lg.along(lg.arange(0, NB2), grid, 1)
     sq = lg.zeros_like(jj, tl.float32)
@@ -868,6 +856,26 @@ def _col(
         dp += tl.sum(b * w[None, :], 1)
     tl.store(ssq + jj * NCH, sq, mask=jj < sources)
     tl.store(dot + jj * NCH, dp, mask=jj < sources)
+    wl = tl.load(mlp_res_norm + 2 * p).to(tl.float32) * tl.load(mlp_res_proj + 2 * p).to(tl.float32)
+    wh = tl.load(mlp_res_norm + 2 * p + 1).to(tl.float32) * tl.load(mlp_res_proj + 2 * p + 1).to(
+        tl.float32
+    )
+    old = tl.load(prefix + s * (H // 2) + p)
+    live = tl.load(slots + s) >= 0
+    lo, hi, ok = dt.reduce_row(
+        me, P_AR1 // 8, s, p, ch * (RC // 2), p >= 0, H // 2,
+        tag, ctl, health, peers, rank, world, R_AR1, CPU,
+    )  # fmt: skip
+    ol, oh = dt.bf16_round(lo), dt.bf16_round(hi)
+    pl = tl.where(reset != 0, ol, dt.bf16_round(pt.bf16x2_lo(old) + ol))
+    ph = tl.where(reset != 0, oh, dt.bf16_round(pt.bf16x2_hi(old) + oh))
+    pl = tl.where(ok, pl, float("nan"))
+    ph = tl.where(ok, ph, float("nan"))
+    packed = pt.bf16x2_pack(pl, ph)
+    tl.store((scratch + O_PNEW).to(tl.pointer_type(tl.int32)) + s * (H // 2) + p, packed)
+    tl.store(prefix + s * (H // 2) + p, packed, mask=(p >= 0) & live)
+    tl.store(ssq + NB * NCH, tl.sum(pl * pl + ph * ph, 0))
+    tl.store(dot + NB * NCH, tl.sum(pl * wl + ph * wh, 0))
     pt.ticket_finish(done, t, tag)
 
 
@@ -1632,6 +1640,7 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         UPAIR=p.upair,
         RING=bool(p.ring),
         UPF=bool(p.upf),
+        XPF=bool(p.xpf),
         S2=p2(b.rows),
         NS2=p2(c.num_attn_res_blocks + 1),
         NCH2=p2(p.nch),
