@@ -736,6 +736,7 @@ if has k2-backoff; then
     # asked of L2 ahead (`upf=0`: upproj's, `xpf=0`: router / latdown / shup's; both with a
     # timeline) likewise; then `ring` at S = 4 and 8 (timed at 1 and 16 only). ~420 s on a
     # fresh machine.
+    tests k2 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short &
     NS=(0 1000)
     for v in "${NS[@]}"; do
         step "warm-k2-ns$v" 240 env MONO_POLL_BACKOFF_NS=$v python3 -m \
