@@ -729,53 +729,29 @@ if has pubstore; then
     timed_env publish- 60 MONO_PUBLISH xchg store
 fi
 if has k2-backoff; then
-    # K2's waits sleeping between polls (MONO_POLL_BACKOFF_NS): stop 46's S = 1 timeline had
-    # col end 11 us after the last o_proj push and dsum take 13 us for 64 KB while ~250
-    # programs spun on their waits. Each value compiled in its own process (it is in
-    # Triton's cache key), then timed at S = 1 and 16, a timeline each; the weight rows not
-    # asked of L2 ahead (`upf=0`: upproj's, `xpf=0`: router / latdown / shup's; both with a
-    # timeline) likewise; then `ring` at S = 4 and 8 (timed at 1 and 16 only). ~420 s on a
-    # fresh machine.
+    # K2's waits sleeping between polls (MONO_POLL_BACKOFF_NS) and its weight rows asked of
+    # L2 ahead or not: stop 46's S = 1 timeline had col end 11 us after the last o_proj
+    # push and dsum take 13 us for 64 KB, while ~250 programs spun on their waits and the
+    # items behind them asked L2 for ~64 MB (upproj's 51 MB; router, latdown and shup's),
+    # more than the L2 holds at the bench's TP 1. Each variant compiled in its own process
+    # (a value read at import is in Triton's cache key), then timed at S = 1 and 16; the
+    # default's timeline (col now sums the sources before its wait). ~220 s on a fresh
+    # machine.
     tests k2 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short &
-    NS=(0 1000)
-    for v in "${NS[@]}"; do
-        step "warm-k2-ns$v" 240 env MONO_POLL_BACKOFF_NS=$v python3 -m \
-            mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 --no-baseline &
-        step "warm-tl-k2-ns$v" 240 env MONO_POLL_BACKOFF_NS=$v python3 -m \
-            mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 --timeline "$LOG/warm$v" &
+    V=("" "MONO_POLL_BACKOFF_NS=1000" "MONO_K2_TILES=xpf=0" "MONO_K2_TILES=upf=0,xpf=0")
+    for v in "${V[@]}"; do
+        step "warm-k2-${v//[=,]/_}" 240 env $v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 1 --no-baseline &
     done
-    for v in "" "ring=1"; do
-        step "warm-k2-r${v//[=,]/_}" 240 env MONO_K2_TILES="$v" \
-            python3 -m mono_kernels_kimi.k2.bench --rows 4,8 --layers 2 --no-baseline &
-    done
-    PF=("upf=0" "xpf=0" "upf=0,xpf=0")
-    for v in "${PF[@]}"; do
-        step "warm-k2-${v//[=,]/_}" 240 env MONO_K2_TILES="$v" python3 -m \
-            mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 --no-baseline &
-    done
-    step warm-tl-k2-pf0 240 env MONO_K2_TILES=upf=0,xpf=0 python3 -m \
-        mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 --timeline "$LOG/warm-pf0" &
+    step warm-tl-k2 240 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
+        --timeline "$LOG/warm" &
     wait
-    for v in "${PF[@]}"; do
-        step "k2-${v//[=,]/_}" 60 env MONO_K2_TILES="$v" python3 -m mono_kernels_kimi.k2.bench \
+    for v in "${V[@]}"; do
+        step "k2-${v//[=,]/_}" 50 env $v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 4 --no-baseline
     done
-    for v in "${NS[@]}"; do
-        step "k2-ns$v" 60 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_kimi.k2.bench \
-            --rows 1,16 --layers 4 --no-baseline
-    done
-    for v in "${NS[@]}"; do
-        mkdir -p "$LOG/bench/ns$v"
-        step "k2-tl-ns$v" 60 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_kimi.k2.bench \
-            --rows 1,16 --layers 4 --timeline "$LOG/bench/ns$v"
-    done
-    mkdir -p "$LOG/bench/pf0"
-    step k2-tl-pf0 60 env MONO_K2_TILES=upf=0,xpf=0 python3 -m mono_kernels_kimi.k2.bench \
-        --rows 1,16 --layers 4 --timeline "$LOG/bench/pf0"
-    for v in "" "ring=1"; do
-        step "k2-r${v//[=,]/_}" 60 env MONO_K2_TILES="$v" \
-            python3 -m mono_kernels_kimi.k2.bench --rows 4,8 --layers 4 --no-baseline
-    done
+    step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
+        --timeline "$LOG/bench"
 fi
 if has backoff; then
     # Waits that sleep between polls (MONO_POLL_BACKOFF_NS, read at import; 0 spins). Stop
