@@ -19,25 +19,6 @@ _TAKEN = tl.constexpr(-(1 << 63))
 
 
 @triton.jit
-def _top4(a0, a1, a2, a3, b0, b1, b2, b3):
-    """The 4 largest of two descending lists of 4, descending: the k-th is the largest
-    min(a[i], b[j]) over i + j = k (a[-1] = b[-1] = +inf), a merge without branches."""
-    c0 = tl.maximum(a0, b0)
-    c1 = tl.maximum(tl.maximum(a1, b1), tl.minimum(a0, b0))
-    c2 = tl.maximum(tl.maximum(a2, b2), tl.maximum(tl.minimum(a0, b1), tl.minimum(a1, b0)))
-    c3 = tl.maximum(
-        tl.maximum(a3, b3),
-        tl.maximum(tl.minimum(a0, b2), tl.maximum(tl.minimum(a1, b1), tl.minimum(a2, b0))),
-    )
-    return c0, c1, c2, c3
-
-
-@triton.jit
-def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
-
-
-@triton.jit
 def sigmoid_topk_row(
     logits,
     bias,
@@ -66,32 +47,16 @@ def sigmoid_topk_row(
     ids = lg.zeros_like(kk, tl.int32)
     w = lg.zeros_like(kk, tl.float32)
     wsum = tl.sum(w, 0)
-    word = tl.where(ex >= E, _TAKEN, word)
-    none = lg.zeros_like(word, tl.int64) + _TAKEN
-    for g in tl.static_range((K + 3) // 4):  # four picks a block reduction
-        c0, c1, c2, c3 = tl.reduce((word, none, none, none), 0, _top4)
-        for i in tl.static_range(4):
-            if 4 * g + i < K:
-                c = c0 if i == 0 else (c1 if i == 1 else (c2 if i == 2 else c3))
-                pick = (c & 0xFFFFFFFF).to(tl.int32) ^ (logits.shape[0] - 1)
-                ids = tl.where(kk == 4 * g + i, pick, ids)
-        got = (word == c0) | (word == c1) | (word == c2) | (word == c3)
-        s0, s1, s2, s3 = tl.reduce(
-            (
-                tl.where(word == c0, score, 0.0),
-                tl.where(word == c1, score, 0.0),
-                tl.where(word == c2, score, 0.0),
-                tl.where(word == c3, score, 0.0),
-            ),
-            0,
-            _add4,
-        )
-        for i in tl.static_range(4):
-            if 4 * g + i < K:
-                sc = s0 if i == 0 else (s1 if i == 1 else (s2 if i == 2 else s3))
-                wsum += sc
-                w = tl.where(kk == 4 * g + i, sc, w)
-        word = tl.where(got, _TAKEN, word)
+    taken = ex >= E
+    for k in tl.static_range(K):
+        best = tl.max(tl.where(taken, _TAKEN, word), 0)
+        pick = (best & 0xFFFFFFFF).to(tl.int32) ^ (logits.shape[0] - 1)
+        hit = ex == pick
+        taken = taken | hit
+        sc = tl.sum(tl.where(hit, score, 0.0), 0)
+        wsum += sc
+        ids = tl.where(kk == k, pick, ids)
+        w = tl.where(kk == k, sc, w)
     if RENORM:
         w = w / wsum
     return ids, w * SCALE
