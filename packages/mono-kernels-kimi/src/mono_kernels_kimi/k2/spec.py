@@ -256,13 +256,15 @@ class Plan:
             # cp.async ring (as the FFN's pair 3): twice the bytes in flight, one prologue;
             # tiny builds take it, so that the interpreter runs the shared pair's loop
             ring=0 if big else 1,
-            # upproj's rows asked of L2 while lred runs: HBM works during the dsum -> lred
-            # chain, but at TP 1 (the bench's whole up_proj, 51 MB) that chain's own reads
-            # queue behind them (stop 46 timeline: dsum 13 us for 64 KB)
-            upf=1,
-            # likewise the router, latdown and shup rows while col / mix / norm run (at TP 1
-            # the bench's whole router and latent down: ~64 MB, more than the L2)
-            xpf=1,
+            # upproj's rows asked of L2 while dsum and lred run (upf), the router, latdown
+            # and shup rows while col / mix / norm do (xpf): off. At the bench's TP 1 these
+            # are the whole matrices (51 + ~64 MB, more than the L2) and the chains' own
+            # reads queue behind them; H100, `k2.bench --rows 1,16 --layers 4` (stop 46,
+            # one call): both on 191.3 / 431.5 us at S = 1 / 16, xpf off 186.6 / 420.0, both
+            # off 184.2 / 417.5. A TP8 rank's shares (1/8) would fit the L2: untimed there.
+            # Tiny builds keep them, so that the compile tests build the prefetches
+            upf=0 if big else 1,
+            xpf=0 if big else 1,
         )
         if big:  # a real-shape build's, for tuning
             t = tile_overrides(TILES_ENV, t)
