@@ -730,15 +730,12 @@ if has pubstore; then
 fi
 if has k2-backoff; then
     # K2's waits sleeping between polls (MONO_POLL_BACKOFF_NS) and its weight rows asked of
-    # L2 ahead or not: stop 46's S = 1 timeline had col end 11 us after the last o_proj
-    # push and dsum take 13 us for 64 KB, while ~250 programs spun on their waits and the
-    # items behind them asked L2 for ~64 MB (upproj's 51 MB; router, latdown and shup's),
-    # more than the L2 holds at the bench's TP 1. Each variant compiled in its own process
-    # (a value read at import is in Triton's cache key), then timed at S = 1 and 16; the
-    # default's timeline (col now sums the sources before its wait). ~220 s on a fresh
-    # machine.
+    # L2 ahead (`upf`, `xpf`), against the default, at S = 1 and 16, and the default's
+    # timeline. Stop 46 (H100, prefetches then on): both off -3.7% / -3.2%, so off is the
+    # default since; a 1 us sleep no gain. Each variant compiled in its own process (a value
+    # read at import is in Triton's cache key). ~220 s on a fresh machine.
     tests k2 200 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short &
-    V=("" "MONO_POLL_BACKOFF_NS=1000" "MONO_K2_TILES=xpf=0" "MONO_K2_TILES=upf=0,xpf=0")
+    V=("" "MONO_POLL_BACKOFF_NS=1000" "MONO_K2_TILES=xpf=1" "MONO_K2_TILES=upf=1,xpf=1")
     for v in "${V[@]}"; do
         step "warm-k2-${v//[=,]/_}" 240 env $v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 1 --no-baseline &
