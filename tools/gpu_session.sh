@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -727,6 +727,20 @@ if has pubstore; then
         -k "gluon_tiny" --tb=short &
     wait
     timed_env publish- 60 MONO_PUBLISH xchg store
+fi
+if has tables; then
+    # The issues' tables as committed: K2, K1 and the FFN each beside its op-by-op path in
+    # the same run, compiled first side by side, then timed one at a time on a quiet GPU,
+    # and K2's S = 1 / 16 timelines. ~450 s on a fresh machine.
+    step warm-k2 300 python3 -m mono_kernels_kimi.k2.bench --rows 1,2,4,8,16 --layers 1 &
+    step warm-kda 300 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 1 &
+    step warm-ffn 300 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 --formats mxfp4 --layers 1 &
+    wait
+    step bench-k2 110 $MONO bench k2 --rows 1,2,4,8,16 --out "$LOG/bench"
+    step bench-kda 90 $MONO bench kda --rows 1,4,8,16 --out "$LOG/bench"
+    step bench-ffn 100 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
+    step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
+        --timeline "$LOG/bench"
 fi
 if has k2-backoff; then
     # K2's waits sleeping between polls (MONO_POLL_BACKOFF_NS) and its weight rows asked of
