@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, naps, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -742,6 +742,32 @@ if has tables; then
     step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
         --timeline "$LOG/bench"
 fi
+if has naps; then
+    # Waits that sleep only once they have waited a while (MONO_POLL_BACKOFF_NS=NAP:SPIN):
+    # stop 46's K2 timeline had every short hand-off of a chain (col, mix, dsum, lred) take
+    # 6-13 us while ~250 programs spun on the same done and alarm words; a 1 us nap in every
+    # poll lost 6%. K2 at S = 1 and 16 and the FFN, each value compiled in its own process,
+    # then timed alone, and K2's timeline under one of them. ~450 s on a fresh machine.
+    V=("" "MONO_POLL_BACKOFF_NS=100" "MONO_POLL_BACKOFF_NS=200:2000" "MONO_POLL_BACKOFF_NS=500:3000" "MONO_POLL_BACKOFF_NS=100:1000")
+    for v in "${V[@]}"; do
+        step "warm-k2-${v//[=:,]/_}" 260 env $v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 1 --no-baseline &
+    done
+    step warm-tl-k2 260 env MONO_POLL_BACKOFF_NS=200:2000 python3 -m mono_kernels_kimi.k2.bench \
+        --rows 1,16 --layers 1 --timeline "$LOG/warm" &
+    warm_env backoff-ns MONO_POLL_BACKOFF_NS 0 200:2000
+    wait
+    for v in "${V[@]}"; do
+        step "k2-${v//[=:,]/_}" 50 env $v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 4 --no-baseline
+    done
+    step timeline-k2 60 env MONO_POLL_BACKOFF_NS=200:2000 python3 -m mono_kernels_kimi.k2.bench \
+        --rows 1,16 --layers 4 --timeline "$LOG/bench"
+    for v in 0 200:2000; do
+        step "backoff-ns$v" 60 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_minimax.ffn.bench \
+            --rows 1,16 --formats mxfp4 --layers 4 --no-baseline
+    done
+fi
 if has k2-backoff; then
     # K2's waits sleeping between polls (MONO_POLL_BACKOFF_NS) and its weight rows asked of
     # L2 ahead (`upf`, `xpf`), against the default, at S = 1 and 16, and the default's
@@ -897,7 +923,7 @@ for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafte
     echo "== $name"
     tail -40 "$LOG/$name.txt"
 done
-for f in "$LOG"/k2occ-*.txt "$LOG"/k2ring-*.txt "$LOG"/k1tile-*.txt "$LOG"/pair-*.txt; do  # each K2 / K1 tile variant's table
+for f in "$LOG"/k2occ-*.txt "$LOG"/k2ring-*.txt "$LOG"/k1tile-*.txt "$LOG"/pair-*.txt "$LOG"/k2-*.txt "$LOG"/backoff-ns*.txt; do  # each K2 / K1 tile variant's table
     [[ -f $f ]] || continue
     echo "== $(basename "$f" .txt)"
     tail -9 "$f"

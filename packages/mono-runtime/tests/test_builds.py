@@ -222,11 +222,19 @@ def test_guard_and_bench_kernels_compile_for_sm90_with_uniform_wait_exits():
 
 @pytest.mark.timeout(240)
 def test_poll_backoff_sleeps_between_polls_only_when_asked():
-    """MONO_POLL_BACKOFF_NS puts a `nanosleep` in every wait's poll loop; unset, none."""
+    """MONO_POLL_BACKOFF_NS puts a `nanosleep` in every wait's poll loop (NAP:SPIN, one of a
+    register's length); unset, none."""
     asked = spawn(
         backoff_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_POLL_BACKOFF_NS": "250"}
     )[0]
     assert "nanosleep.u32 250" in asked
+    # NAP:SPIN: the sleep's length in a register, 0 until the spin is over; still no
+    # per-thread branch in the loop
+    spun = spawn(
+        backoff_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_POLL_BACKOFF_NS": "200:2000"}
+    )[0]
+    assert re.search(r"nanosleep\.u32 \t?%r\d+", spun), spun[-2000:]
+    assert_waits_leave_together(spun)
     plain = spawn(
         backoff_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_POLL_BACKOFF_NS": "0"}
     )[0]

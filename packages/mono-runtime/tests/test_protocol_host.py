@@ -102,13 +102,14 @@ def test_timeline_incomplete_and_overflow_and_era():
 
 def test_poll_backoff_comes_from_the_environment_and_is_checked(monkeypatch):
     monkeypatch.delenv(P.POLL_BACKOFF_ENV, raising=False)
-    assert P.poll_backoff_ns() == 0
-    monkeypatch.setenv(P.POLL_BACKOFF_ENV, "250")
-    assert P.poll_backoff_ns() == 250
-    for bad in ("-5", "1e3", "fast", str(P.POLL_BACKOFF_MAX_NS + 1)):
+    assert P.poll_backoff() == (0, 0)
+    for raw, want in (("250", (250, 0)), ("200:2000", (200, 2000)), ("0:500", (0, 0))):
+        monkeypatch.setenv(P.POLL_BACKOFF_ENV, raw)
+        assert P.poll_backoff() == want
+    for bad in ("-5", "1e3", "fast", str(P.POLL_BACKOFF_MAX_NS + 1), "1:2:3", "100:", ":100"):
         monkeypatch.setenv(P.POLL_BACKOFF_ENV, bad)
         with pytest.raises(ValueError, match=P.POLL_BACKOFF_ENV):
-            P.poll_backoff_ns()
+            P.poll_backoff()
 
 
 def test_publish_way_comes_from_the_environment_and_is_checked(monkeypatch):

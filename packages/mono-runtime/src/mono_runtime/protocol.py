@@ -52,17 +52,21 @@ POLL_BACKOFF_ENV = "MONO_POLL_BACKOFF_NS"
 POLL_BACKOFF_MAX_NS = 100_000
 
 
-def poll_backoff_ns() -> int:
-    """Nanoseconds a wait sleeps between polls, from MONO_POLL_BACKOFF_NS (0, the default:
-    it spins). A tuning knob, read when the kernels' module is imported: a program that
-    spins shares the L2 with the hand-offs it waits for, and a decode step has many."""
+def poll_backoff() -> tuple[int, int]:
+    """(nap, spin): a wait sleeps `nap` ns between polls once it has waited `spin` ns, from
+    MONO_POLL_BACKOFF_NS = "NAP" or "NAP:SPIN" (0, the default: it spins). A tuning knob,
+    read when the kernels' module is imported: a program that spins shares the L2 with the
+    hand-offs it waits for, and a decode step has many; `spin` lets the short waits of a
+    chain spin while the long ones (a stage waiting out the whole routed stream) sleep."""
     raw = os.environ.get(POLL_BACKOFF_ENV, "0").strip() or "0"
-    if not raw.isdigit() or int(raw) > POLL_BACKOFF_MAX_NS:
+    parts = raw.split(":")
+    if len(parts) > 2 or not all(x.isdigit() and int(x) <= POLL_BACKOFF_MAX_NS for x in parts):
         raise ValueError(
-            f"{POLL_BACKOFF_ENV}={raw!r}: expected an integer of nanoseconds, 0 to "
-            f"{POLL_BACKOFF_MAX_NS}"
+            f"{POLL_BACKOFF_ENV}={raw!r}: expected NAP or NAP:SPIN, integers of nanoseconds "
+            f"0 to {POLL_BACKOFF_MAX_NS}"
         )
-    return int(raw)
+    nap, spin = int(parts[0]), int(parts[1]) if len(parts) == 2 else 0
+    return nap, spin if nap else 0
 
 
 def cpu_interpreter() -> bool:

@@ -33,7 +33,8 @@ _KIND_ALARM = tl.constexpr(P.KIND_ALARM)
 _KIND_ERA = tl.constexpr(P.KIND_ERA)
 _ALARM_FOLLOWED = tl.constexpr(P.ALARM_FOLLOWED)
 _ALARM_GAVE_UP = tl.constexpr(P.ALARM_GAVE_UP)
-_BACKOFF_NS = tl.constexpr(P.poll_backoff_ns())  # a constexpr global: in the cache key
+_BACKOFF_NS = tl.constexpr(P.poll_backoff()[0])  # constexpr globals: in the cache key
+_SPIN_NS = tl.constexpr(P.poll_backoff()[1])
 # (the interpreter exchanges: it runs no inline assembly)
 _STORE_PUBLISH = tl.constexpr(P.publish_way() == "store" and not P.cpu_interpreter())
 
@@ -65,12 +66,29 @@ def _device_ns(_semantic=None):
 
 
 @tl.core.extern
-def _nap(_semantic=None):
-    """Sleep about _BACKOFF_NS between polls: `nanosleep` on NVIDIA, `s_sleep` on AMD (64
-    clocks a unit, ~30 ns)."""
+def _nap(waited, _semantic=None):
+    """Sleep about _BACKOFF_NS between polls once a wait has waited `waited` >= _SPIN_NS:
+    `nanosleep` on NVIDIA (with a spin, of a register that is 0 before it: no per-thread
+    branch in a wait loop), `s_sleep` on AMD (64 clocks a unit, ~30 ns; an immediate, so
+    no spin there)."""
     ns = _BACKOFF_NS.value
     if _amd(_semantic):
+        if _SPIN_NS.value:
+            raise ValueError(f"{P.POLL_BACKOFF_ENV}: NAP:SPIN is NVIDIA's only (use NAP on AMD)")
         asm = f"s_sleep {min(127, max(1, ns // 30))}\n\tv_mov_b32 $0, 0"
+    elif _SPIN_NS.value:
+        nap = tl.where(
+            waited.__ge__(_SPIN_NS.value, _semantic=_semantic), ns, 0, _semantic=_semantic
+        ).to(tl.int32, _semantic=_semantic)
+        return tl.inline_asm_elementwise(
+            "nanosleep.u32 $1;\n\tmov.u32 $0, 0;",
+            "=r,r",
+            [nap],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+            _semantic=_semantic,
+        )
     else:
         asm = f"nanosleep.u32 {ns};\n\tmov.u32 $0, 0;"
     return tl.inline_asm_elementwise(
@@ -242,17 +260,17 @@ def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: t
     it = 0
     pairs = tl.load(ptrs, mask=mask, other=0, volatile=True)
     alarms = tl.load(head + ranks, mask=rmask, other=0, volatile=True)
-    state = _wait_state(alarms, ranks, _pairs_state(pairs, mask, tag, t0 - t0, deadline))
+    waited = t0 - t0
+    state = _wait_state(alarms, ranks, _pairs_state(pairs, mask, tag, waited, deadline))
     while (state == _W_WAITING) & (tag != 0):
         it += 1
         if _BACKOFF_NS > 0:
             if not CPU:
-                _nap()
+                _nap(waited)
         pairs = tl.load(ptrs, mask=mask, other=0, volatile=True)
         alarms = tl.load(head + ranks, mask=rmask, other=0, volatile=True)
-        state = _wait_state(
-            alarms, ranks, _pairs_state(pairs, mask, tag, clock(it, CPU) - t0, deadline)
-        )
+        waited = clock(it, CPU) - t0
+        state = _wait_state(alarms, ranks, _pairs_state(pairs, mask, tag, waited, deadline))
     ok = (state == _W_MATCHED) & (tag != 0)
     # the match was seen by the threads that decide; a thread holding a copy of a lane may
     # have read it before the pair landed: it reads again (after the barrier, so it sees it)
