@@ -746,16 +746,20 @@ if has naps; then
     # Waits that sleep only once they have waited a while (MONO_POLL_BACKOFF_NS=NAP:SPIN):
     # stop 46's K2 timeline had every short hand-off of a chain (col, mix, dsum, lred) take
     # 6-13 us while ~250 programs spun on the same done and alarm words; a 1 us nap in every
-    # poll lost 6%. K2 at S = 1 and 16 and the FFN, each value compiled in its own process,
-    # then timed alone, and K2's timeline under one of them. ~450 s on a fresh machine.
-    V=("" "MONO_POLL_BACKOFF_NS=100" "MONO_POLL_BACKOFF_NS=300:2000" "MONO_POLL_BACKOFF_NS=1000:2000" "MONO_POLL_BACKOFF_NS=1000:5000")
+    # poll lost 6%. K2 at S = 1 and 16, the FFN and K1, each value compiled in its own
+    # process, then timed alone, and K2's timeline under one of them. ~500 s when fresh.
+    V=("" "MONO_POLL_BACKOFF_NS=100" "MONO_POLL_BACKOFF_NS=300:2000" "MONO_POLL_BACKOFF_NS=1000:2000")
     for v in "${V[@]}"; do
         step "warm-k2-${v//[=:,]/_}" 260 env $v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 1 --no-baseline &
     done
     step warm-tl-k2 260 env MONO_POLL_BACKOFF_NS=300:2000 python3 -m mono_kernels_kimi.k2.bench \
         --rows 1,16 --layers 1 --timeline "$LOG/warm" &
-    warm_env backoff-ns MONO_POLL_BACKOFF_NS 0 100 300:2000
+    warm_env backoff-ns MONO_POLL_BACKOFF_NS 0 300:2000
+    for v in 0 300:2000; do
+        step "warm-kda-$v" 260 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_kimi.kda.bench \
+            --shapes 1x1,8x1 --layers 1 --no-baseline &
+    done
     wait
     for v in "${V[@]}"; do
         step "k2-${v//[=:,]/_}" 50 env $v python3 -m mono_kernels_kimi.k2.bench \
@@ -763,9 +767,11 @@ if has naps; then
     done
     step timeline-k2 60 env MONO_POLL_BACKOFF_NS=300:2000 python3 -m mono_kernels_kimi.k2.bench \
         --rows 1,16 --layers 4 --timeline "$LOG/bench"
-    for v in 0 100 300:2000; do
+    for v in 0 300:2000; do
         step "backoff-ns$v" 60 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_minimax.ffn.bench \
             --rows 1,16 --formats mxfp4 --layers 4 --no-baseline
+        step "k2-kda-$v" 45 env MONO_POLL_BACKOFF_NS=$v python3 -m mono_kernels_kimi.kda.bench \
+            --shapes 1x1,8x1 --layers 8 --no-baseline
     done
 fi
 if has k2-backoff; then
