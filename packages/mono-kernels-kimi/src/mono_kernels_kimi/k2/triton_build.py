@@ -335,25 +335,33 @@ def _k2_body(
                 pt.ticket_finish(done, t, tag)
             elif t < T_ROUTER:
                 s_ = (t - T_NORM) // NCH
-                dt.wait_items(
+                ready = _norm(
+                    s_,
+                    (t - T_NORM) % NCH,
+                    post_norm,
+                    scratch,
                     done,
-                    T_MIX + s_ * NCH,
-                    NCH,
-                    NCH2,
                     tag,
                     ctl,
                     health,
                     peers,
                     rank,
                     world,
+                    H,
+                    RC,
+                    NCH,
+                    NCH2,
+                    T_MIX,
+                    O_MIX,
+                    O_SSQ2,
+                    O_X,
+                    EPS,
                     R_ITEMS,
                     CPU,
+                    TL,
                 )
                 if TL:
-                    t_ready = pt.clock(0, CPU)
-                _norm(
-                    s_, (t - T_NORM) % NCH, post_norm, scratch, H, RC, NCH, O_MIX, O_SSQ2, O_X, EPS
-                )
+                    t_ready = ready
                 pt.ticket_finish(done, t, tag)
             elif (t < T_ROUTE) | ((t >= T_LATDOWN) & (t < T_SHDOWN)):
                 # router, latent down and shared up, each split over DKS parts of K: all read
@@ -936,28 +944,47 @@ def _norm(
     ch,
     post_norm,
     scratch,
+    done,
+    tag,
+    ctl,
+    health,
+    peers,
+    rank,
+    world,
     H: tl.constexpr,
     RC: tl.constexpr,
     NCH: tl.constexpr,
+    NCH2: tl.constexpr,
+    T_MIX: tl.constexpr,
     O_MIX: tl.constexpr,
     O_SSQ2: tl.constexpr,
     O_X: tl.constexpr,
     EPS: tl.constexpr,
+    R_ITEMS: tl.constexpr,
+    CPU: tl.constexpr,
+    TL: tl.constexpr,
 ):
     """Row s, the same columns: post_attention_layernorm over the row's chunk sums (in
-    chunk order) -> x (bf16), the MoE input."""
+    chunk order) -> x (bf16), the MoE input. The weights are loaded before the wait for
+    the row's mix items (one HBM latency off the chain); returns the timeline's ready
+    clock."""
+    k = lg.anchor(ch * RC + lg.arange(0, RC))
+    w = tl.load(post_norm + k).to(tl.float32)
+    dt.wait_items(
+        done, T_MIX + s * NCH, NCH, NCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+    )
+    ready = dt.ready_clock(TL, CPU)
     ssq2 = (scratch + O_SSQ2).to(tl.pointer_type(tl.float32)) + s * NCH
     ss = tl.sum(lg.anchor(lg.zeros((2,), tl.float32)), 0)
     for q in tl.static_range(NCH):  # unrolled: the loads fly together, summed in order
         ss += tl.load(ssq2 + q, volatile=True)
     rstd = 1.0 / tl.sqrt_rn(ss / H + EPS)
-    k = lg.anchor(ch * RC + lg.arange(0, RC))
     v = tl.load((scratch + O_MIX).to(tl.pointer_type(tl.float32)) + s * H + k, volatile=True)
-    v = v * rstd * tl.load(post_norm + k).to(tl.float32)
     tl.store(
         (scratch + O_X).to(tl.pointer_type(tl.bfloat16)) + s * H + k,
-        dt.bf16_round(v).to(tl.bfloat16),
+        dt.bf16_round(v * rstd * w).to(tl.bfloat16),
     )
+    return ready
 
 
 @triton.jit
@@ -1465,6 +1492,9 @@ def _lred(
     (normalized in fp32, rounded, times the bf16 weight, rounded) -> nlat."""
     i = lg.anchor(lg.arange(0, LP2))
     m = i < LAT // 2
+    if LNORM:  # the weights before the wait: one HBM latency off the chain
+        wl = tl.load(latent_norm + 2 * i, mask=m, other=0.0).to(tl.float32)
+        wh = tl.load(latent_norm + 2 * i + 1, mask=m, other=0.0).to(tl.float32)
     lo, hi, ok = dt.reduce_row(
         me, P_RL // 8, s, i, 0, m, LAT // 2, tag, ctl, health, peers, rank, world, R_RL, CPU
     )
@@ -1473,8 +1503,6 @@ def _lred(
     if LNORM:
         ss = tl.sum(tl.where(m, vl * vl + vh * vh, 0.0), 0)
         rstd = 1.0 / tl.sqrt_rn(ss / LAT + EPS)
-        wl = tl.load(latent_norm + 2 * i, mask=m, other=0.0).to(tl.float32)
-        wh = tl.load(latent_norm + 2 * i + 1, mask=m, other=0.0).to(tl.float32)
         vl = dt.bf16_round(vl * rstd) * wl
         vh = dt.bf16_round(vh * rstd) * wh
     nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.int32))
