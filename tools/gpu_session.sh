@@ -747,8 +747,10 @@ if has naps; then
     # stop 46's K2 timeline had every short hand-off of a chain (col, mix, dsum, lred) take
     # 6-13 us while ~250 programs spun on the same done and alarm words; a 1 us nap in every
     # poll lost 6%. K2 at S = 1 and 16, the FFN and K1, each value compiled in its own
-    # process, then timed alone, and K2's timeline under one of them. ~500 s when fresh.
-    V=("" "MONO_POLL_BACKOFF_NS=100" "MONO_POLL_BACKOFF_NS=300:2000" "MONO_POLL_BACKOFF_NS=1000:2000")
+    # process, then timed alone, and K2's timeline under one of them. Beside them K2's
+    # items asking L2 for a ring's first steps of their rows before their inputs are in
+    # (`xpf`, `upf`: columns; whole rows lost at TP 1). ~540 s when fresh.
+    V=("" "MONO_POLL_BACKOFF_NS=300:2000" "MONO_POLL_BACKOFF_NS=1000:2000" "MONO_K2_TILES=xpf=256,upf=256" "MONO_K2_TILES=xpf=512,upf=512")
     for v in "${V[@]}"; do
         step "warm-k2-${v//[=:,]/_}" 260 env $v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 1 --no-baseline &

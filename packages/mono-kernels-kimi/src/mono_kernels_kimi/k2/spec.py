@@ -203,8 +203,8 @@ class Plan:
     occ: int  # programs an SM the runner launches (2 needs <= 113 KB of shared memory)
     upair: int  # a routed up item's gate and up rows in one loop: 1 two dots, 2 one tile
     ring: int  # 1: gate and up rows of up and shup items in one ring (the Gluon build)
-    upf: int  # 1: an upproj item asks L2 for its rows before it waits for lred
-    xpf: int  # 1: router, latdown and shup items ask L2 for their rows before x is in
+    upf: int  # K columns of an upproj item's rows asked of L2 before it waits for lred
+    xpf: int  # K columns of a router, latdown or shup item's part asked of L2 before x is in
 
     @classmethod
     def of(cls, b: K2Build) -> Plan:
@@ -256,15 +256,16 @@ class Plan:
             # cp.async ring (as the FFN's pair 3): twice the bytes in flight, one prologue;
             # tiny builds take it, so that the interpreter runs the shared pair's loop
             ring=0 if big else 1,
-            # upproj's rows asked of L2 while dsum and lred run (upf), the router, latdown
-            # and shup rows while col / mix / norm do (xpf): off. At the bench's TP 1 these
-            # are the whole matrices (51 + ~64 MB, more than the L2) and the chains' own
-            # reads queue behind them; H100, `k2.bench --rows 1,16 --layers 4` (stop 46,
-            # one call): both on 191.3 / 431.5 us at S = 1 / 16, xpf off 186.6 / 420.0, both
-            # off 184.2 / 417.5. A TP8 rank's shares (1/8) would fit the L2: untimed there.
-            # Tiny builds keep them, so that the compile tests build the prefetches
-            upf=0 if big else 1,
-            xpf=0 if big else 1,
+            # the first K columns of upproj's rows asked of L2 while dsum and lred run
+            # (upf), of the router, latdown and shup rows while col / mix / norm do (xpf): 0,
+            # none. Whole rows (stop 46) are, at the bench's TP 1, whole matrices (51 + ~64
+            # MB, more than the L2) and the chains' own reads queued behind them; H100,
+            # `k2.bench --rows 1,16 --layers 4` (one call): both whole 191.3 / 431.5 us at S
+            # = 1 / 16, xpf off 186.6 / 420.0, both off 184.2 / 417.5. A ring's first steps
+            # only (a few hundred columns an item) would fit: part `naps` times them. Tiny
+            # builds prefetch 16, so that the compile tests build the prefetches
+            upf=0 if big else 16,
+            xpf=0 if big else 16,
         )
         if big:  # a real-shape build's, for tuning
             t = tile_overrides(TILES_ENV, t)
@@ -275,8 +276,9 @@ class Plan:
         check_tile("K2", "occ", t["occ"], least=1, most=2)
         check_tile("K2", "upair", t["upair"], least=1, most=2, pow2=False)
         check_tile("K2", "ring", t["ring"], least=0, most=1, pow2=False)
-        check_tile("K2", "upf", t["upf"], least=0, most=1, pow2=False)
-        check_tile("K2", "xpf", t["xpf"], least=0, most=1, pow2=False)
+        for name, k in (("upf", lat), ("xpf", h // t["dks"])):
+            if t[name]:
+                check_tile("K2", name, t[name], most=k)
         check_tile("K2", "stages", t["stages"], least=1, pow2=False)
         check_tile("K2", "dks", t["dks"], least=1, most=8)
         dks, oc, sb, sd, bn, dc, uc = (t[n] for n in ("dks", "oc", "sb", "sd", "bn", "dc", "uc"))

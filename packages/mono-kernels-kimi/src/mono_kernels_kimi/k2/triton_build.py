@@ -365,8 +365,8 @@ def _k2_body(
                 pt.ticket_finish(done, t, tag)
             elif (t < T_ROUTE) | ((t >= T_LATDOWN) & (t < T_SHDOWN)):
                 # router, latent down and shared up, each split over DKS parts of K: all read
-                # x, every row of it; their weights are asked of L2 while the norm items land
-                # (XPF).
+                # x, every row of it; the first XPF columns of their weights are asked of
+                # L2 while the norm items land.
                 # u: the item's index in the three stages as one (the route and union items
                 # sit between the router's and latdown's tickets)
                 u = t - T_ROUTER - (t >= T_LATDOWN).to(tl.int32) * (T_LATDOWN - T_ROUTE)
@@ -376,19 +376,15 @@ def _k2_body(
                 if XPF:
                     if t < T_LATDOWN:
                         r0 = _share_row0(rank, (t - T_ROUTER) // DKS, EPR, E, 16)
-                        dt.prefetch_rows(router, r0, 16, H, kp * (H // DKS), H // DKS, 0, CPU, ASM)
+                        dt.prefetch_rows(router, r0, 16, H, kp * (H // DKS), XPF, 0, CPU, ASM)
                     elif t < T_SHUP:
                         r0 = _share_row0(rank, (t - T_LATDOWN) // DKS, LPR, LAT, LB)
-                        dt.prefetch_rows(
-                            latent_down, r0, LB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM
-                        )
+                        dt.prefetch_rows(latent_down, r0, LB, H, kp * (H // DKS), XPF, 0, CPU, ASM)
                     else:
                         r0 = ((t - T_SHUP) // DKS) * SB
+                        dt.prefetch_rows(shared_w13, r0, SB, H, kp * (H // DKS), XPF, 0, CPU, ASM)
                         dt.prefetch_rows(
-                            shared_w13, r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM
-                        )
-                        dt.prefetch_rows(
-                            shared_w13, SI + r0, SB, H, kp * (H // DKS), H // DKS, 0, CPU, ASM
+                            shared_w13, SI + r0, SB, H, kp * (H // DKS), XPF, 0, CPU, ASM
                         )
                 dt.wait_items(
                     done, T_NORM, S * NCH, SNCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
@@ -1538,12 +1534,12 @@ def _upproj(
     ASM: tl.constexpr,
     TL: tl.constexpr,
 ):
-    """UC of this rank's H/tp up_proj rows (UPF: asked of L2 before the wait for every
-    lred item) over the normed latent -> bf16 -> every rank's upo (the column's owner);
-    returns the timeline's ready clock."""
+    """UC of this rank's H/tp up_proj rows (their first UPF columns asked of L2 before the
+    wait for every lred item) over the normed latent -> bf16 -> every rank's upo (the
+    column's owner); returns the timeline's ready clock."""
     r0 = rank * HPR + u * UC
     if UPF:
-        dt.prefetch_rows(up_proj, r0, UC, LAT, 0, LAT, 0, CPU, ASM)
+        dt.prefetch_rows(up_proj, r0, UC, LAT, 0, UPF, 0, CPU, ASM)
     dt.wait_items(done, T_LRED, S, S2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
     ready = dt.ready_clock(TL, CPU)
     nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.bfloat16))
@@ -1667,8 +1663,8 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         STAGES=p.stages,
         UPAIR=p.upair,
         RING=bool(p.ring),
-        UPF=bool(p.upf),
-        XPF=bool(p.xpf),
+        UPF=p.upf,
+        XPF=p.xpf,
         S2=p2(b.rows),
         NS2=p2(c.num_attn_res_blocks + 1),
         NCH2=p2(p.nch),
