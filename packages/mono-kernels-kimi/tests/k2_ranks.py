@@ -212,7 +212,7 @@ def _topk_kernel(logits, bias, ids, w, E: tl.constexpr, E2: tl.constexpr, K: tl.
     e = tl.arange(0, E2)
     lg = tl.load(logits + r * E + e, mask=e < E, other=0.0)
     b = tl.load(bias + e, mask=e < E, other=0.0)
-    i, v = sigmoid_topk_row(lg, b, E, K, K, 2.5, True)
+    i, v = sigmoid_topk_row(lg, b, logits + r * E, 1, E, K, K, 2.5, True)
     k = tl.arange(0, K)
     tl.store(ids + r * K + k, i)
     tl.store(w + r * K + k, v)

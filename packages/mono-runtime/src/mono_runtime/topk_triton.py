@@ -22,6 +22,8 @@ _TAKEN = tl.constexpr(-(1 << 63))
 def sigmoid_topk_row(
     logits,
     bias,
+    src,
+    STRIDE: tl.constexpr,
     E: tl.constexpr,
     K: tl.constexpr,
     KP: tl.constexpr,
@@ -29,13 +31,17 @@ def sigmoid_topk_row(
     RENORM: tl.constexpr,
 ):
     """(ids int32 [KP], weights fp32 [KP]) of one row: fp32 `logits` and `bias` are
-    [E2] blocks (lanes >= E ignored). The top K of sigmoid(logits) + bias in descending
+    [E2] blocks (lanes >= E ignored), logit i also at src[i STRIDE] (fp32, e.g. the
+    payload half of a pair word). The top K of sigmoid(logits) + bias in descending
     order (ties -> lower id, NaN keys last), weighted by the unbiased scores, renormalized
     to sum 1 when RENORM, times SCALE; lanes >= K of the result are 0. KP: K rounded up to
-    a power of two."""
+    a power of two.
+
+    A pick's score is read back from `src` (a scalar load that nothing waits for until
+    the sums), not taken out of the block by a second CTA reduction: each pick is then one
+    reduction, not two, and K2's one route item at S = 1 spent ~40 us on its 16 picks."""
     ex = lg.like(lg.arange(0, logits.shape[0]), logits)
-    score = tl.sigmoid(logits)
-    key = score + bias
+    key = tl.sigmoid(logits) + bias
     key = tl.where((key != key) | (ex >= E), float("-inf"), key)
     # one max a pick instead of a max and an argmin: the key's bits made to sort as signed
     # integers (-0 taken as +0, as a float compare does) over the inverted id, so the
@@ -51,9 +57,8 @@ def sigmoid_topk_row(
     for k in tl.static_range(K):
         best = tl.max(tl.where(taken, _TAKEN, word), 0)
         pick = (best & 0xFFFFFFFF).to(tl.int32) ^ (logits.shape[0] - 1)
-        hit = ex == pick
-        taken = taken | hit
-        sc = tl.sum(tl.where(hit, score, 0.0), 0)
+        taken = taken | (ex == pick)
+        sc = tl.sigmoid(tl.load(src + pick * STRIDE, volatile=True))
         wsum += sc
         ids = tl.where(kk == k, pick, ids)
         w = tl.where(kk == k, sc, w)

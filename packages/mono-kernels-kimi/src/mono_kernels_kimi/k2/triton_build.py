@@ -1235,12 +1235,15 @@ def _route(
     """Row s: top-k of the gathered fp32 logits (mono_runtime.routing's rule) -> topk_ids,
     topk_w (-1 and 0 on a padding row)."""
     e = lg.anchor(lg.arange(0, E2))
-    v, ok = pt.poll(
-        me + P_LG // 8 + s * E + e, e < E, tag, ctl, health, peers, rank, world, R_LG, s * E, CPU
-    )
-    logits = tl.where(ok, v.to(tl.float32, bitcast=True), float("nan"))
     b = tl.load(bias + e, mask=e < E, other=0.0)
-    ids, w = sigmoid_topk_row(logits, b, E, K, KP, RSF, RENORM)
+    row = me + P_LG // 8 + s * E
+    v, ok = pt.poll(row + e, e < E, tag, ctl, health, peers, rank, world, R_LG, s * E, CPU)
+    logits = tl.where(ok, v.to(tl.float32, bitcast=True), float("nan"))
+    # the picks' scores read back from the pair words' payload halves (little-endian)
+    ids, w = sigmoid_topk_row(
+        logits, b, row.to(tl.pointer_type(tl.float32)), 2, E, K, KP, RSF, RENORM
+    )
+    w = tl.where(ok, w, float("nan"))
     live = tl.load(slots + s) >= 0
     kk = lg.anchor(lg.arange(0, KP))
     ids_p = (scratch + O_TABLE + T_IDS).to(tl.pointer_type(tl.int32))
