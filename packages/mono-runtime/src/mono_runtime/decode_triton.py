@@ -33,9 +33,10 @@ def bf16_round(x):
 
 @triton.jit
 def tile_pairs(acc, BN: tl.constexpr):
-    """fp32 [BN weight rows, 16 tokens] (a `stream_rows` result) -> int32 [16 tokens,
-    BN / 2] bf16 pairs (rounded): the payload of `push_pairs`."""
-    lo, hi = tl.split(tl.reshape(tl.trans(lg.row_pairs(acc)), (16, BN // 2, 2)))
+    """fp32 [BN weight rows, NT tokens] (a `stream_rows` result: NT 16) -> int32 [NT
+    tokens, BN / 2] bf16 pairs (rounded): the payload of `push_pairs`."""
+    NT: tl.constexpr = acc.shape[1]
+    lo, hi = tl.split(tl.reshape(tl.trans(lg.row_pairs(acc)), (NT, BN // 2, 2)))
     return pt.bf16x2_pack(lo, hi)
 
 
@@ -362,10 +363,10 @@ def stamp_item(stamps, t, t_begin, t_ready, CPU: tl.constexpr):
 
 @triton.jit
 def push_pairs(peers, world, off, row_pairs, q, payload, keep, tag, S: tl.constexpr):
-    """Publish `payload` [16 tokens, Q] at pair `off + token * row_pairs + q` of every
-    rank's peer data (tokens < S, lanes where `keep`: a block that broadcasts against
-    [16, Q], or True)."""
-    t = lg.arange(0, 16)[:, None]
+    """Publish `payload` [NT tokens, Q] (NT 16, or fewer where S allows) at pair `off +
+    token * row_pairs + q` of every rank's peer data (tokens < S, lanes where `keep`: a
+    block that broadcasts against [NT, Q], or True)."""
+    t = lg.arange(0, payload.shape[0])[:, None]
     mask = lg.like((t < S) & keep & (q[None, :] >= 0), payload)  # full shape: Gluon wants it
     for dst in range(world):
         pt.publish_value(

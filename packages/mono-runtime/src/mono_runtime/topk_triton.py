@@ -37,9 +37,10 @@ def sigmoid_topk_row(
     to sum 1 when RENORM, times SCALE; lanes >= K of the result are 0. KP: K rounded up to
     a power of two.
 
-    A pick's score is read back from `src` (a scalar load that nothing waits for until
-    the sums), not taken out of the block by a second CTA reduction: each pick is then one
-    reduction, not two, and K2's one route item at S = 1 spent ~40 us on its 16 picks."""
+    One CTA reduction a pick, in a loop (one copy of its code: unrolled, 16 picks were 16
+    copies run once each, K2's one route item ~40 us at S = 1 on an H100); the picks'
+    scores are read back from `src` in one load after the last pick, not taken out of the
+    block by a second reduction a pick."""
     ex = lg.like(lg.arange(0, logits.shape[0]), logits)
     key = tl.sigmoid(logits) + bias
     key = tl.where((key != key) | (ex >= E), float("-inf"), key)
@@ -51,17 +52,16 @@ def sigmoid_topk_row(
     word = word | (ex ^ (logits.shape[0] - 1)).to(tl.int64)  # (a power of two: the id inverted)
     kk = lg.anchor(lg.arange(0, KP))
     ids = lg.zeros_like(kk, tl.int32)
-    w = lg.zeros_like(kk, tl.float32)
-    wsum = tl.sum(w, 0)
     taken = ex >= E
-    for k in tl.static_range(K):
+    for k in range(K):
         best = tl.max(tl.where(taken, _TAKEN, word), 0)
         pick = (best & 0xFFFFFFFF).to(tl.int32) ^ (logits.shape[0] - 1)
         taken = taken | (ex == pick)
-        sc = tl.sigmoid(tl.load(src + pick * STRIDE, volatile=True))
-        wsum += sc
         ids = tl.where(kk == k, pick, ids)
-        w = tl.where(kk == k, sc, w)
+    live = kk < K
+    w = tl.where(
+        live, tl.sigmoid(tl.load(src + ids * STRIDE, mask=live, other=0.0, volatile=True)), 0.0
+    )
     if RENORM:
-        w = w / wsum
+        w = w / tl.sum(w, 0)
     return ids, w * SCALE
