@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, naps, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, naps, icache, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -728,6 +728,23 @@ if has pubstore; then
     wait
     timed_env publish- 60 MONO_PUBLISH xchg store
 fi
+if has icache; then
+    # Whether a once-run item's code is its latency (stop 47: K2's short items take 2.5-40
+    # us of work for a few KB of data, its sm_90 SASS ~270 KB): the instruction-fetch probe
+    # (straight-line FMAs against a loop, after a launch that evicts them), then K2 as
+    # committed (the route's picks rolled into a loop, dsum in S2 lanes; untimed before)
+    # beside its op-by-op path, and its S = 1 / 16 timelines; K2's GPU tests beside the
+    # compiles. ~420 s on a fresh machine.
+    tests k2 280 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank or tiny" --tb=short &
+    step warm-k2 280 python3 -m mono_kernels_kimi.k2.bench --rows 1,2,4,8,16 --layers 1 &
+    step warm-tl-k2 280 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
+        --timeline "$LOG/warm" &
+    step icache 200 python3 -m mono_runtime.bench_icache &
+    wait
+    step bench-k2 110 $MONO bench k2 --rows 1,2,4,8,16 --out "$LOG/bench"
+    step timeline-k2 110 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
+        --timeline "$LOG/bench"
+fi
 if has tables; then
     # The issues' tables as committed: K2, K1 and the FFN each beside its op-by-op path in
     # the same run, compiled first side by side, then timed one at a time on a quiet GPU,
@@ -924,7 +941,7 @@ for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
     grep -E "^E   " "$LOG/$name.txt" | head -12
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
+for name in icache qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
     tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks tune-rr push publish-xchg publish-store backoff-ns0 backoff-ns100 backoff-ns200 timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue

@@ -1,0 +1,106 @@
+"""What a once-run item's code costs on a GPU: N dependent FMAs a thread as N straight-line
+instructions (a `static_range`, run once, so every instruction comes from a cold
+instruction cache) against the same N in a loop (one body, fetched once), per program.
+
+Why: a persistent kernel's short items (K2's mix, dsum, lred, route) each run once per
+program, and K2's sm_90 build is ~270 KB of SASS; on an H100 those items took 2.5-40 us of
+work for a few KB of data. If straight-line code costs fetch time per KB, an item's code
+size is its latency and rolled loops win; if not, the time is elsewhere.
+
+Run on the GPU machine: `python3 -m mono_runtime.bench_icache` (prints a table: median and
+slowest program, ns, and what the straight code costs over the loop per KB of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+import triton.language as tl
+
+from . import protocol_triton as T
+
+A, B = 1.0000001, 0.5  # x -> x * A + B: no two steps fold into one (fp32, no fast-math)
+_A = tl.constexpr(A)
+_B = tl.constexpr(B)
+
+
+@triton.jit
+def _chain(x0, out, spans, n, N: tl.constexpr, ROLLED: tl.constexpr, CPU: tl.constexpr):
+    """Each thread: N dependent x * A + B steps on its lane, timed by the program's clock;
+    ROLLED: a loop of `n` (= N, a runtime value, so no compiler unrolls it) steps."""
+    pid = tl.program_id(0)
+    lane = tl.arange(0, 128)
+    x = tl.load(x0 + pid * 128 + lane)
+    t0 = T.clock(0, CPU)
+    if ROLLED:
+        for _ in range(n):
+            x = x * _A + _B
+    else:
+        for _ in tl.static_range(N):
+            x = x * _A + _B
+    t1 = T.clock(1, CPU)
+    tl.store(out + pid * 128 + lane, x)
+    tl.store(spans + pid, t1 - t0)
+
+
+def reference(x0: torch.Tensor, n: int) -> torch.Tensor:
+    """The chain in fp32 on the host, step by step (each product rounded, then the sum:
+    a fused FMA may differ in the last bit, so tests compare with a tolerance)."""
+    x = x0.clone()
+    for _ in range(n):
+        x = x * A + B
+    return x
+
+
+def run_chain(n: int, rolled: bool, programs: int, device: str, cpu: bool = False):
+    """(out, spans) of one launch: spans[p] is program p's clock delta (ns on a GPU)."""
+    g = torch.Generator().manual_seed(n)
+    x0 = torch.rand(programs * 128, generator=g).to(device)
+    out = torch.empty_like(x0)
+    spans = torch.zeros(programs, dtype=torch.int64, device=device)
+    _chain[(programs,)](x0, out, spans, n, N=n, ROLLED=rolled, CPU=cpu)
+    return x0, out, spans
+
+
+def _table(sizes: list[int], programs: int, flush: int) -> list[dict]:
+    """Each variant timed right after a launch of `flush` straight-line steps (another
+    binary, ~16 B a step of code), which evicts the timed kernel's code as K2's other
+    stages evict an item's between two layers."""
+    rows = []
+    for n in sizes:
+        row = {"n": n}
+        for rolled in (False, True):
+            run_chain(n, rolled, programs, "cuda")  # compiled, its data warm
+            run_chain(flush, False, programs, "cuda")
+            _, _, spans = run_chain(n, rolled, programs, "cuda")
+            s = spans.float().sort().values
+            key = "loop" if rolled else "straight"
+            row[f"{key}_median_ns"] = float(s[len(s) // 2])
+            row[f"{key}_max_ns"] = float(s[-1])
+        extra = row["straight_median_ns"] - row["loop_median_ns"]
+        row["straight_extra_ns_per_kb"] = extra / (n * 16 / 1024)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="256,1024,4096,8192", help="chain lengths N")
+    ap.add_argument("--programs", type=int, default=264, help="programs a launch (2 an SM)")
+    ap.add_argument("--flush", type=int, default=16384, help="straight steps run in between")
+    a = ap.parse_args()
+    rows = _table([int(v) for v in a.sizes.split(",")], a.programs, a.flush)
+    print(f"{torch.cuda.get_device_name()}: {a.programs} programs, 4 warps each")
+    print("N      straight med/max ns    loop med/max ns    straight extra ns per KB")
+    for r in rows:
+        print(
+            f"{r['n']:<6} {r['straight_median_ns']:>9.0f} / {r['straight_max_ns']:<9.0f} "
+            f"{r['loop_median_ns']:>8.0f} / {r['loop_max_ns']:<8.0f} "
+            f"{r['straight_extra_ns_per_kb']:>10.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
