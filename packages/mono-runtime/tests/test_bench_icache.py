@@ -20,10 +20,13 @@ def sass_child(rank, world, group):
     from mono_runtime.sass import sass_of
 
     types = {"x0": "*fp32", "out": "*fp32", "spans": "*i64", "n": "i32"}
+    from mono_runtime.codesize import by_function
+
     out = {}
     for rolled in (False, True):
-        sass = sass_of(compile_for(B._chain, types, {"N": 64, "ROLLED": rolled, "CPU": False}))
-        out[rolled] = sass.count("FFMA")
+        k = compile_for(B._chain, types, {"N": 64, "ROLLED": rolled, "CPU": False})
+        out[rolled] = sass_of(k).count("FFMA")
+        out[f"ptx{rolled}"] = dict(by_function(k.asm["ptx"], B.__file__))
     return out
 
 
@@ -41,3 +44,13 @@ def test_the_straight_form_is_straight_line_code():
     got = spawn(sass_child, 1, 220, env={"TRITON_INTERPRET": "0"})[0]
     assert got[False] == 64, got
     assert got[True] <= 16, got  # (ptxas unrolls the loop's body a few times)
+
+
+@pytest.mark.timeout(240)
+def test_codesize_puts_the_straight_chain_in_its_function():
+    """`codesize.by_function` on the probe: its 64 FMAs (and more) are `_chain`'s, the loop's
+    far fewer, and no other function of the module has any."""
+    got = spawn(sass_child, 1, 220, env={"TRITON_INTERPRET": "0"})[0]
+    straight, rolled = got["ptxFalse"], got["ptxTrue"]
+    assert straight["_chain"] >= 64 > rolled["_chain"], (straight, rolled)
+    assert set(straight) <= {"_chain", "?"} and set(rolled) <= {"_chain", "?"}
