@@ -55,7 +55,7 @@ def reference(x0: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def run_chain(n: int, rolled: bool, programs: int, device: str, cpu: bool = False):
-    """(out, spans) of one launch: spans[p] is program p's clock delta (ns on a GPU)."""
+    """(x0, out, spans) of one launch: spans[p] is program p's clock delta (ns on a GPU)."""
     g = torch.Generator().manual_seed(n)
     x0 = torch.rand(programs * 128, generator=g).to(device)
     out = torch.empty_like(x0)
@@ -64,16 +64,25 @@ def run_chain(n: int, rolled: bool, programs: int, device: str, cpu: bool = Fals
     return x0, out, spans
 
 
+FLUSH_STEPS = 4096  # a flush binary's straight-line steps (~64 KB of code; Triton takes
+# ~20 s to trace one, and 16384 steps ~260 s)
+
+
+def _flush(binaries: int, programs: int) -> None:
+    """Launch `binaries` distinct straight-line kernels (~64 KB of code each): what K2's
+    other stages do to an item's code between two layers."""
+    for i in range(binaries):
+        run_chain(FLUSH_STEPS - i, False, programs, "cuda")
+
+
 def _table(sizes: list[int], programs: int, flush: int) -> list[dict]:
-    """Each variant timed right after a launch of `flush` straight-line steps (another
-    binary, ~16 B a step of code), which evicts the timed kernel's code as K2's other
-    stages evict an item's between two layers."""
+    """Each variant timed right after `_flush(flush)`."""
     rows = []
     for n in sizes:
         row = {"n": n}
         for rolled in (False, True):
             run_chain(n, rolled, programs, "cuda")  # compiled, its data warm
-            run_chain(flush, False, programs, "cuda")
+            _flush(flush, programs)
             _, _, spans = run_chain(n, rolled, programs, "cuda")
             s = spans.float().sort().values
             key = "loop" if rolled else "straight"
@@ -87,9 +96,9 @@ def _table(sizes: list[int], programs: int, flush: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="256,1024,4096,8192", help="chain lengths N")
+    ap.add_argument("--sizes", default="256,1024,4096", help="chain lengths N")
     ap.add_argument("--programs", type=int, default=264, help="programs a launch (2 an SM)")
-    ap.add_argument("--flush", type=int, default=16384, help="straight steps run in between")
+    ap.add_argument("--flush", type=int, default=4, help="~64 KB binaries run in between")
     a = ap.parse_args()
     rows = _table([int(v) for v in a.sizes.split(",")], a.programs, a.flush)
     print(f"{torch.cuda.get_device_name()}: {a.programs} programs, 4 warps each")
