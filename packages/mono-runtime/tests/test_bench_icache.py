@@ -39,18 +39,12 @@ def test_both_forms_compute_the_chain_under_the_interpreter():
 
 
 @pytest.mark.timeout(240)
-def test_the_straight_form_is_straight_line_code():
-    """One lane a thread: the straight form is the N FMAs themselves, the loop a few."""
+def test_the_straight_form_is_straight_line_code_and_codesize_finds_it():
+    """One lane a thread: the straight form is the N FMAs themselves, the loop a few; and
+    `codesize.by_function` puts them in `_chain`, no other function of the module."""
     got = spawn(sass_child, 1, 220, env={"TRITON_INTERPRET": "0"})[0]
     assert got[False] == 64, got
     assert got[True] <= 16, got  # (ptxas unrolls the loop's body a few times)
-
-
-@pytest.mark.timeout(240)
-def test_codesize_puts_the_straight_chain_in_its_function():
-    """`codesize.by_function` on the probe: its 64 FMAs (and more) are `_chain`'s, the loop's
-    far fewer, and no other function of the module has any."""
-    got = spawn(sass_child, 1, 220, env={"TRITON_INTERPRET": "0"})[0]
     straight, rolled = got["ptxFalse"], got["ptxTrue"]
     assert straight["_chain"] >= 64 > rolled["_chain"], (straight, rolled)
     assert set(straight) <= {"_chain", "?"} and set(rolled) <= {"_chain", "?"}
