@@ -33,8 +33,9 @@ _KIND_ALARM = tl.constexpr(P.KIND_ALARM)
 _KIND_ERA = tl.constexpr(P.KIND_ERA)
 _ALARM_FOLLOWED = tl.constexpr(P.ALARM_FOLLOWED)
 _ALARM_GAVE_UP = tl.constexpr(P.ALARM_GAVE_UP)
-_BACKOFF_NS = tl.constexpr(P.poll_backoff()[0])  # constexpr globals: in the cache key
-_SPIN_NS = tl.constexpr(P.poll_backoff()[1])
+_NAP, _SPIN = P.poll_backoff()  # read once, at import
+_BACKOFF_NS = tl.constexpr(_NAP)  # constexpr globals: in the cache key
+_SPIN_NS = tl.constexpr(_SPIN)
 # (the interpreter exchanges: it runs no inline assembly)
 _STORE_PUBLISH = tl.constexpr(P.publish_way() == "store" and not P.cpu_interpreter())
 
