@@ -734,16 +734,26 @@ if has icache; then
     # (straight-line FMAs against a loop, after a launch that evicts them), then K2 as
     # committed (the route's picks rolled into a loop, dsum in S2 lanes; untimed before)
     # beside its op-by-op path, and its S = 1 / 16 timelines; K2's GPU tests beside the
-    # compiles. ~420 s on a fresh machine.
+    # compiles. Then dsum folded into the down stage (tile dfold), timed and with its
+    # timeline beside the default's. ~480 s on a fresh machine.
+    F=MONO_K2_TILES=dfold=1
     tests k2 280 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank or tiny" --tb=short &
     step warm-k2 280 python3 -m mono_kernels_kimi.k2.bench --rows 1,2,4,8,16 --layers 1 &
     step warm-tl-k2 280 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
         --timeline "$LOG/warm" &
+    step warm-fold 280 env $F python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 &
+    step warm-tl-fold 280 env $F python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
+        --timeline "$LOG/warm" &
     step icache 200 python3 -m mono_runtime.bench_icache &
     wait
     step bench-k2 110 $MONO bench k2 --rows 1,2,4,8,16 --out "$LOG/bench"
+    step fold 60 env $F python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 --no-baseline
+    step default 60 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 --no-baseline
     step timeline-k2 110 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
         --timeline "$LOG/bench"
+    mkdir -p "$LOG/fold"
+    step timeline-fold 110 env $F python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
+        --timeline "$LOG/fold"
 fi
 if has tables; then
     # The issues' tables as committed: K2, K1 and the FFN each beside its op-by-op path in

@@ -10,7 +10,7 @@ from mono_runtime import bench_icache as B
 def chains_child(rank, world, group):
     out = {}
     for rolled in (False, True):
-        x0, y, spans = B.run_chain(8, rolled, 2, "cpu", cpu=True)
+        x0, y, spans = B.run_chain(8, rolled, 2, "cpu", cpu=True, ilp=2)
         out[rolled] = (torch.allclose(y, B.reference(x0, 8), rtol=1e-6), spans.tolist())
     return out
 
@@ -24,7 +24,7 @@ def sass_child(rank, world, group):
 
     out = {}
     for rolled in (False, True):
-        k = compile_for(B._chain, types, {"N": 64, "ROLLED": rolled, "CPU": False})
+        k = compile_for(B._chain, types, {"N": 32, "ILP": 2, "ROLLED": rolled, "CPU": False})
         out[rolled] = sass_of(k).count("FFMA")
         out[f"ptx{rolled}"] = dict(by_function(k.asm["ptx"], B.__file__))
     return out
@@ -40,7 +40,7 @@ def test_both_forms_compute_the_chain_under_the_interpreter():
 
 @pytest.mark.timeout(240)
 def test_the_straight_form_is_straight_line_code_and_codesize_finds_it():
-    """One lane a thread: the straight form is the N FMAs themselves, the loop a few; and
+    """Two lanes a thread: the straight form is the N x 2 FMAs themselves, the loop a few; and
     `codesize.by_function` puts them in `_chain`, no other function of the module."""
     got = spawn(sass_child, 1, 220, env={"TRITON_INTERPRET": "0"})[0]
     assert got[False] == 64, got

@@ -1,6 +1,8 @@
-"""What a once-run item's code costs on a GPU: N dependent FMAs a thread as N straight-line
-instructions (a `static_range`, run once, so every instruction comes from a cold
-instruction cache) against the same N in a loop (one body, fetched once), per program.
+"""What a once-run item's code costs on a GPU: N steps of ILP independent FMA chains a
+thread as N x ILP straight-line instructions (a `static_range`, run once, so every
+instruction comes from a cold instruction cache) against the same steps in a loop (one
+body, fetched once), per program. ILP 1 is latency-bound (4 cycles a step leave the fetch
+time to run ahead); ILP 8 asks for an instruction every cycle, so there a cold fetch shows.
 
 Why: a persistent kernel's short items (K2's mix, dsum, lred, route) each run once per
 program, and K2's sm_90 build is ~270 KB of SASS; on an H100 those items took 2.5-40 us of
@@ -27,12 +29,15 @@ _B = tl.constexpr(B)
 
 
 @triton.jit
-def _chain(x0, out, spans, n, N: tl.constexpr, ROLLED: tl.constexpr, CPU: tl.constexpr):
-    """Each thread: N dependent x * A + B steps on its lane, timed by the program's clock;
-    ROLLED: a loop of `n` (= N, a runtime value, so no compiler unrolls it) steps."""
+def _chain(
+    x0, out, spans, n, N: tl.constexpr, ILP: tl.constexpr, ROLLED: tl.constexpr, CPU: tl.constexpr
+):
+    """Each thread: N steps x -> x * A + B on each of its ILP lanes (independent chains),
+    timed by the program's clock; ROLLED: a loop of `n` (= N, a runtime value, so no
+    compiler unrolls it) steps."""
     pid = tl.program_id(0)
-    lane = tl.arange(0, 128)
-    x = tl.load(x0 + pid * 128 + lane)
+    lane = tl.arange(0, 128)[:, None] * ILP + tl.arange(0, ILP)[None, :]
+    x = tl.load(x0 + pid * 128 * ILP + lane)
     t0 = T.clock(0, CPU)
     if ROLLED:
         for _ in range(n):
@@ -41,7 +46,7 @@ def _chain(x0, out, spans, n, N: tl.constexpr, ROLLED: tl.constexpr, CPU: tl.con
         for _ in tl.static_range(N):
             x = x * _A + _B
     t1 = T.clock(1, CPU)
-    tl.store(out + pid * 128 + lane, x)
+    tl.store(out + pid * 128 * ILP + lane, x)
     tl.store(spans + pid, t1 - t0)
 
 
@@ -54,13 +59,15 @@ def reference(x0: torch.Tensor, n: int) -> torch.Tensor:
     return x
 
 
-def run_chain(n: int, rolled: bool, programs: int, device: str, cpu: bool = False):
+def run_chain(
+    n: int, rolled: bool, programs: int, device: str, cpu: bool = False, ilp: int = 1
+):
     """(x0, out, spans) of one launch: spans[p] is program p's clock delta (ns on a GPU)."""
     g = torch.Generator().manual_seed(n)
-    x0 = torch.rand(programs * 128, generator=g).to(device)
+    x0 = torch.rand(programs * 128 * ilp, generator=g).to(device)
     out = torch.empty_like(x0)
     spans = torch.zeros(programs, dtype=torch.int64, device=device)
-    _chain[(programs,)](x0, out, spans, n, N=n, ROLLED=rolled, CPU=cpu)
+    _chain[(programs,)](x0, out, spans, n, N=n, ILP=ilp, ROLLED=rolled, CPU=cpu)
     return x0, out, spans
 
 
@@ -75,37 +82,42 @@ def _flush(binaries: int, programs: int) -> None:
         run_chain(FLUSH_STEPS - i, False, programs, "cuda")
 
 
-def _table(sizes: list[int], programs: int, flush: int) -> list[dict]:
-    """Each variant timed right after `_flush(flush)`."""
+def _table(shapes: list[tuple[int, int]], programs: int, flush: int) -> list[dict]:
+    """Each (N, ILP) in both forms, timed right after `_flush(flush)`."""
     rows = []
-    for n in sizes:
-        row = {"n": n}
+    for n, ilp in shapes:
+        row = {"n": n, "ilp": ilp}
         for rolled in (False, True):
-            run_chain(n, rolled, programs, "cuda")  # compiled, its data warm
+            run_chain(n, rolled, programs, "cuda", ilp=ilp)  # compiled, its data warm
             _flush(flush, programs)
-            _, _, spans = run_chain(n, rolled, programs, "cuda")
+            _, _, spans = run_chain(n, rolled, programs, "cuda", ilp=ilp)
             s = spans.float().sort().values
             key = "loop" if rolled else "straight"
             row[f"{key}_median_ns"] = float(s[len(s) // 2])
             row[f"{key}_max_ns"] = float(s[-1])
         extra = row["straight_median_ns"] - row["loop_median_ns"]
-        row["straight_extra_ns_per_kb"] = extra / (n * 16 / 1024)
+        row["straight_extra_ns_per_kb"] = extra / (n * ilp * 16 / 1024)
         rows.append(row)
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="256,1024,4096", help="chain lengths N")
+    ap.add_argument(
+        "--shapes",
+        default="256x1,1024x1,4096x1,64x8,256x8,512x8",
+        help="N x ILP: steps, and independent chains a thread (code: N x ILP FMAs)",
+    )
     ap.add_argument("--programs", type=int, default=264, help="programs a launch (2 an SM)")
     ap.add_argument("--flush", type=int, default=4, help="~64 KB binaries run in between")
     a = ap.parse_args()
-    rows = _table([int(v) for v in a.sizes.split(",")], a.programs, a.flush)
+    shapes = [tuple(int(x) for x in v.split("x")) for v in a.shapes.split(",")]
+    rows = _table(shapes, a.programs, a.flush)
     print(f"{torch.cuda.get_device_name()}: {a.programs} programs, 4 warps each")
-    print("N      straight med/max ns    loop med/max ns    straight extra ns per KB")
+    print("N x ILP   straight med/max ns    loop med/max ns    straight extra ns per KB")
     for r in rows:
         print(
-            f"{r['n']:<6} {r['straight_median_ns']:>9.0f} / {r['straight_max_ns']:<9.0f} "
+            f"{r['n']:>4} x {r['ilp']:<3} {r['straight_median_ns']:>9.0f} / {r['straight_max_ns']:<9.0f} "
             f"{r['loop_median_ns']:>8.0f} / {r['loop_max_ns']:<8.0f} "
             f"{r['straight_extra_ns_per_kb']:>10.1f}"
         )
