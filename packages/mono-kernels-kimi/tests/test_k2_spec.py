@@ -72,8 +72,24 @@ def test_counts_of_a_tiny_tp2_width_3():
     b = K2Build(KimiK3Config.tiny(2), 3)
     assert b.max_slots == 12  # 3 rows x 4 picks of 16 experts
     assert dict(stages(b)) == dict(
-        oproj=2, col=6, mix=6, norm=6, router=2, latdown=2, shup=4, shdown=2, gather=3, route=3,
-        union=1, up=24, down=4, dsum=0, lred=3, upproj=2, final=6, handshake=1,
+        oproj=2,
+        col=6,
+        mix=6,
+        norm=6,
+        router=2,
+        latdown=2,
+        shup=4,
+        shdown=2,
+        gather=3,
+        route=3,
+        union=1,
+        up=24,
+        down=4,
+        dsum=0,
+        lred=3,
+        upproj=2,
+        final=6,
+        handshake=1,
     )  # fmt: skip  (tiny builds fold dsum into the down stage)
 
 

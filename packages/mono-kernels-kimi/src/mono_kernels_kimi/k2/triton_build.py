@@ -469,7 +469,7 @@ def _k2_body(
                     )
                     pt.ticket_finish(done, t, tag)
             elif t < T_UNION:
-                _route(
+                ready = _route(
                     t - T_ROUTE,
                     bias,
                     slots,
@@ -493,7 +493,10 @@ def _k2_body(
                     RSF,
                     RENORM,
                     CPU,
+                    TL,
                 )
+                if TL:
+                    t_ready = ready
                 pt.ticket_finish(done, t, tag)
             elif t < T_LATDOWN:
                 dt.wait_items(
@@ -670,7 +673,7 @@ def _k2_body(
                     t - T_DSUM, scratch, peers, rank, world, tag, S, S2, LAT, NG, DC, O_DPART, P_RL
                 )
             elif t < T_UPPROJ:
-                _lred(
+                ready = _lred(
                     t - T_LRED,
                     latent_norm,
                     scratch,
@@ -689,7 +692,10 @@ def _k2_body(
                     EPS,
                     LNORM,
                     CPU,
+                    TL,
                 )
+                if TL:
+                    t_ready = ready
                 pt.ticket_finish(done, t, tag)
             elif t < T_FINAL:
                 ready = _upproj(
@@ -1238,13 +1244,15 @@ def _route(
     RSF: tl.constexpr,
     RENORM: tl.constexpr,
     CPU: tl.constexpr,
+    TL: tl.constexpr,
 ):
     """Row s: top-k of the gathered fp32 logits (mono_runtime.routing's rule) -> topk_ids,
-    topk_w (-1 and 0 on a padding row)."""
+    topk_w (-1 and 0 on a padding row). Returns the timeline's ready clock (logits in)."""
     e = lg.anchor(lg.arange(0, E2))
     b = tl.load(bias + e, mask=e < E, other=0.0)
     row = me + P_LG // 8 + s * E
     v, ok = pt.poll(row + e, e < E, tag, ctl, health, peers, rank, world, R_LG, s * E, CPU)
+    ready = dt.ready_clock(TL, CPU)
     logits = tl.where(ok, v.to(tl.float32, bitcast=True), float("nan"))
     # the picks' scores read back from the pair words' payload halves (little-endian)
     ids, w = sigmoid_topk_row(
@@ -1257,6 +1265,7 @@ def _route(
     topw_p = (scratch + O_TABLE + T_TOPW).to(tl.pointer_type(tl.float32))
     tl.store(ids_p + s * K + kk, tl.where(live, ids, -1), mask=kk < K)
     tl.store(topw_p + s * K + kk, tl.where(live, w, 0.0), mask=kk < K)
+    return ready
 
 
 @triton.jit
@@ -1526,9 +1535,11 @@ def _lred(
     EPS: tl.constexpr,
     LNORM: tl.constexpr,
     CPU: tl.constexpr,
+    TL: tl.constexpr,
 ):
     """Row s: the ranks' routed partials in rank order -> bf16 -> routed_expert_norm
-    (normalized in fp32, rounded, times the bf16 weight, rounded) -> nlat."""
+    (normalized in fp32, rounded, times the bf16 weight, rounded) -> nlat. Returns the
+    timeline's ready clock (the partials in)."""
     i = lg.anchor(lg.arange(0, LP2))
     m = i < LAT // 2
     if LNORM:  # the weights before the wait: one HBM latency off the chain
@@ -1537,6 +1548,7 @@ def _lred(
     lo, hi, ok = dt.reduce_row(
         me, P_RL // 8, s, i, 0, m, LAT // 2, tag, ctl, health, peers, rank, world, R_RL, CPU
     )
+    ready = dt.ready_clock(TL, CPU)
     vl = tl.where(ok, dt.bf16_round(lo), float("nan"))
     vh = tl.where(ok, dt.bf16_round(hi), float("nan"))
     if LNORM:
@@ -1546,6 +1558,7 @@ def _lred(
         vh = dt.bf16_round(vh * rstd) * wh
     nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.int32))
     tl.store(nlat + s * (LAT // 2) + i, pt.bf16x2_pack(vl, vh), mask=m)
+    return ready
 
 
 @triton.jit
