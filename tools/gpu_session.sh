@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, naps, icache, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, naps, icache, l2fill, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -729,31 +729,44 @@ if has pubstore; then
     timed_env publish- 60 MONO_PUBLISH xchg store
 fi
 if has icache; then
-    # Whether a once-run item's code is its latency (stop 47: K2's short items take 2.5-40
-    # us of work for a few KB of data, its sm_90 SASS ~270 KB): the instruction-fetch probe
-    # (straight-line FMAs against a loop, after a launch that evicts them), then K2 as
-    # committed (the route's picks rolled into a loop, dsum in S2 lanes; untimed before)
-    # beside its op-by-op path, and its S = 1 / 16 timelines; K2's GPU tests beside the
-    # compiles. Then dsum folded into the down stage (tile dfold), timed and with its
-    # timeline beside the default's. ~480 s on a fresh machine.
-    F=MONO_K2_TILES=dfold=1
+    # Whether a once-run item's code is its latency: the instruction-fetch probe
+    # (straight-line FMAs against a loop, after binaries that evict them from the SM's
+    # caches, then also after a read that sweeps the L2), K2 beside its op-by-op path and
+    # its S = 1 / 16 timelines; K2's GPU tests beside the compiles. Stop 48 (H100): no cost
+    # with the code still in L2; dsum folded into the down stage (tile dfold, since
+    # removed) was slower: 150.8 / 408.2 us at S = 1 / 16 against 148.5 / 387.7.
+    # ~420 s on a fresh machine.
     tests k2 280 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank or tiny" --tb=short &
     step warm-k2 280 python3 -m mono_kernels_kimi.k2.bench --rows 1,2,4,8,16 --layers 1 &
     step warm-tl-k2 280 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
         --timeline "$LOG/warm" &
-    step warm-fold 280 env $F python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 &
-    step warm-tl-fold 280 env $F python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
-        --timeline "$LOG/warm" &
     step icache 200 python3 -m mono_runtime.bench_icache &
     wait
+    step icache-l2 100 python3 -m mono_runtime.bench_icache --l2-mb 400
     step bench-k2 110 $MONO bench k2 --rows 1,2,4,8,16 --out "$LOG/bench"
-    step fold 60 env $F python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 --no-baseline
-    step default 60 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 --no-baseline
     step timeline-k2 110 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
         --timeline "$LOG/bench"
-    mkdir -p "$LOG/fold"
-    step timeline-fold 110 env $F python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
-        --timeline "$LOG/fold"
+fi
+if has l2fill; then
+    # The L2 filled while HBM idles (stop 48's S = 1 timeline: HBM idle 10-25 us while
+    # col / mix / norm hand off, 100-119 us while dsum / lred do): the first K columns of
+    # upproj's rows (upf) and of router / latdown / shup parts (xpf, of 1792) asked of L2
+    # early, in sizes that fit the 50 MB L2 (stop 47's 256 / 512 were within noise; whole
+    # rows, 51 MB + ~64 MB, lost). Then the instruction-fetch probe with the L2 swept.
+    # ~400 s when fresh.
+    V=("" "MONO_K2_TILES=upf=1024" "MONO_K2_TILES=upf=1792" "MONO_K2_TILES=upf=2560"
+        "MONO_K2_TILES=xpf=448" "MONO_K2_TILES=xpf=896" "MONO_K2_TILES=xpf=448,upf=1792")
+    for v in "${V[@]}"; do
+        step "warm-k2-${v//[=:,]/_}" 260 env $v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 1 --no-baseline &
+    done
+    wait
+    for v in "${V[@]}"; do
+        step "k2-${v//[=:,]/_}" 40 env $v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 4 --no-baseline
+    done
+    step icache-l2 100 python3 -m mono_runtime.bench_icache \
+        --shapes 256x1,1024x1,64x8,256x8,512x8 --l2-mb 400
 fi
 if has tables; then
     # The issues' tables as committed: K2, K1 and the FFN each beside its op-by-op path in
@@ -951,7 +964,7 @@ for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
     grep -E "^E   " "$LOG/$name.txt" | head -12
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in icache qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
+for name in icache icache-l2 qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
     tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks tune-rr push publish-xchg publish-store backoff-ns0 backoff-ns100 backoff-ns200 timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue

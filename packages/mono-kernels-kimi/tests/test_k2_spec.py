@@ -72,25 +72,9 @@ def test_counts_of_a_tiny_tp2_width_3():
     b = K2Build(KimiK3Config.tiny(2), 3)
     assert b.max_slots == 12  # 3 rows x 4 picks of 16 experts
     assert dict(stages(b)) == dict(
-        oproj=2,
-        col=6,
-        mix=6,
-        norm=6,
-        router=2,
-        latdown=2,
-        shup=4,
-        shdown=2,
-        gather=3,
-        route=3,
-        union=1,
-        up=24,
-        down=4,
-        dsum=0,
-        lred=3,
-        upproj=2,
-        final=6,
-        handshake=1,
-    )  # fmt: skip  (tiny builds fold dsum into the down stage)
+        oproj=2, col=6, mix=6, norm=6, router=2, latdown=2, shup=4, shdown=2, gather=3, route=3,
+        union=1, up=24, down=4, dsum=2, lred=3, upproj=2, final=6, handshake=1,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("b", BUILDS, ids=_ids)
@@ -150,14 +134,7 @@ def test_tile_overrides_are_checked(monkeypatch):
     p = K2Build(real, 1).plan
     assert (p.sb, p.nsu, p.uc, p.oc, p.dks, p.bn, p.nc) == (64, 12, 64, 128, 2, 128, 3)
     assert K2Build(KimiK3Config.tiny(1), 1).plan.occ == 1
-    monkeypatch.setenv(TILES_ENV, "dfold=1")  # no dsum items, a counter per down block
-    folded = K2Build(real, 1)
-    assert dict(stages(folded))["dsum"] == 0 and folded.plan.nd == 28
-    monkeypatch.delenv(TILES_ENV)
-    counts = (scratch_layout(folded)["count"][1], scratch_layout(K2Build(real, 1))["count"][1])
-    assert counts[0] - counts[1] == 4 * 28
-    bad_tiles = ("obk=96", "sdk=8", "occ=3", "stages=0", "nope=1", "obk=x", "sb=24", "dks=3")
-    for bad in bad_tiles + ("dfold=2",):
+    for bad in ("obk=96", "sdk=8", "occ=3", "stages=0", "nope=1", "obk=x", "sb=24", "dks=3"):
         monkeypatch.setenv(TILES_ENV, bad)
         with pytest.raises(ValueError, match="K2 tiles|MONO_K2_TILES"):
             _ = K2Build(real, 1).plan

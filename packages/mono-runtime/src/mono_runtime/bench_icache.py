@@ -59,9 +59,7 @@ def reference(x0: torch.Tensor, n: int) -> torch.Tensor:
     return x
 
 
-def run_chain(
-    n: int, rolled: bool, programs: int, device: str, cpu: bool = False, ilp: int = 1
-):
+def run_chain(n: int, rolled: bool, programs: int, device: str, cpu: bool = False, ilp: int = 1):
     """(x0, out, spans) of one launch: spans[p] is program p's clock delta (ns on a GPU)."""
     g = torch.Generator().manual_seed(n)
     x0 = torch.rand(programs * 128 * ilp, generator=g).to(device)
@@ -82,14 +80,19 @@ def _flush(binaries: int, programs: int) -> None:
         run_chain(FLUSH_STEPS - i, False, programs, "cuda")
 
 
-def _table(shapes: list[tuple[int, int]], programs: int, flush: int) -> list[dict]:
-    """Each (N, ILP) in both forms, timed right after `_flush(flush)`."""
+def _table(shapes: list[tuple[int, int]], programs: int, flush: int, l2_mb: int) -> list[dict]:
+    """Each (N, ILP) in both forms, timed right after `_flush(flush)` and, with `l2_mb`,
+    after reading that many MB: the code then comes from HBM, as a persistent kernel's
+    does once its weight streams have swept the L2."""
+    sweep = torch.empty(l2_mb << 18, device="cuda") if l2_mb else None
     rows = []
     for n, ilp in shapes:
         row = {"n": n, "ilp": ilp}
         for rolled in (False, True):
             run_chain(n, rolled, programs, "cuda", ilp=ilp)  # compiled, its data warm
             _flush(flush, programs)
+            if sweep is not None:
+                sweep.sum()
             _, _, spans = run_chain(n, rolled, programs, "cuda", ilp=ilp)
             s = spans.float().sort().values
             key = "loop" if rolled else "straight"
@@ -110,14 +113,20 @@ def main() -> None:
     )
     ap.add_argument("--programs", type=int, default=264, help="programs a launch (2 an SM)")
     ap.add_argument("--flush", type=int, default=4, help="~64 KB binaries run in between")
+    ap.add_argument("--l2-mb", type=int, default=0, help="then MB read to sweep the L2")
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in v.split("x")) for v in a.shapes.split(",")]
-    rows = _table(shapes, a.programs, a.flush)
-    print(f"{torch.cuda.get_device_name()}: {a.programs} programs, 4 warps each")
+    rows = _table(shapes, a.programs, a.flush, a.l2_mb)
+    sweep = f", {a.l2_mb} MB read after them" if a.l2_mb else ""
+    print(
+        f"{torch.cuda.get_device_name()}: {a.programs} programs, 4 warps each; "
+        f"{a.flush} binaries{sweep}"
+    )
     print("N x ILP   straight med/max ns    loop med/max ns    straight extra ns per KB")
     for r in rows:
         print(
-            f"{r['n']:>4} x {r['ilp']:<3} {r['straight_median_ns']:>9.0f} / {r['straight_max_ns']:<9.0f} "
+            f"{r['n']:>4} x {r['ilp']:<3} "
+            f"{r['straight_median_ns']:>9.0f} / {r['straight_max_ns']:<9.0f} "
             f"{r['loop_median_ns']:>8.0f} / {r['loop_max_ns']:<8.0f} "
             f"{r['straight_extra_ns_per_kb']:>10.1f}"
         )

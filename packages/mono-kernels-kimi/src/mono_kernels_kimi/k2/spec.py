@@ -38,8 +38,7 @@ residency and under the interpreter, where programs run one after another:
     down     ND x NG DC latent columns over slot group q (slots in order, weights applied,
                      fp32) -> `dpart[d, q]`: many slots make long items, few slots many
     dsum     ND      the groups of column block d summed in group order, rounded once ->
-                     every rank's `rl` (no items with tile `dfold`: the down item that
-                     finishes a block's last group sums and pushes it)
+                     every rank's `rl`
     lred     S       row s: the ranks' routed partials in rank order -> bf16 -> RMSNorm ->
                      `nlat` (bf16)
     upproj   NU      UC of this rank's H/tp up_proj rows (K = LAT) -> bf16 -> every rank's `upo`
@@ -206,7 +205,6 @@ class Plan:
     ring: int  # 1: gate and up rows of up and shup items in one ring (the Gluon build)
     upf: int  # K columns of an upproj item's rows asked of L2 before it waits for lred
     xpf: int  # K columns of a router, latdown or shup item's part asked of L2 before x is in
-    dfold: int  # 1: no dsum items; the down item that finishes a column block sums it
 
     @classmethod
     def of(cls, b: K2Build) -> Plan:
@@ -268,11 +266,6 @@ class Plan:
             # builds prefetch 16, so that the compile tests build the prefetches
             upf=0 if big else 16,
             xpf=0 if big else 16,
-            # dsum folded into the down stage (the last of a block's groups to finish sums
-            # them, as a split K): one hand-off less on the chain to the latent norm. An
-            # H100 timeline (stop 47, S = 1) had the dsum items end 11 us after the last
-            # down item for 64 KB of sums. Tiny builds fold, so that the interpreter runs it
-            dfold=0 if big else 1,
         )
         if big:  # a real-shape build's, for tuning
             t = tile_overrides(TILES_ENV, t)
@@ -283,7 +276,6 @@ class Plan:
         check_tile("K2", "occ", t["occ"], least=1, most=2)
         check_tile("K2", "upair", t["upair"], least=1, most=2, pow2=False)
         check_tile("K2", "ring", t["ring"], least=0, most=1, pow2=False)
-        check_tile("K2", "dfold", t["dfold"], least=0, most=1, pow2=False)
         for name, k in (("upf", lat), ("xpf", h // t["dks"])):
             if t[name]:
                 check_tile("K2", name, t[name], most=k)
@@ -327,7 +319,6 @@ class Plan:
             ring=t["ring"],
             upf=t["upf"],
             xpf=t["xpf"],
-            dfold=t["dfold"],
         )
 
 
@@ -370,7 +361,7 @@ def stages(b: K2Build, final: bool = True) -> list[tuple[str, int]]:
         gather=s,
         up=b.max_slots * p.nc,
         down=p.nd * p.ng,
-        dsum=0 if p.dfold else p.nd,
+        dsum=p.nd,
         lred=s,
         upproj=p.nu,
         final=s * p.nf,
@@ -427,8 +418,7 @@ def waits(b: K2Build, nslots: int) -> dict[int, list[int]]:
         for q in range(p.ng):
             j0, j1 = group_slots(b, nslots, q)
             out[st["down"] + d * p.ng + q] = span("union") + span("up", j0 * p.nc, (j1 - j0) * p.nc)
-        if not p.dfold:
-            out[st["dsum"] + d] = span("down", d * p.ng, p.ng)
+        out[st["dsum"] + d] = span("down", d * p.ng, p.ng)
     for t in span("upproj"):
         out[t] = span("lred")
     out[st["handshake"]] = span("final")
@@ -472,8 +462,8 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
     table  the route: int32 nslots, int32 slot_expert[MAXSLOTS], fp32 wtab[MAXSLOTS, S],
            int32 topk_ids[S, K], fp32 topk_w[S, K], int32 pos[E] (the union's scratch)
     mid    bf16[MAXSLOTS, S, RI]  the routed experts' SiTU outputs, by slot
-    count  int32[NR + NL + NSU (+ ND with dfold)]  K parts finished per row block of router,
-           latdown, shup (groups per down column block); the last resets it
+    count  int32[NR + NL + NSU]  K parts finished per row block of router, latdown, shup
+           (the last resets it)
     kpart  fp32 their parts: [NR, DKS, 16, S], [NL, DKS, LB, S], then [NSU, DKS, 2 SB, S]
     dpart  fp32[ND, NG, DC, S]  the down groups' partials
     nlat   bf16[S, LAT] the normed latent the up-projection reads
@@ -495,7 +485,7 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
             ("xlat", 2 * s * lat),
             ("table", sum(table_sizes(b).values())),
             ("mid", 2 * b.max_slots * s * c.routed_intermediate),
-            ("count", 4 * (p.nr + p.nl + p.nsu + p.dfold * p.nd)),
+            ("count", 4 * (p.nr + p.nl + p.nsu)),
             ("kpart", 4 * p.dks * s * (16 * p.nr + p.lb * p.nl + 2 * p.sb * p.nsu)),
             ("dpart", 4 * b.plan.nd * b.plan.ng * b.plan.dc * s),
             ("nlat", 2 * s * lat),

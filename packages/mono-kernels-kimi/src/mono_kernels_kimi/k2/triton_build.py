@@ -140,8 +140,6 @@ def _k2_body(
     RING: tl.constexpr,
     UPF: tl.constexpr,
     XPF: tl.constexpr,
-    DFOLD: tl.constexpr,
-    O_DCOUNT: tl.constexpr,
     S2: tl.constexpr,
     NS2: tl.constexpr,
     NCH2: tl.constexpr,
@@ -641,9 +639,6 @@ def _k2_body(
                     T_WTAB,
                     O_MID,
                     O_DPART,
-                    DFOLD,
-                    O_DCOUNT,
-                    P_RL,
                     R_ITEMS,
                     CPU,
                     ASM,
@@ -1407,9 +1402,6 @@ def _down(
     T_WTAB: tl.constexpr,
     O_MID: tl.constexpr,
     O_DPART: tl.constexpr,
-    DFOLD: tl.constexpr,
-    O_DCOUNT: tl.constexpr,
-    P_RL: tl.constexpr,
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
@@ -1417,10 +1409,9 @@ def _down(
 ):
     """Latent columns [d DC, (d + 1) DC) of this rank's routed partial over the slots of
     group q in order (ascending expert id), each as soon as its up items are done (its
-    weights asked of L2 first), weighted by wtab, in fp32 -> dpart[d, q]; DFOLD: the item
-    that finishes block d's last group also does its dsum. Returns the timeline's ready
-    clock, after the wait for the route (the waits for each slot's up items, between its
-    streams, count as its work)."""
+    weights asked of L2 first), weighted by wtab, in fp32 -> dpart[d, q]. Returns the
+    timeline's ready clock, after the wait for the route (the waits for each slot's up
+    items, between its streams, count as its work)."""
     ok = dt.wait_items(done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
     ready = dt.ready_clock(TL, CPU)
     nslots = _slot_count(scratch, O_TABLE, MAXSLOTS)
@@ -1443,47 +1434,10 @@ def _down(
         )
         acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
     acc = tl.where(ok, acc, float("nan"))
+    n = lg.arange(0, DC)
     dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
-    if DFOLD:
-        cnt = (scratch + O_DCOUNT).to(tl.pointer_type(tl.int32)) + d
-        last, total = dt.split_k(acc, dpart + d * (NG * DC * S), cnt, q, NG, DC, S)
-        if last:
-            _push_rl(d, total, peers, rank, world, tag, S, LAT, DC, P_RL)
-    else:
-        n = lg.arange(0, DC)
-        tl.store(
-            dpart + ((d * NG + q) * DC + n[:, None]) * S + t[None, :], acc, mask=t[None, :] < S
-        )
+    tl.store(dpart + ((d * NG + q) * DC + n[:, None]) * S + t[None, :], acc, mask=t[None, :] < S)
     return ready
-
-
-@triton.jit
-def _push_rl(
-    d,
-    acc,
-    peers,
-    rank,
-    world,
-    tag,
-    S: tl.constexpr,
-    LAT: tl.constexpr,
-    DC: tl.constexpr,
-    P_RL: tl.constexpr,
-):
-    """Column block d of this rank's routed partial (fp32 [DC, tokens]), rounded once ->
-    every rank's rl[this rank]."""
-    q = d * (DC // 2) + lg.arange(0, DC // 2)
-    dt.push_pairs(
-        peers,
-        world,
-        P_RL // 8 + rank * 16 * (LAT // 2),
-        LAT // 2,
-        q,
-        dt.tile_pairs(acc, DC),
-        True,
-        tag,
-        S,
-    )
 
 
 @triton.jit
@@ -1512,7 +1466,18 @@ def _dsum(
     acc = dt.sum_parts(
         lg.anchor(dpart + (d * NG * DC + n[:, None]) * S + t[None, :]), NG, DC * S, t[None, :] < S
     )
-    _push_rl(d, acc, peers, rank, world, tag, S, LAT, DC, P_RL)
+    q = d * (DC // 2) + lg.arange(0, DC // 2)
+    dt.push_pairs(
+        peers,
+        world,
+        P_RL // 8 + rank * 16 * (LAT // 2),
+        LAT // 2,
+        q,
+        dt.tile_pairs(acc, DC),
+        True,
+        tag,
+        S,
+    )
 
 
 @triton.jit
@@ -1721,8 +1686,6 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         RING=bool(p.ring),
         UPF=p.upf,
         XPF=p.xpf,
-        DFOLD=bool(p.dfold),
-        O_DCOUNT=sl["count"][0] + 4 * (p.nr + p.nl + p.nsu),
         S2=p2(b.rows),
         NS2=p2(c.num_attn_res_blocks + 1),
         NCH2=p2(p.nch),
