@@ -752,18 +752,22 @@ if has l2fill; then
     # col / mix / norm hand off, 100-119 us while dsum / lred do): the first K columns of
     # upproj's rows (upf) and of router / latdown / shup parts (xpf, of 1792) asked of L2
     # early, in sizes that fit the 50 MB L2 (stop 47's 256 / 512 were within noise; whole
-    # rows, 51 MB + ~64 MB, lost). Then the instruction-fetch probe with the L2 swept.
-    # ~400 s when fresh.
-    V=("" "MONO_K2_TILES=upf=1024" "MONO_K2_TILES=upf=1792" "MONO_K2_TILES=upf=2560"
-        "MONO_K2_TILES=xpf=448" "MONO_K2_TILES=xpf=896" "MONO_K2_TILES=xpf=448,upf=1792")
+    # rows, 51 MB + ~64 MB, lost). Beside them a down item's slots in one ring (dring),
+    # timed at every width and checked at full shapes. Then the instruction-fetch probe
+    # with the L2 swept. ~450 s when fresh.
+    V=("" "MONO_K2_TILES=dring=1" "MONO_K2_TILES=upf=1792" "MONO_K2_TILES=upf=2560"
+        "MONO_K2_TILES=xpf=448" "MONO_K2_TILES=xpf=896")
+    rows() { [[ -z $1 || $1 == *dring* ]] && echo 1,2,4,8,16 || echo 1,16; }
     for v in "${V[@]}"; do
         step "warm-k2-${v//[=:,]/_}" 260 env $v python3 -m mono_kernels_kimi.k2.bench \
-            --rows 1,16 --layers 1 --no-baseline &
+            --rows "$(rows "$v")" --layers 1 --no-baseline &
     done
+    MONO_K2_TILES=dring=1 tests k2 260 $P/mono-kernels-kimi/tests/test_k2_gpu.py \
+        -k "full_rank and gluon" --tb=short &
     wait
     for v in "${V[@]}"; do
         step "k2-${v//[=:,]/_}" 40 env $v python3 -m mono_kernels_kimi.k2.bench \
-            --rows 1,16 --layers 4 --no-baseline
+            --rows "$(rows "$v")" --layers 4 --no-baseline
     done
     step icache-l2 100 python3 -m mono_runtime.bench_icache \
         --shapes 256x1,1024x1,64x8,256x8,512x8 --l2-mb 400

@@ -205,6 +205,7 @@ class Plan:
     ring: int  # 1: gate and up rows of up and shup items in one ring (the Gluon build)
     upf: int  # K columns of an upproj item's rows asked of L2 before it waits for lred
     xpf: int  # K columns of a router, latdown or shup item's part asked of L2 before x is in
+    dring: int  # 1: a down item streams its group's slots in one ring (Gluon build)
 
     @classmethod
     def of(cls, b: K2Build) -> Plan:
@@ -266,6 +267,12 @@ class Plan:
             # builds prefetch 16, so that the compile tests build the prefetches
             upf=0 if big else 16,
             xpf=0 if big else 16,
+            # a down item's slots in one ring (`frag_stream_experts`, the Gluon build's
+            # MXFP4) after one wait for all their up items, as the FFN's: a slot is a
+            # stream of only RI / dbk = 2 K steps, so one stream a slot drains and refills
+            # its ring each time (H100, stop 48, S = 16: 224 down items of ~25 slots took
+            # 120 us for ~90 MB)
+            dring=0,
         )
         if big:  # a real-shape build's, for tuning
             t = tile_overrides(TILES_ENV, t)
@@ -276,6 +283,7 @@ class Plan:
         check_tile("K2", "occ", t["occ"], least=1, most=2)
         check_tile("K2", "upair", t["upair"], least=1, most=2, pow2=False)
         check_tile("K2", "ring", t["ring"], least=0, most=1, pow2=False)
+        check_tile("K2", "dring", t["dring"], least=0, most=1, pow2=False)
         for name, k in (("upf", lat), ("xpf", h // t["dks"])):
             if t[name]:
                 check_tile("K2", name, t[name], most=k)
@@ -319,6 +327,7 @@ class Plan:
             ring=t["ring"],
             upf=t["upf"],
             xpf=t["xpf"],
+            dring=t["dring"],
         )
 
 

@@ -140,6 +140,8 @@ def _k2_body(
     RING: tl.constexpr,
     UPF: tl.constexpr,
     XPF: tl.constexpr,
+    DRING: tl.constexpr,
+    GNC2: tl.constexpr,
     S2: tl.constexpr,
     NS2: tl.constexpr,
     NCH2: tl.constexpr,
@@ -639,6 +641,8 @@ def _k2_body(
                     T_WTAB,
                     O_MID,
                     O_DPART,
+                    DRING,
+                    GNC2,
                     R_ITEMS,
                     CPU,
                     ASM,
@@ -1402,6 +1406,8 @@ def _down(
     T_WTAB: tl.constexpr,
     O_MID: tl.constexpr,
     O_DPART: tl.constexpr,
+    DRING: tl.constexpr,
+    GNC2: tl.constexpr,
     R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
@@ -1409,7 +1415,8 @@ def _down(
 ):
     """Latent columns [d DC, (d + 1) DC) of this rank's routed partial over the slots of
     group q in order (ascending expert id), each as soon as its up items are done (its
-    weights asked of L2 first), weighted by wtab, in fp32 -> dpart[d, q]. Returns the
+    weights asked of L2 first; DRING: all of them in one ring after one wait), weighted by
+    wtab, in fp32 -> dpart[d, q]. Returns the
     timeline's ready clock, after the wait for the route (the waits for each slot's up
     items, between its streams, count as its work)."""
     ok = dt.wait_items(done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
@@ -1420,19 +1427,33 @@ def _down(
     wtab = (scratch + O_TABLE + T_WTAB).to(tl.pointer_type(tl.float32))
     mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
     t = lg.arange(0, 16)
+    j0 = tl.minimum(q * per, nslots)
     acc = dt.stream_zeros(DC)
-    for j in range(tl.minimum(q * per, nslots), j1):
-        e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
-        wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
-        w, ws = dt.stacked_expert(e, w2, w2_scale, LAT, RI, FMT)
-        dt.prefetch_rows(w, d * DC, DC, RI, 0, RI, FMT, CPU, ASM)
+    if DRING:  # (the Gluon build only) one wait for the group's up items, then one ring
         ok = ok & dt.wait_items(
-            done, T_UP + j * NC, NC, NC2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
-        )
-        y = dt.any_stream_rows(
-            w, ws, mid + j * S * RI, d * DC, 0, RI // DBK, RI, DC, DBK, S, FMT, STAGES, CPU, ASM
-        )
-        acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
+            done, T_UP + j0 * NC, (j1 - j0) * NC, GNC2, tag, ctl, health, peers, rank, world,
+            R_ITEMS, CPU,
+        )  # fmt: skip
+        if j1 > j0:
+            slot_e = (scratch + O_TABLE + T_SLOTE).to(tl.pointer_type(tl.int32))
+            acc = dt.gl_stream_experts(
+                w2, w2_scale, mid + j0 * S * RI, S, slot_e + j0, wtab + j0 * S, j1 - j0, d * DC,
+                RI // DBK, RI, LAT, DC, DBK, STAGES,
+            )  # fmt: skip
+    else:
+        for j in range(j0, j1):
+            e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
+            wrow = tl.load(wtab + j * S + t, mask=t < S, other=0.0, volatile=True)
+            w, ws = dt.stacked_expert(e, w2, w2_scale, LAT, RI, FMT)
+            dt.prefetch_rows(w, d * DC, DC, RI, 0, RI, FMT, CPU, ASM)
+            ok = ok & dt.wait_items(
+                done, T_UP + j * NC, NC, NC2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+            )
+            y = dt.any_stream_rows(
+                w, ws, mid + j * S * RI, d * DC, 0, RI // DBK, RI, DC, DBK, S, FMT, STAGES, CPU,
+                ASM,
+            )  # fmt: skip
+            acc += tl.where(wrow[None, :] != 0.0, wrow[None, :] * y, 0.0)
     acc = tl.where(ok, acc, float("nan"))
     n = lg.arange(0, DC)
     dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
@@ -1686,6 +1707,8 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         RING=bool(p.ring),
         UPF=p.upf,
         XPF=p.xpf,
+        DRING=bool(p.dring) and b.frag,
+        GNC2=p2(-(-b.max_slots // p.ng) * p.nc),
         S2=p2(b.rows),
         NS2=p2(c.num_attn_res_blocks + 1),
         NCH2=p2(p.nch),
