@@ -751,19 +751,17 @@ if has l2fill; then
     # The L2 filled while HBM idles (stop 48's S = 1 timeline: HBM idle 10-25 us while
     # col / mix / norm hand off, 100-119 us while dsum / lred do): the first K columns of
     # upproj's rows (upf) and of router / latdown / shup parts (xpf, of 1792) asked of L2
-    # early, in sizes that fit the 50 MB L2 (stop 47's 256 / 512 were within noise; whole
-    # rows, 51 MB + ~64 MB, lost). Beside them a down item's slots in one ring (dring),
-    # timed at every width and checked at full shapes. Then the instruction-fetch probe
-    # with the L2 swept. ~450 s when fresh.
-    V=("" "MONO_K2_TILES=dring=1" "MONO_K2_TILES=upf=1792" "MONO_K2_TILES=upf=2560"
-        "MONO_K2_TILES=xpf=448" "MONO_K2_TILES=xpf=896")
+    # early; and a down item's slots one stream each (dring=0) against the ring, at every
+    # width, the full-rank Gluon test beside the compiles; then the instruction-fetch
+    # probe with the L2 swept. Stop 48 (H100): the fills gained nothing, the ring 1-8%,
+    # the probe showed no fetch cost. ~300 s when fresh.
+    V=("" "MONO_K2_TILES=dring=0" "MONO_K2_TILES=upf=2048" "MONO_K2_TILES=xpf=1024")
     rows() { [[ -z $1 || $1 == *dring* ]] && echo 1,2,4,8,16 || echo 1,16; }
     for v in "${V[@]}"; do
         step "warm-k2-${v//[=:,]/_}" 260 env $v python3 -m mono_kernels_kimi.k2.bench \
             --rows "$(rows "$v")" --layers 1 --no-baseline &
     done
-    MONO_K2_TILES=dring=1 tests k2 260 $P/mono-kernels-kimi/tests/test_k2_gpu.py \
-        -k "full_rank and gluon" --tb=short &
+    tests k2 260 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short &
     wait
     for v in "${V[@]}"; do
         step "k2-${v//[=:,]/_}" 40 env $v python3 -m mono_kernels_kimi.k2.bench \

@@ -270,9 +270,11 @@ class Plan:
             # a down item's slots in one ring (`frag_stream_experts`, the Gluon build's
             # MXFP4) after one wait for all their up items, as the FFN's: a slot is a
             # stream of only RI / dbk = 2 K steps, so one stream a slot drains and refills
-            # its ring each time (H100, stop 48, S = 16: 224 down items of ~25 slots took
-            # 120 us for ~90 MB)
-            dring=0,
+            # its ring each time (stop 48's S = 16 timeline: 224 down items of ~25 slots
+            # took 120 us for ~90 MB). H100 (stop 48, `k2.bench --layers 4`, one call):
+            # 147.3 / 162.1 / 194.7 / 244.1 / 357.0 us at S = 1 / 2 / 4 / 8 / 16 against
+            # 148.5 / 165.6 / 202.0 / 259.2 / 387.4 one stream a slot
+            dring=1 if wide else 0,
         )
         if big:  # a real-shape build's, for tuning
             t = tile_overrides(TILES_ENV, t)
