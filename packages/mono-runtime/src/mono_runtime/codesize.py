@@ -2,9 +2,10 @@
 instructions attributed, by their `.loc` lines (the instruction's own line, or the line
 that inlined it), to the top-level functions of one source file.
 
-Why: a persistent kernel inlines every stage's helper into one body, and a program runs
-each short item once, from a cold instruction cache; if code is latency there
-(`bench_icache`), a stage's instruction count is what to shrink. Approximate: an
+Why: a persistent kernel inlines every stage's helper into one body, so its compile time
+and binary size come from a few helpers; this names them. (Whether a once-run item's code
+is its latency: `bench_icache` found cold code free on an H100, in L2 or swept from
+it, so size is worth shrinking for compile time, not speed.) Approximate: an
 instruction inlined through several levels counts where its innermost call into the
 file was made. Example (sm_90, no GPU needed):
 

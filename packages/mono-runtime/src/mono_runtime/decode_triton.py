@@ -346,6 +346,19 @@ def ready_clock(TL: tl.constexpr, CPU: tl.constexpr):
 
 
 @triton.jit
+def ready_after(x, TL: tl.constexpr, CPU: tl.constexpr):
+    """`ready_clock` once the 2-D block `x` is in every thread's registers: its CTA-wide
+    sum (a barrier no thread passes before its loads landed) comes before the clock read,
+    so an item that loads its inputs after its waits is stamped when they arrived, not
+    when they were asked for. Timeline builds only (the sum costs a barrier)."""
+    if TL:
+        s = tl.sum(tl.sum(x, 1), 0)
+        return pt.clock(0, CPU) + (s != s).to(tl.int64)
+    else:
+        return tl.cast(0, tl.int64)
+
+
+@triton.jit
 def stamp_item(stamps, t, t_begin, t_ready, CPU: tl.constexpr):
     """Timeline builds: item t's (program, ticket, start, ready, end) -> stamps[t]
     (`timeline.STAMP_WORDS` int64; device ns, poll counts under the interpreter). `t_ready`:

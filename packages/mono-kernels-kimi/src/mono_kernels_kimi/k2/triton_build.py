@@ -666,11 +666,12 @@ def _k2_body(
                     R_ITEMS,
                     CPU,
                 )
+                ready = _dsum(
+                    t - T_DSUM, scratch, peers, rank, world, tag, S, S2, LAT, NG, DC, O_DPART, P_RL,
+                    CPU, TL,
+                )  # fmt: skip
                 if TL:
-                    t_ready = pt.clock(0, CPU)
-                _dsum(
-                    t - T_DSUM, scratch, peers, rank, world, tag, S, S2, LAT, NG, DC, O_DPART, P_RL
-                )
+                    t_ready = ready
             elif t < T_UPPROJ:
                 ready = _lred(
                     t - T_LRED,
@@ -1476,17 +1477,21 @@ def _dsum(
     DC: tl.constexpr,
     O_DPART: tl.constexpr,
     P_RL: tl.constexpr,
+    CPU: tl.constexpr,
+    TL: tl.constexpr,
 ):
-    """Column block d's groups summed in group order, rounded once -> every rank's
-    rl[this rank]. In S2 token lanes, not 16: a program runs its one dsum item once, from
-    a cold instruction cache, so its code is its time (H100, S = 1: ~9 us of work for
-    64 KB over 28 items with 16 lanes, 15 of them masked)."""
+    """Column block d's groups summed in group order, rounded once, in S2 token lanes ->
+    every rank's rl[this rank]. Returns the timeline's ready clock once the groups'
+    partials are loaded, so its wait and loads count as waiting and the push as work (an
+    H100 timeline had these items take 7.7 us after their wait at S = 1, for 4 KB each;
+    not their code: `bench_icache` finds cold code free)."""
     n = lg.arange(0, DC)
     t = lg.arange(0, S2)
     dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
     acc = dt.sum_parts(
         lg.anchor(dpart + (d * NG * DC + n[:, None]) * S + t[None, :]), NG, DC * S, t[None, :] < S
     )
+    ready = dt.ready_after(acc, TL, CPU)
     q = d * (DC // 2) + lg.arange(0, DC // 2)
     dt.push_pairs(
         peers,
@@ -1499,6 +1504,7 @@ def _dsum(
         tag,
         S,
     )
+    return ready
 
 
 @triton.jit
