@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, naps, icache, l2fill, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, naps, icache, l2fill, upring, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -769,6 +769,31 @@ if has l2fill; then
     done
     step icache-l2 100 python3 -m mono_runtime.bench_icache \
         --shapes 256x1,1024x1,64x8,256x8,512x8 --l2-mb 400
+fi
+if has upring; then
+    # K2's routed up stage at S = 1 streams ~23 MB in ~26 us (0.9 TB/s; stop 48) on 96
+    # items, one an SM at most: too few bytes in flight a program. Variants: gate and up
+    # rows of an up item in one cp.async ring (ring=1: twice the bytes in flight, 108 KB
+    # of shared memory, still two programs an SM), a deeper ring for every stream
+    # (stages=4, ~82 KB), each timed at every width, ring=1 also checked at full shapes;
+    # then the default's timeline with dsum stamped once its partials are in (what its
+    # 7.7 us after the wait are: loads or the push). ~420 s when fresh.
+    V=("" "MONO_K2_TILES=ring=1" "MONO_K2_TILES=stages=4")
+    for v in "${V[@]}"; do
+        step "warm-k2-${v//[=:,]/_}" 280 env $v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,2,4,8,16 --layers 1 --no-baseline &
+    done
+    step warm-tl-k2 280 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
+        --timeline "$LOG/warm" &
+    MONO_K2_TILES=ring=1 tests k2 280 $P/mono-kernels-kimi/tests/test_k2_gpu.py \
+        -k "full_rank and gluon" --tb=short &
+    wait
+    for v in "${V[@]}"; do
+        step "k2-${v//[=:,]/_}" 40 env $v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,2,4,8,16 --layers 4 --no-baseline
+    done
+    step timeline-k2 110 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
+        --timeline "$LOG/bench"
 fi
 if has tables; then
     # The issues' tables as committed: K2, K1 and the FFN each beside its op-by-op path in
