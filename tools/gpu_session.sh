@@ -777,7 +777,7 @@ if has upring; then
     # of shared memory, still two programs an SM), a deeper ring for every stream
     # (stages=4, ~82 KB), each timed at every width, ring=1 also checked at full shapes;
     # then the default's timeline with dsum stamped once its partials are in (what its
-    # 7.7 us after the wait are: loads or the push). ~420 s when fresh.
+    # 7.7 us after the wait are: loads or the push). ~450 s when fresh.
     V=("" "MONO_K2_TILES=ring=1" "MONO_K2_TILES=stages=4")
     for v in "${V[@]}"; do
         step "warm-k2-${v//[=:,]/_}" 280 env $v python3 -m mono_kernels_kimi.k2.bench \
@@ -788,6 +788,9 @@ if has upring; then
     MONO_K2_TILES=ring=1 tests k2 280 $P/mono-kernels-kimi/tests/test_k2_gpu.py \
         -k "full_rank and gluon" --tb=short &
     wait
+    # and whether a crowd of waiters polling one pair slows a hand-off between two others
+    # (K2's short items take 6-8 us where a lone ping-pong message takes ~0.8)
+    step crowd 60 python3 -m mono_runtime.bench_protocol --crowds 16,64,128,262
     for v in "${V[@]}"; do
         step "k2-${v//[=:,]/_}" 40 env $v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,2,4,8,16 --layers 4 --no-baseline
@@ -991,7 +994,7 @@ for name in ffn ffn2 ffn3 k1 k2 drafter sources rest frag8; do
     grep -E "^E   " "$LOG/$name.txt" | head -12
     grep -E "pytest exit" "$LOG/$name.txt"
 done
-for name in icache icache-l2 qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
+for name in icache icache-l2 crowd qualify shapes-kda tune-drafter pair-drafter drafter-memcheck drafter-synccheck drafter-racecheck bench-ffn bench-kda bench-drafter \
     bench-k2 bench-k2-gluon bench-k2-triton bench-gemv bench-allreduce gemv-variants tune-ffn timeline-ffn timeline-k2 timeline-kda timeline-drafter \
     tiles-ffn order-ffn tune-fp8 tune-mx tune-wide tune-rrows tune-uks tune-rr push publish-xchg publish-store backoff-ns0 backoff-ns100 backoff-ns200 timeline-spf_0 timeline-sfirst_0 timeline-spf_0_sfirst_0 route-probe gemv-fp8 gemv-fp8-tiles timeline-ffn-occ1 gemv-upstage gemv-w13 top-ffn-s1 top-ffn-s16 top-drafter latency gemv-mxfp4-time gemv-bf16-time top-gemv-mxfp4 top-gemv-bf16; do
     [[ -f $LOG/$name.txt ]] || continue

@@ -33,12 +33,16 @@ from .runner import MonoRunner
 def _ping_pong(ctl, health, peers, rounds, region, CPU: tl.constexpr):
     """Program 0 publishes round i, program 1 polls it and answers; program 0 polls the
     answer. Every round uses fresh pair positions with the step's tag: a real tagged
-    exchange through L2, two one-way messages a round."""
+    exchange through L2, two one-way messages a round. Programs past 1 (a crowd, as a
+    persistent kernel's waiters) poll the one pair program 0 publishes after its rounds."""
     me = tl.program_id(0)
     tag = T.step_tag(ctl, 0)
     base = T.peer_data(peers, 0)
     one = tl.arange(0, 1)
-    for i in range(0, rounds):
+    end = 2 * rounds
+    if me > 1:
+        T.poll(base + end + one, one == 0, tag, ctl, health, peers, 0, 1, region, end, CPU)
+    for i in range(0, rounds * (me < 2)):
         if me == 0:
             T.publish(base + 2 * i + one, one + i + 1, tag, one == 0, "gpu")
             T.poll(
@@ -57,6 +61,8 @@ def _ping_pong(ctl, health, peers, rounds, region, CPU: tl.constexpr):
         else:
             T.poll(base + 2 * i + one, one == 0, tag, ctl, health, peers, 0, 1, region, 2 * i, CPU)
             T.publish(base + 2 * i + 1 + one, one + i + 1, tag, one == 0, "gpu")
+    if me == 0:
+        T.publish(base + end + one, one, tag, one == 0, "gpu")
 
 
 _SPIN_BUDGET = tl.constexpr(1 << 24)  # polls per launch for the variants (seconds at most)
@@ -316,11 +322,16 @@ def _pushes(runner: MonoRunner, programs: int = _PUSH_PROGRAMS) -> list[tuple[st
 
 
 def run(
-    programs: int | None = None, rounds: int = 2000, variants: bool = False, push: bool = False
+    programs: int | None = None,
+    rounds: int = 2000,
+    variants: bool = False,
+    push: bool = False,
+    crowds: tuple[int, ...] = (),
 ) -> list[tuple[str, float]]:
     """[(what, ns)]; raises MonoFault if any wait gave up (then the numbers mean nothing).
     With `variants`, the ping-pong variants' one-way times follow; with `push`, the
-    push table."""
+    push table; with `crowds`, the one-way time while that many other programs poll one
+    pair (does a crowd of waiters slow a hand-off it does not wait for?)."""
     device = torch.device("cuda")
     programs = programs or torch.cuda.get_device_properties(device).multi_processor_count
     peer_bytes = max(32 * rounds + (1 << 16), P.PEER_HEAD + 16 * 256 * 8 * _PUSH_PROGRAMS)
@@ -359,6 +370,13 @@ def run(
                 ),
             )
         )
+    for n in crowds:
+        ns = _trip_ns(
+            runner,
+            lambda r, g=2 + n: _ping_pong[(g,)](a["ctl"], a["health"], peers, r, region, CPU=False),
+            rounds,
+        )
+        rows.append((f"publish+poll one way, {n} other programs polling one pair", ns / 2))
     if variants:
         rows += [(f"one way: {what}", ns) for what, ns in _variants(runner, rounds, region)]
     if push:
@@ -384,8 +402,14 @@ def main() -> None:
     parser.add_argument(
         "--push", action="store_true", help="also time publishing blocks of pairs, three ways"
     )
+    parser.add_argument(
+        "--crowds",
+        default="",
+        help="comma-separated counts of programs polling one pair during the ping-pong",
+    )
     args = parser.parse_args()
-    print(table(run(args.programs, args.rounds, args.variants, args.push)))
+    crowds = tuple(int(n) for n in args.crowds.split(",") if n)
+    print(table(run(args.programs, args.rounds, args.variants, args.push, crowds)))
 
 
 if __name__ == "__main__":
