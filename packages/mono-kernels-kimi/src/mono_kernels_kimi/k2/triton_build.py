@@ -1417,9 +1417,8 @@ def _down(
     """Latent columns [d DC, (d + 1) DC) of this rank's routed partial over the slots of
     group q in order (ascending expert id), each as soon as its up items are done (its
     weights asked of L2 first; DRING: all of them in one ring after one wait), weighted by
-    wtab, in fp32 -> dpart[d, q]. Returns the
-    timeline's ready clock, after the wait for the route (the waits for each slot's up
-    items, between its streams, count as its work)."""
+    wtab, in fp32 -> dpart[d, q]. Returns the timeline's ready clock, after the wait for
+    the route (the waits for the slots' up items count as its work)."""
     ok = dt.wait_items(done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
     ready = dt.ready_clock(TL, CPU)
     nslots = _slot_count(scratch, O_TABLE, MAXSLOTS)
