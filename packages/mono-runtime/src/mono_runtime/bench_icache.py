@@ -7,7 +7,9 @@ time to run ahead); ILP 8 asks for an instruction every cycle, so there a cold f
 Why: a persistent kernel's short items (K2's mix, dsum, lred, route) each run once per
 program, and K2's sm_90 build is ~270 KB of SASS; on an H100 those items took 2.5-40 us of
 work for a few KB of data. If straight-line code costs fetch time per KB, an item's code
-size is its latency and rolled loops win; if not, the time is elsewhere.
+size is its latency and rolled loops win; if not, the time is elsewhere. H100 (stop 48):
+straight code ran faster than its loop at every size up to 64 KB, with its code in L2 or
+swept out of it: the time is elsewhere.
 
 Run on the GPU machine: `python3 -m mono_runtime.bench_icache` (prints a table: median and
 slowest program, ns, and what the straight code costs over the loop per KB of it).
