@@ -787,6 +787,12 @@ if has upring; then
         --timeline "$LOG/warm" &
     MONO_K2_TILES=ring=1 tests k2 280 $P/mono-kernels-kimi/tests/test_k2_gpu.py \
         -k "full_rank and gluon" --tb=short &
+    step warm-tl-kda 280 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 1 \
+        --timeline "$LOG/warm" &
+    for v in "" head_pf=1; do
+        step "warm-kda-$v" 280 env MONO_K1_TILES=$v python3 -m mono_kernels_kimi.kda.bench \
+            --shapes 1x1,8x1 --layers 1 --no-baseline &
+    done
     wait
     # and whether a crowd of waiters polling one pair slows a hand-off between two others
     # (K2's short items take 6-8 us where a lone ping-pong message takes ~0.8)
@@ -797,6 +803,16 @@ if has upring; then
     done
     step timeline-k2 110 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
         --timeline "$LOG/bench"
+    # and K1's timeline (its last is stop 31's): where its 60 us at S = 1 go now; K1 with
+    # its head items' f_b and state rows asked of L2 before their wait (head_pf)
+    step timeline-kda 60 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 4 \
+        --timeline "$LOG/bench"
+    i=0
+    for v in "" head_pf=1 "" head_pf=1; do
+        i=$((i + 1))
+        step "kda-$i-$v" 30 env MONO_K1_TILES=$v python3 -m mono_kernels_kimi.kda.bench \
+            --shapes 1x1,8x1 --layers 8 --no-baseline
+    done
 fi
 if has tables; then
     # The issues' tables as committed: K2, K1 and the FFN each beside its op-by-op path in

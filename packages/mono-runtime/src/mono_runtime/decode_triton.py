@@ -88,6 +88,15 @@ def prefetch_rows(
 
 
 @triton.jit
+def prefetch_bytes(ptr, NBYTES: tl.constexpr, CPU: tl.constexpr):
+    """L2 prefetch of the NBYTES bytes from ptr (a 16-byte-aligned run: a weight slice, a
+    state block), asked for before a wait because they do not depend on what it waits
+    for; nothing under the interpreter."""
+    tl.static_assert(NBYTES % 16 == 0, "prefetch_bytes: a multiple of 16 bytes")
+    st.prefetch_l2(ptr, 0, NBYTES, 1, CPU)
+
+
+@triton.jit
 def gl_stream_rows(
     w,
     ws,
