@@ -199,6 +199,7 @@ class Plan:
     fc: int  # columns of a final item
     nf: int
     stages: int
+    ust: int  # the routed up items' ring depth (0: stages)
     warps: int
     occ: int  # programs an SM the runner launches (2 needs <= 113 KB of shared memory)
     upair: int  # a routed up item's gate and up rows in one loop: 1 two dots, 2 one tile
@@ -246,6 +247,10 @@ class Plan:
             sdk=_step(si, 128),
             dbk=_step(ri, 128),
             stages=3 if big else 2,
+            # the routed up items' own ring depth (0: stages): at S = 1 the up stage's 96
+            # items, at most one an SM, streamed ~23 MB at 0.9 TB/s (H100, stop 48), bound by
+            # the bytes each has in flight
+            ust=0,
             occ=2 if big else 1,
             # gate and up as one 128-row tile (one dot: ptxas keeps the wgmma pipelined)
             # or two dots a K step (it serializes every wgmma of K2: C7515). H200 (stop 33,
@@ -290,6 +295,7 @@ class Plan:
             if t[name]:
                 check_tile("K2", name, t[name], most=k)
         check_tile("K2", "stages", t["stages"], least=1, pow2=False)
+        check_tile("K2", "ust", t["ust"], least=0, most=8, pow2=False)
         check_tile("K2", "dks", t["dks"], least=1, most=8)
         dks, oc, sb, sd, bn, dc, uc = (t[n] for n in ("dks", "oc", "sb", "sd", "bn", "dc", "uc"))
         rc = _step(h, 1024 if big else 32)
@@ -323,6 +329,7 @@ class Plan:
             fc=fc,
             nf=h // fc,
             stages=t["stages"],
+            ust=t["ust"],
             warps=4,
             occ=t["occ"],
             upair=t["upair"],
