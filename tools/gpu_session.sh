@@ -774,44 +774,41 @@ if has upring; then
     # K2's routed up stage at S = 1 streams ~23 MB in ~26 us (0.9 TB/s; stop 48) on 96
     # items, one an SM at most: too few bytes in flight a program. Variants: gate and up
     # rows of an up item in one cp.async ring (ring=1: twice the bytes in flight, 108 KB
-    # of shared memory, still two programs an SM), a deeper ring for every stream
-    # (stages=4, ~82 KB), and with ring=1 a deeper up ring alone (ust=4 within two
-    # programs an SM; ust=6 needs 150 KB: one), each timed at 1, 4 and 16 rows. Whether a
-    # crowd of waiters polling one pair slows a hand-off between two others (K2's short
-    # items take 6-8 us where a lone ping-pong message takes ~0.8). K1's timeline (its
-    # last is stop 31's) and K1 with its head items' f_b and state rows asked of L2 before
-    # their wait (head_pf); then K2's timeline with dsum stamped once its partials are in.
-    # ~560 s when fresh.
-    V=("" "MONO_K2_TILES=ring=1" "MONO_K2_TILES=stages=4" "MONO_K2_TILES=ring=1,ust=4"
-        "MONO_K2_TILES=ring=1,ust=6,occ=1")
+    # of shared memory, still two programs an SM), with it a deeper up ring alone (ust=4
+    # within two programs an SM; ust=6 needs 150 KB: one), each timed at 1, 4 and 16 rows.
+    # Whether a crowd of waiters polling one word slows a hand-off between two others
+    # (K2's short items take 6-8 us where a lone ping-pong message takes ~0.8), with every
+    # warp polling its copy of the word or one lane (MONO_POLL_LANES=one), and K2 and K1
+    # with one lane. K1's timeline (its last is stop 31's) and K1 with its head items' f_b
+    # and state rows asked of L2 before their wait (head_pf). ~580 s when fresh.
+    V=("" "MONO_K2_TILES=ring=1" "MONO_K2_TILES=ring=1,ust=4"
+        "MONO_K2_TILES=ring=1,ust=6,occ=1" "MONO_POLL_LANES=one")
+    K=("" "MONO_K1_TILES=head_pf=1" "MONO_POLL_LANES=one")
     for v in "${V[@]}"; do
         step "warm-k2-${v//[=:,]/_}" 280 env $v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,4,16 --layers 1 --no-baseline &
     done
-    step warm-tl-k2 280 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
-        --timeline "$LOG/warm" &
-    step warm-tl-kda 280 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 1 \
-        --timeline "$LOG/warm" &
-    for v in "" head_pf=1; do
-        step "warm-kda-$v" 280 env MONO_K1_TILES=$v python3 -m mono_kernels_kimi.kda.bench \
+    for v in "${K[@]}"; do
+        step "warm-kda-${v//[=:,]/_}" 280 env $v python3 -m mono_kernels_kimi.kda.bench \
             --shapes 1x1,8x1 --layers 1 --no-baseline &
     done
+    step warm-tl-kda 280 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 1 \
+        --timeline "$LOG/warm" &
     wait
-    step crowd 50 python3 -m mono_runtime.bench_protocol --crowds 16,64,128,262
+    for v in copies one; do
+        step "crowd-$v" 40 env MONO_POLL_LANES=$v python3 -m mono_runtime.bench_protocol \
+            --crowds 16,64,128,262
+    done
     for v in "${V[@]}"; do
-        step "k2-${v//[=:,]/_}" 30 env $v python3 -m mono_kernels_kimi.k2.bench \
+        step "k2-${v//[=:,]/_}" 25 env $v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,4,16 --layers 4 --no-baseline
     done
     step timeline-kda 40 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 4 \
         --timeline "$LOG/bench"
-    i=0
-    for v in "" head_pf=1 "" head_pf=1; do
-        i=$((i + 1))
-        step "kda-$i-$v" 25 env MONO_K1_TILES=$v python3 -m mono_kernels_kimi.kda.bench \
+    for v in "${K[@]}"; do
+        step "kda-${v//[=:,]/_}" 20 env $v python3 -m mono_kernels_kimi.kda.bench \
             --shapes 1x1,8x1 --layers 8 --no-baseline
     done
-    step timeline-k2 80 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
-        --timeline "$LOG/bench"
 fi
 if has tables; then
     # The issues' tables as committed: K2, K1 and the FFN each beside its op-by-op path in

@@ -36,6 +36,7 @@ _ALARM_GAVE_UP = tl.constexpr(P.ALARM_GAVE_UP)
 _NAP, _SPIN = P.poll_backoff()  # read once, at import
 _BACKOFF_NS = tl.constexpr(_NAP)  # constexpr globals: in the cache key
 _SPIN_NS = tl.constexpr(_SPIN)
+_ONE_LANE = tl.constexpr(P.poll_lanes() == "one")
 # (the interpreter exchanges: it runs no inline assembly)
 _STORE_PUBLISH = tl.constexpr(P.publish_way() == "store" and not P.cpu_interpreter())
 
@@ -253,7 +254,7 @@ def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: t
     The exit and `ok` are the same in every thread of the program (`_wait_state`).
     """
     head = _alarm_words(peers, rank)
-    ranks = lg.anchor(lg.arange(0, _MAX_RANKS))
+    ranks = lg.anchor(lg.arange(0, lg.lanes(_MAX_RANKS, _ONE_LANE)))
     rmask = ranks < world
     lanes = lg.arange(0, ptrs.shape[0])
     deadline = tl.load(ctl + _DEADLINE)
@@ -324,7 +325,7 @@ def wait_done(
     this program. False: the wait gave up (recorded in health with pair index `pair0` +
     lane, the alarm set), and so does every later wait of the step. N2: N rounded up to a
     power of two (N may be a runtime count, at most N2)."""
-    i = lg.anchor(lg.arange(0, N2))
+    i = lg.anchor(lg.arange(0, lg.lanes(N2, _ONE_LANE)))
     m = i < N
     _, ok = poll(done + first + i, m, tag, ctl, health, peers, rank, world, region, pair0, CPU)
     tl.atomic_add(done + first + i, lg.zeros_like(i, tl.int64), mask=m, sem="acquire", scope="gpu")
@@ -456,7 +457,7 @@ def ticket_finish(done, t, tag):
 @triton.jit
 def ticket_wait(done, t, tag, ctl, health, peers, rank, world, region, CPU: tl.constexpr):
     """Wait (bounded) for item t < this program's own ticket; then its stores are visible."""
-    one = lg.anchor(lg.arange(0, 1))
+    one = lg.anchor(lg.arange(0, lg.lanes(1, _ONE_LANE)))
     _, ok = poll(done + t + one, one == 0, tag, ctl, health, peers, rank, world, region, t, CPU)
     tl.atomic_add(done + t, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
