@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, naps, icache, l2fill, upring, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, naps, icache, l2fill, k1step, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -770,44 +770,27 @@ if has l2fill; then
     step icache-l2 100 python3 -m mono_runtime.bench_icache \
         --shapes 256x1,1024x1,64x8,256x8,512x8 --l2-mb 400
 fi
-if has upring; then
-    # K2's routed up stage at S = 1 streams ~23 MB in ~26 us (0.9 TB/s; stop 48) on 96
-    # items, one an SM at most: too few bytes in flight a program. Variants: gate and up
-    # rows of an up item in one cp.async ring (ring=1: twice the bytes in flight, 108 KB
-    # of shared memory, still two programs an SM), with it a deeper up ring alone (ust=4
-    # within two programs an SM; ust=6 needs 150 KB: one), each timed at 1, 4 and 16 rows.
-    # Whether a crowd of waiters polling one word slows a hand-off between two others
-    # (K2's short items take 6-8 us where a lone ping-pong message takes ~0.8), with every
-    # warp polling its copy of the word or one lane (MONO_POLL_LANES=one), and K2 and K1
-    # with one lane. K1's timeline (its last is stop 31's) and K1 with its head items' f_b
-    # and state rows asked of L2 before their wait (head_pf). ~580 s when fresh.
-    V=("" "MONO_K2_TILES=ring=1" "MONO_K2_TILES=ring=1,ust=4"
-        "MONO_K2_TILES=ring=1,ust=6,occ=1" "MONO_POLL_LANES=one")
-    K=("" "MONO_K1_TILES=head_pf=1" "MONO_POLL_LANES=one")
-    for v in "${V[@]}"; do
-        step "warm-k2-${v//[=:,]/_}" 280 env $v python3 -m mono_kernels_kimi.k2.bench \
-            --rows 1,4,16 --layers 1 --no-baseline &
-    done
-    for v in "${K[@]}"; do
-        step "warm-kda-${v//[=:,]/_}" 280 env $v python3 -m mono_kernels_kimi.kda.bench \
-            --shapes 1x1,8x1 --layers 1 --no-baseline &
-    done
-    step warm-tl-kda 280 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 1 \
+if has k1step; then
+    # K1 timed as it serves, one epoch bump a graph of launches (its bench had bumped it at
+    # every launch: a kernel of its own between two K1 launches, ~6 us a layer beside a
+    # 54 us timeline span at S = 1), beside its op-by-op path; K2's timelines with each
+    # item's SM (do the short items that take 6-8 us share their SM with a streaming
+    # item?), and K2 with one program an SM (occ=1) at S = 1 and 16. ~300 s when fresh.
+    step warm-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 \
+        --layers 1 &
+    step warm-tl-k2 240 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
         --timeline "$LOG/warm" &
+    for v in occ=1 occ=2; do
+        step "warm-k2-$v" 240 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 1 --no-baseline &
+    done
     wait
-    for v in copies one; do
-        step "crowd-$v" 40 env MONO_POLL_LANES=$v python3 -m mono_runtime.bench_protocol \
-            --crowds 16,64,128,262
-    done
-    for v in "${V[@]}"; do
-        step "k2-${v//[=:,]/_}" 25 env $v python3 -m mono_kernels_kimi.k2.bench \
-            --rows 1,4,16 --layers 4 --no-baseline
-    done
-    step timeline-kda 40 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1 --layers 4 \
+    step bench-kda 100 $MONO bench kda --rows 1,4,8,16 --out "$LOG/bench"
+    step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
         --timeline "$LOG/bench"
-    for v in "${K[@]}"; do
-        step "kda-${v//[=:,]/_}" 20 env $v python3 -m mono_kernels_kimi.kda.bench \
-            --shapes 1x1,8x1 --layers 8 --no-baseline
+    for v in occ=1 occ=2; do
+        step "k2-$v" 30 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 4 --no-baseline
     done
 fi
 if has tables; then

@@ -100,20 +100,6 @@ def test_proj_prefetch_is_checked_and_nvidia_only(monkeypatch):
             K1Build.for_step(real, 1, 1)
 
 
-def test_head_prefetch_is_a_flag_and_nvidia_only(monkeypatch):
-    """`head_pf` (an override for GPU tuning) is off by default, 0 or 1, reaches the kernel
-    as HPF, and gfx950 refuses a build that sets it (the prefetch is NVIDIA PTX)."""
-    real = KimiK3Config()
-    assert not K1Build.for_step(real, 1, 1).head_pf
-    monkeypatch.setenv(spec.TILES_ENV, "head_pf=1")
-    b = K1Build.for_step(real, 1, 1)
-    assert triton_build.constexprs(b, triton_build.offsets(b))["HPF"] == 1
-    assert "NVIDIA" in K1Triton(b).supports("gfx950") and K1Triton(b).supports("sm90") is None
-    monkeypatch.setenv(spec.TILES_ENV, "head_pf=2")
-    with pytest.raises(ValueError, match="head_pf"):
-        K1Build.for_step(real, 1, 1)
-
-
 def test_ares_items_fill_the_programs_once_and_proj_parts_by_width():
     """`ares_block_h`: 256 columns an AttnRes item (28 a row) while a stage's items fit 132
     programs, 512 at 8 rows (112 items), 1024 at 16 (112), never more; an explicit

@@ -134,8 +134,10 @@ def test_tile_overrides_are_checked(monkeypatch):
     p = K2Build(real, 1).plan
     assert (p.sb, p.nsu, p.uc, p.oc, p.dks, p.bn, p.nc) == (64, 12, 64, 128, 2, 128, 3)
     assert K2Build(KimiK3Config.tiny(1), 1).plan.occ == 1
-    monkeypatch.delenv(TILES_ENV)  # the Gluon build's down items ring their slots
-    assert (K2Build(real, 1, frag=True).plan.dring, K2Build(real, 1).plan.dring) == (1, 0)
+    monkeypatch.delenv(TILES_ENV)  # the Gluon build's down items ring their slots, and
+    # its up items their gate and up rows
+    gl, tr = K2Build(real, 1, frag=True).plan, K2Build(real, 1).plan
+    assert (gl.dring, gl.ring, tr.dring, tr.ring) == (1, 1, 0, 0)
     bad_tiles = ("obk=96", "sdk=8", "occ=3", "stages=0", "nope=1", "obk=x", "sb=24", "dks=3")
     for bad in bad_tiles + ("dring=2",):
         monkeypatch.setenv(TILES_ENV, bad)

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import pytest
 from mono_peer.testing import spawn
-from mono_runtime import protocol as P
 from mono_runtime.builds import (
     CompileCache,
     DeviceLimits,
@@ -240,29 +239,6 @@ def test_poll_backoff_sleeps_between_polls_only_when_asked():
         backoff_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_POLL_BACKOFF_NS": "0"}
     )[0]
     assert "nanosleep" not in plain
-
-
-@pytest.mark.timeout(240)
-def test_poll_lanes_one_lets_only_the_word_holders_load():
-    """MONO_POLL_LANES=one pads a wait's block to the program's threads: the crowd's
-    one-word poll loads from one predicated lane (no warp holds a copy), and the waits
-    still leave together; by default ("copies") every thread loads the word."""
-    one = spawn(backoff_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_POLL_LANES": "one"})
-    copies = spawn(backoff_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_POLL_LANES": ""})
-    vol = re.compile(r"^\s*(@%p\d+ )?ld\.volatile\.global\.b64", re.M)
-    assert_waits_leave_together(one[0])
-    # ping-pong's own 1-lane polls load in every thread either way; only the crowd's differ
-    assert len([m for m in vol.finditer(one[0]) if m.group(1)]) > len(
-        [m for m in vol.finditer(copies[0]) if m.group(1)]
-    )
-
-
-def test_poll_lanes_knob_is_checked(monkeypatch):
-    monkeypatch.setenv(P.POLL_LANES_ENV, "all")
-    with pytest.raises(ValueError, match="MONO_POLL_LANES"):
-        P.poll_lanes()
-    monkeypatch.setenv(P.POLL_LANES_ENV, "")
-    assert P.poll_lanes() == "copies"
 
 
 @pytest.mark.timeout(240)

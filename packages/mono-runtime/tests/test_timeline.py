@@ -10,11 +10,13 @@ from mono_runtime.timeline import STAMP_WORDS, from_stamps, read_stamps, stamp_b
 
 pytestmark = pytest.mark.timeout(30)
 
-# two stages: "a" items do not wait; "b" items wait 3 us for "a", then work 1 us
+# two stages: "a" items do not wait; "b" items wait 3 us for "a", then work 1 us; program
+# 0 runs on SM 7, program 1 on SM 0 (the SM in the first word's high half)
+SM7 = 7 << 32
 STAMPS = [
-    (0, 0, 1000, 1000, 5000),
+    (SM7, 0, 1000, 1000, 5000),
     (1, 1, 1000, 1000, 4000),
-    (0, 2, 5000, 8000, 9000),
+    (SM7, 2, 5000, 8000, 9000),
     (1, 3, 4000, 7000, 8000),
 ]
 
@@ -35,7 +37,10 @@ def test_stamps_read_from_a_scratch_region_s_bytes():
 
 def test_rows_are_in_us_from_the_first_start():
     rows = from_stamps(STAMPS, stage_of)
-    assert rows[2] == dict(program=0, ticket=2, stage="b", start_us=4.0, ready_us=7.0, end_us=8.0)
+    assert rows[2] == dict(
+        program=0, sm=7, ticket=2, stage="b", start_us=4.0, ready_us=7.0, end_us=8.0
+    )
+    assert (rows[1]["program"], rows[1]["sm"]) == (1, 0)
     assert [r["stage"] for r in rows] == ["a", "a", "b", "b"]
 
 
@@ -49,4 +54,4 @@ def test_summary_splits_each_stage_into_wait_and_work():
     assert [float(x) for x in lines[1].split()[1:]] == [2, 0.0, 4.0, 3.5, 0.0, 3.5, 0.0]
     # b: mean 4 (4 and 4), wait 3, work 1, the last ready at 7
     assert [float(x) for x in lines[2].split()[1:]] == [2, 3.0, 8.0, 4.0, 3.0, 1.0, 7.0]
-    assert lines[-1] == "span 8.0 us over 2 programs"
+    assert lines[-1] == "span 8.0 us over 2 programs on 2 SMs"

@@ -24,7 +24,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import lang as lg
 from . import protocol as P
 from . import protocol_triton as T
 from .runner import MonoRunner
@@ -41,9 +40,8 @@ def _ping_pong(ctl, health, peers, rounds, region, CPU: tl.constexpr):
     base = T.peer_data(peers, 0)
     one = tl.arange(0, 1)
     end = 2 * rounds
-    if me > 1:  # (its one word spread as a wait's done words are: MONO_POLL_LANES)
-        w = tl.arange(0, lg.lanes(1, T._ONE_LANE))
-        T.poll(base + end + w, w == 0, tag, ctl, health, peers, 0, 1, region, end, CPU)
+    if me > 1:
+        T.poll(base + end + one, one == 0, tag, ctl, health, peers, 0, 1, region, end, CPU)
     for i in range(0, rounds * (me < 2)):
         if me == 0:
             T.publish(base + 2 * i + one, one + i + 1, tag, one == 0, "gpu")

@@ -88,15 +88,6 @@ def prefetch_rows(
 
 
 @triton.jit
-def prefetch_bytes(ptr, NBYTES: tl.constexpr, CPU: tl.constexpr):
-    """L2 prefetch of the NBYTES bytes from ptr (a 16-byte-aligned run: a weight slice, a
-    state block), asked for before a wait because they do not depend on what it waits
-    for; nothing under the interpreter."""
-    tl.static_assert(NBYTES % 16 == 0, "prefetch_bytes: a multiple of 16 bytes")
-    st.prefetch_l2(ptr, 0, NBYTES, 1, CPU)
-
-
-@triton.jit
 def gl_stream_rows(
     w,
     ws,
@@ -369,11 +360,12 @@ def ready_after(x, TL: tl.constexpr, CPU: tl.constexpr):
 
 @triton.jit
 def stamp_item(stamps, t, t_begin, t_ready, CPU: tl.constexpr):
-    """Timeline builds: item t's (program, ticket, start, ready, end) -> stamps[t]
-    (`timeline.STAMP_WORDS` int64; device ns, poll counts under the interpreter). `t_ready`:
-    when the item's done-pair waits returned (its start if it waited for none)."""
+    """Timeline builds: item t's (program + 2^32 SM, ticket, start, ready, end) ->
+    stamps[t] (`timeline.STAMP_WORDS` int64; device ns, poll counts under the interpreter).
+    `t_ready`: when the item's done-pair waits returned (its start if it waited for
+    none)."""
     stamp = stamps + t * _STAMP_WORDS
-    tl.store(stamp, tl.program_id(0).to(tl.int64))
+    tl.store(stamp, tl.program_id(0).to(tl.int64) + (pt.sm_id(CPU).to(tl.int64) << 32))
     tl.store(stamp + 1, t.to(tl.int64))
     tl.store(stamp + 2, t_begin)
     tl.store(stamp + 3, t_ready)

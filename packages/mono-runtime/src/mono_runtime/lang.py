@@ -64,19 +64,6 @@ def gluon(_semantic=None):
     return tl.constexpr(_semantic is not None and _gluon(_semantic))
 
 
-@_builtin
-def lanes(n, spread, _semantic=None):
-    """constexpr n, or with `spread` at least the program's threads (warps x warp size):
-    the size of a block whose n real lanes no warp holds a copy of (the lanes past n
-    masked off). n under the interpreter, which runs a program as one thread of whole
-    blocks."""
-    n, spread = core._unwrap_if_constexpr(n), core._unwrap_if_constexpr(spread)
-    if _semantic is None or not spread:
-        return tl.constexpr(n)
-    opts = _semantic.builder.options
-    return tl.constexpr(max(n, opts.num_warps * getattr(opts, "warp_size", 32)))
-
-
 def _plain_layout(semantic, rank: int):
     """The plain blocked layout: the last dimension across a warp's lanes, the first
     across warps."""

@@ -90,24 +90,6 @@ def publish_way() -> str:
     return raw
 
 
-POLL_LANES_ENV = "MONO_POLL_LANES"
-POLL_LANES = ("copies", "one")
-
-
-def poll_lanes() -> str:
-    """How a wait's words are spread over a program's threads, from MONO_POLL_LANES: "one"
-    (each word held by one thread: the block padded to the program's threads, so only the
-    threads holding a word load it, one warp for a few words) or "copies" (a block smaller
-    than the program is copied into every warp, and every warp polls the same words). A
-    tuning knob, read when the kernels' module is imported: while a stage runs, every
-    program waiting for it polls its done words, and those polls share the L2 with the
-    hand-offs they wait for."""
-    raw = os.environ.get(POLL_LANES_ENV, "copies").strip() or "copies"
-    if raw not in POLL_LANES:
-        raise ValueError(f"{POLL_LANES_ENV}={raw!r}: expected one of {', '.join(POLL_LANES)}")
-    return raw
-
-
 def tag_of(epoch: int, base: int, slot: int) -> int:
     """The 32-bit tag of launch `slot` in the step at `epoch`, or TAG_INVALID outside the era.
 

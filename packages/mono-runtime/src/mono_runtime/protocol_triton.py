@@ -36,7 +36,6 @@ _ALARM_GAVE_UP = tl.constexpr(P.ALARM_GAVE_UP)
 _NAP, _SPIN = P.poll_backoff()  # read once, at import
 _BACKOFF_NS = tl.constexpr(_NAP)  # constexpr globals: in the cache key
 _SPIN_NS = tl.constexpr(_SPIN)
-_ONE_LANE = tl.constexpr(P.poll_lanes() == "one")
 # (the interpreter exchanges: it runs no inline assembly)
 _STORE_PUBLISH = tl.constexpr(P.publish_way() == "store" and not P.cpu_interpreter())
 
@@ -65,6 +64,17 @@ def _device_ns(_semantic=None):
     if _amd(_semantic):
         return memrealtime(_semantic=_semantic).__mul__(10, _semantic=_semantic)
     return globaltimer(_semantic=_semantic)
+
+
+@tl.core.extern
+def _sm_id(_semantic=None):
+    """The multiprocessor the program runs on: `%smid` on NVIDIA; 0 on AMD (its hardware
+    id register is not one number)."""
+    from triton.language.extra.cuda import smid
+
+    if _amd(_semantic):
+        return _semantic.to_tensor(0).to(tl.int32, _semantic=_semantic)
+    return smid(_semantic=_semantic)
 
 
 @tl.core.extern
@@ -134,6 +144,16 @@ def clock(it, CPU: tl.constexpr):
         return tl.cast(it, tl.int64)
     else:
         return _device_ns()
+
+
+@triton.jit
+def sm_id(CPU: tl.constexpr):
+    """The multiprocessor the program runs on (NVIDIA; 0 on AMD and under the
+    interpreter): a timeline tells programs that share one apart."""
+    if CPU:
+        return tl.cast(0, tl.int32)
+    else:
+        return _sm_id()
 
 
 @triton.jit
@@ -254,7 +274,7 @@ def poll(ptrs, mask, tag, ctl, health, peers, rank, world, region, pair0, CPU: t
     The exit and `ok` are the same in every thread of the program (`_wait_state`).
     """
     head = _alarm_words(peers, rank)
-    ranks = lg.anchor(lg.arange(0, lg.lanes(_MAX_RANKS, _ONE_LANE)))
+    ranks = lg.anchor(lg.arange(0, _MAX_RANKS))
     rmask = ranks < world
     lanes = lg.arange(0, ptrs.shape[0])
     deadline = tl.load(ctl + _DEADLINE)
@@ -325,7 +345,7 @@ def wait_done(
     this program. False: the wait gave up (recorded in health with pair index `pair0` +
     lane, the alarm set), and so does every later wait of the step. N2: N rounded up to a
     power of two (N may be a runtime count, at most N2)."""
-    i = lg.anchor(lg.arange(0, lg.lanes(N2, _ONE_LANE)))
+    i = lg.anchor(lg.arange(0, N2))
     m = i < N
     _, ok = poll(done + first + i, m, tag, ctl, health, peers, rank, world, region, pair0, CPU)
     tl.atomic_add(done + first + i, lg.zeros_like(i, tl.int64), mask=m, sem="acquire", scope="gpu")
@@ -457,7 +477,7 @@ def ticket_finish(done, t, tag):
 @triton.jit
 def ticket_wait(done, t, tag, ctl, health, peers, rank, world, region, CPU: tl.constexpr):
     """Wait (bounded) for item t < this program's own ticket; then its stores are visible."""
-    one = lg.anchor(lg.arange(0, lg.lanes(1, _ONE_LANE)))
+    one = lg.anchor(lg.arange(0, 1))
     _, ok = poll(done + t + one, one == 0, tag, ctl, health, peers, rank, world, region, t, CPU)
     tl.atomic_add(done + t, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()

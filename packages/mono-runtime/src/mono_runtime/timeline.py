@@ -2,7 +2,8 @@
 start, ready and end stamped by the device clock): a per-stage table and a picture of
 items over programs, the same for every kernel, so their timelines read alike.
 
-Rows are dicts with program, stage, start_us, ready_us and end_us (us from the launch's
+Rows are dicts with program, sm (the multiprocessor it ran on: programs that share one
+share its memory pipeline), stage, start_us, ready_us and end_us (us from the launch's
 first stamp), in ticket order; each kernel maps its tickets to stages (`from_stamps`).
 `ready` is when the item's (first) done-pair wait returned, so a stage's time splits into
 waiting for its inputs and its own work; inputs that come by peer polls, and the waits of
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-STAMP_WORDS = 5  # int64 words a ticket stamps: program, ticket, start, ready, end
+STAMP_WORDS = 5  # int64 words a ticket stamps: program + 2^32 SM, ticket, start, ready, end
 
 
 def stamp_bytes(tickets: int) -> int:
@@ -33,12 +34,13 @@ def read_stamps(region: torch.Tensor, tickets: int) -> list[list[int]]:
 
 
 def from_stamps(stamps: Sequence[Sequence[int]], stage_of: Callable[[int], str]) -> list[dict]:
-    """Rows from raw (program, ticket, start, ready, end) ns stamps; times from the first
-    start."""
+    """Rows from raw (program + 2^32 SM, ticket, start, ready, end) ns stamps; times from
+    the first start."""
     t0 = min(r[2] for r in stamps)
     return [
         dict(
-            program=prog,
+            program=prog & 0xFFFFFFFF,
+            sm=prog >> 32,
             ticket=ticket,
             stage=stage_of(ticket),
             start_us=(start - t0) / 1e3,
@@ -71,7 +73,7 @@ def summary(rows: list[dict]) -> str:
         )
     lines.append(
         f"span {max(r['end_us'] for r in rows):.1f} us over "
-        f"{len({r['program'] for r in rows})} programs"
+        f"{len({r['program'] for r in rows})} programs on {len({r.get('sm', 0) for r in rows})} SMs"
     )
     return "\n".join(lines)
 

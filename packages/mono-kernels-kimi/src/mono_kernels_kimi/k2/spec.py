@@ -199,7 +199,6 @@ class Plan:
     fc: int  # columns of a final item
     nf: int
     stages: int
-    ust: int  # the routed up items' ring depth (0: stages)
     warps: int
     occ: int  # programs an SM the runner launches (2 needs <= 113 KB of shared memory)
     upair: int  # a routed up item's gate and up rows in one loop: 1 two dots, 2 one tile
@@ -247,10 +246,6 @@ class Plan:
             sdk=_step(si, 128),
             dbk=_step(ri, 128),
             stages=3 if big else 2,
-            # the routed up items' own ring depth (0: stages): at S = 1 the up stage's 96
-            # items, at most one an SM, streamed ~23 MB at 0.9 TB/s (H100, stop 48), bound by
-            # the bytes each has in flight
-            ust=0,
             occ=2 if big else 1,
             # gate and up as one 128-row tile (one dot: ptxas keeps the wgmma pipelined)
             # or two dots a K step (it serializes every wgmma of K2: C7515). H200 (stop 33,
@@ -259,9 +254,14 @@ class Plan:
             # interpreter runs it
             upair=1 if big else 2,
             # the Gluon build's gate and up rows of a routed and a shared up item in one
-            # cp.async ring (as the FFN's pair 3): twice the bytes in flight, one prologue;
-            # tiny builds take it, so that the interpreter runs the shared pair's loop
-            ring=0 if big else 1,
+            # cp.async ring (as the FFN's pair 3): twice the bytes in flight, one prologue
+            # (110.6 KB of shared memory, still two programs an SM). H100 (stop 49,
+            # `k2.bench --rows 1,4,16 --layers 4`, one call): 146.8 / 187.6 / 341.6 us
+            # against 146.9 / 193.9 / 353.7 one ring each; its up items' ring alone 4 deep
+            # 146.5 / 188.3 / 340.7, 6 deep (one program an SM) 159.4 / 232.5 / 487.8. The
+            # Triton build keeps one tile (`upair`); tiny builds take it, so that the
+            # interpreter runs the shared pair's loop
+            ring=1 if wide or not big else 0,
             # the first K columns of upproj's rows asked of L2 while dsum and lred run
             # (upf), of the router, latdown and shup rows while col / mix / norm do (xpf): 0,
             # none. Whole rows (stop 46) are, at the bench's TP 1, whole matrices (51 + ~64
@@ -295,7 +295,6 @@ class Plan:
             if t[name]:
                 check_tile("K2", name, t[name], most=k)
         check_tile("K2", "stages", t["stages"], least=1, pow2=False)
-        check_tile("K2", "ust", t["ust"], least=0, most=8, pow2=False)
         check_tile("K2", "dks", t["dks"], least=1, most=8)
         dks, oc, sb, sd, bn, dc, uc = (t[n] for n in ("dks", "oc", "sb", "sd", "bn", "dc", "uc"))
         rc = _step(h, 1024 if big else 32)
@@ -329,7 +328,6 @@ class Plan:
             fc=fc,
             nf=h // fc,
             stages=t["stages"],
-            ust=t["ust"],
             warps=4,
             occ=t["occ"],
             upair=t["upair"],

@@ -2,7 +2,8 @@
 dict per step shape, for `mono bench kda` (helper "tools" wraps it) or
 `python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,8x1,1x8 --layers 8` (prints a table).
 
-A timed graph runs `layers` launches, each on a DIFFERENT layer's weights, caches and
+A timed graph is one step, as in serving (one epoch bump, as the FFN's and K2's benches
+do), of `layers` launches, each on a DIFFERENT layer's weights, caches and
 AttnRes sources (one layer's in_proj alone is 90 MB, about the L2 size): the weights one
 graph reads are several times the L2 (column `l2_x`), as in a decode step, so no launch
 finds its weights left in the cache by the previous replay. Each row: K1's time a launch
@@ -26,12 +27,13 @@ from pathlib import Path
 
 import torch
 from mono_runtime.report import fixed_width
+from mono_runtime.runner import MonoRunner
 from mono_runtime.timing import copy_bandwidth, graph_time
 
 from ..config import KimiK3Config
 from . import reference
 from .inputs import LayerInputs, make_inputs, make_weights
-from .runner import KdaRunner
+from .runner import KdaRunner, runner_bytes
 from .spec import MAX_ROWS
 
 SHAPES = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (1, 2), (1, 4), (1, 8), (2, 8))
@@ -118,9 +120,17 @@ def _op_by_op(cfg: KimiK3Config, inp):
     return run
 
 
-def _per_launch_us(launch, layers: list[LayerInputs], iters: int) -> float:
-    """Microseconds a launch: a graph of one `launch` per layer, over the layer count."""
-    return graph_time(lambda: [launch(x) for x in layers], reps=iters) * 1e6 / len(layers)
+def _per_launch_us(launch, layers: list[LayerInputs], iters: int, begin=None) -> float:
+    """Microseconds a launch: a graph of one `launch` per layer (after one `begin`: a
+    step's epoch bump), over the layer count."""
+
+    def graph():
+        if begin is not None:
+            begin()
+        for x in layers:
+            launch(x)
+
+    return graph_time(graph, reps=iters) * 1e6 / len(layers)
 
 
 def check_shapes(shapes, layers: int) -> list[tuple[int, int]]:
@@ -160,9 +170,21 @@ def rows(
         )
         each = per_layer(inp, weights)
         del inp
-        runner = KdaRunner(cfg, "cuda", L)  # compiles the one build at the first call
-        k1_us = _per_launch_us(lambda x, runner=runner: runner(x.R, **x.k1_kwargs()), each, iters)
-        runner.check()
+        # the graph's launches are one step's, as a forward's K1 layers are: one epoch bump
+        # a graph (a runner of its own would bump it at every launch, a kernel of its own)
+        mono = MonoRunner(torch.device("cuda"), None, 0, 1, *runner_bytes(cfg, "cuda", L, 1))
+        runner = KdaRunner(cfg, "cuda", L, runner=mono)  # compiles its build at the first call
+        try:
+            k1_us = _per_launch_us(
+                lambda x, runner=runner: runner(x.R, **x.k1_kwargs()),
+                each,
+                iters,
+                begin=runner.step_begin,
+            )
+            runner.check()
+        finally:
+            runner.close()
+            mono.close()
         nbytes = k1_bytes(cfg, R, L, each[0].num_blocks)
         floor_us = nbytes / bw * 1e6
         row = dict(

@@ -85,8 +85,8 @@ class K1Triton(Build):
 
     def supports(self, target: str) -> str | None:
         # Triton compiles it for every GPU and runs it in the interpreter
-        if (self.key.proj_pf or self.key.head_pf) and target.startswith("gfx"):
-            return "proj_pf / head_pf: the L2 bulk prefetch is NVIDIA's (cp.async.bulk.prefetch.L2)"
+        if self.key.proj_pf and target.startswith("gfx"):
+            return "proj_pf: the L2 bulk prefetch is NVIDIA's (cp.async.bulk.prefetch.L2)"
         return None
 
     def _compile(self, target: str) -> Compiled:

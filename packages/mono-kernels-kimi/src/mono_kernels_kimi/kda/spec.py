@@ -159,7 +159,6 @@ def tunable_tiling(cfg: KimiK3Config) -> dict:
         stages=K1Build.stages,
         num_warps=K1Build.num_warps,
         proj_pf=K1Build.proj_pf,
-        head_pf=K1Build.head_pf,
     )
     return tile_overrides(TILES_ENV, t) if cfg.hidden_size >= 2048 else t
 
@@ -196,9 +195,6 @@ class K1Build:
     # K columns of a proj item's rows asked of L2 before it waits for AttnRes (0: none;
     # NVIDIA's bulk prefetch): HBM streams them while the AttnRes stages run
     proj_pf: int = 0
-    # a head item asks L2 for its head's f_b rows and its state rows before it waits for
-    # proj (neither depends on this step), so its chain after the wait starts from L2
-    head_pf: bool = False
     block_v: int = 16
     num_warps: int = 8
     timeline: bool = False  # stamp each item's program, ticket, start, ready, end (GPU tuning)
@@ -227,8 +223,6 @@ class K1Build:
             )
         if self.stages < 1:
             raise ValueError(f"stages = {self.stages} must be >= 1")
-        if self.head_pf not in (0, 1):
-            raise ValueError(f"head_pf = {self.head_pf}: 0 or 1 (L2 prefetch off / on)")
         part = self.hidden // self.split_k
         if not 0 <= self.proj_pf <= part or self.proj_pf % 8:
             raise ValueError(

@@ -367,7 +367,6 @@ def k1_kernel(
     KS: tl.constexpr,
     STAGES: tl.constexpr,
     PF: tl.constexpr,
-    HPF: tl.constexpr,
     BV: tl.constexpr,
     NSH: tl.constexpr,
     N2P: tl.constexpr,
@@ -548,11 +547,6 @@ def k1_kernel(
             if vc < NVC:
                 # -- 4 kda: f_b + gate, conv update, l2norm, delta rule on BV state rows,
                 # once the f_a/beta rows and this head's q, k, v rows are projected --
-                if HPF:  # f_b's D x DFA rows of the head, then this item's BV state rows
-                    dt.prefetch_bytes(f_b + h * D * DFA, D * DFA * 2, INTERPRET)
-                    sp0 = state + islot * state_slot_stride + h * D * D + vc * BV * D
-                    SB: tl.constexpr = state.dtype.element_ty.primitive_bitwidth // 8
-                    dt.prefetch_bytes(sp0, BV * D * SB, INTERPRET)
                 ok = pt.wait_done(
                     done,
                     E2,
@@ -813,7 +807,6 @@ def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
         KS=build.split_k,
         STAGES=build.stages,
         PF=build.proj_pf,
-        HPF=build.head_pf,
         BV=build.block_v,
         NSH=build.shared_blocks,
         N2P=_pow2(items[1]),
