@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, naps, icache, l2fill, k1step, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, naps, icache, l2fill, k1step, acquire, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -791,6 +791,33 @@ if has k1step; then
     for v in occ=1 occ=2; do
         step "k2-$v" 30 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 4 --no-baseline
+    done
+fi
+if has acquire; then
+    # Do a stage's waiters slow their own hand-off by acquiring the same done words with
+    # read-modify-writes? K1's S = 1 timeline (stop 49, H100) had ~100 proj items take 2.3
+    # us after the last of 28 mix items ended, each adding 0 to all 28 words. The fan-out
+    # table (`bench_protocol --fanouts`: the time from one stage's publish to its last
+    # waiter's return, each acquire way), then K2, K1 and the FFN with each way of
+    # MONO_ACQUIRE (atomic: the default; load; fence), each compiled in its own process,
+    # timed one at a time. ~480 s when fresh.
+    for v in atomic load fence; do
+        step "warm-k2-$v" 280 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 1 --no-baseline &
+        step "warm-kda-$v" 280 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.kda.bench \
+            --shapes 1x1,8x1 --layers 1 --no-baseline &
+        step "warm-ffn-$v" 280 env MONO_ACQUIRE=$v python3 -m mono_kernels_minimax.ffn.bench \
+            --rows 1,16 --formats mxfp4 --layers 1 --no-baseline &
+    done
+    wait
+    step fanout 60 python3 -m mono_runtime.bench_protocol --fanouts 1,31,131,263
+    for v in atomic load fence; do
+        step "k2-$v" 30 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 4 --no-baseline
+        step "kda-$v" 25 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.kda.bench \
+            --shapes 1x1,8x1 --layers 8 --no-baseline
+        step "ffn-$v" 25 env MONO_ACQUIRE=$v python3 -m mono_kernels_minimax.ffn.bench \
+            --rows 1,16 --formats mxfp4 --layers 12 --no-baseline
     done
 fi
 if has tables; then

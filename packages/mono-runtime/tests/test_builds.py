@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 from mono_peer.testing import spawn
+from mono_runtime import protocol as P
 from mono_runtime.builds import (
     CompileCache,
     DeviceLimits,
@@ -93,7 +94,17 @@ def other_kernels_child(rank, world, group):
         {"CPU": False},
     )
     push = compile_for(B._push, {"ctl": "*i64", "peers": "*i64"}, {"ROWS": 16, "WAY": 2})
-    return {"ping_pong": ping.asm["ptx"], "tickets": tickets.asm["ptx"], "push": push.asm["ptx"]}
+    fan = {"stamps": "*i64", "count": "*i32", "rounds": "i32"}
+    fanout = [
+        compile_for(B._fanout, {**mailbox, **fan}, {"WORDS": 32, "WAY": way}).asm["ptx"]
+        for way in range(3)
+    ]
+    return {
+        "ping_pong": ping.asm["ptx"],
+        "tickets": tickets.asm["ptx"],
+        "push": push.asm["ptx"],
+        "fanout": fanout,
+    }
 
 
 def publish_child(rank, world, group):
@@ -218,6 +229,13 @@ def test_guard_and_bench_kernels_compile_for_sm90_with_uniform_wait_exits():
         assert_waits_leave_together(out[name])
     # the push table's exchange way: 16 rows x 256 pairs over 128 threads, one a pair
     assert out["push"].count("atom.global.sys.relaxed.exch.b64") == 32
+    # the fan-out's acquire ways (protocol.ACQUIRE_WAYS): an add, a load, a fence
+    add, load, fence = out["fanout"]
+    for ptx in out["fanout"]:
+        assert_waits_leave_together(ptx)
+    assert re.search(r"atom\.global\.gpu\.acquire\.add", add) and "ld.acquire" not in add
+    assert "ld.acquire.gpu.global.b64" in load and "acquire.add" not in load
+    assert "fence.acq_rel.gpu" in fence and "acquire.add" not in fence
 
 
 @pytest.mark.timeout(240)
@@ -239,6 +257,21 @@ def test_poll_backoff_sleeps_between_polls_only_when_asked():
         backoff_child, 1, 220, env={"TRITON_INTERPRET": "0", "MONO_POLL_BACKOFF_NS": "0"}
     )[0]
     assert "nanosleep" not in plain
+
+
+def test_acquire_way_knob_is_checked(monkeypatch):
+    """MONO_ACQUIRE names one of the ways; the interpreter always adds (way 0)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv(P.ACQUIRE_ENV, "fence")
+    assert P.acquire_way() == 2
+    monkeypatch.setenv(P.ACQUIRE_ENV, "")
+    assert P.acquire_way() == 0
+    monkeypatch.setenv(P.ACQUIRE_ENV, "swap")
+    with pytest.raises(ValueError, match="MONO_ACQUIRE"):
+        P.acquire_way()
+    monkeypatch.setenv(P.ACQUIRE_ENV, "load")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert P.acquire_way() == 0
 
 
 @pytest.mark.timeout(240)

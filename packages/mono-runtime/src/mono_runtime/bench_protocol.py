@@ -155,6 +155,39 @@ def _ping_pong_every(
 
 
 @triton.jit
+def _fanout(
+    ctl, health, peers, stamps, count, rounds, region, WORDS: tl.constexpr, WAY: tl.constexpr
+):
+    """A stage's hand-off to every program waiting for it. Each round program 0 publishes
+    WORDS done pairs (release exchanges, as `ticket_finish`); every other program waits for
+    all of them as a later stage's item does (`poll`, the acquire way WAY, the barrier),
+    stamps its clock and counts itself in `count`; program 0 starts the next round once
+    all have. stamps[r, 0]: round r's publish clock, stamps[r, p]: program p's return."""
+    me = tl.program_id(0)
+    n = tl.num_programs(0)
+    tag = T.step_tag(ctl, 0)
+    base = T.peer_data(peers, 0)
+    i = tl.arange(0, WORDS)
+    budget = tl.full((), _SPIN_BUDGET, tl.int64)
+    every = tl.arange(0, 128) * 0  # the counter read by every thread, decided by a CTA min
+    for r in range(0, rounds):
+        words = base + r * WORDS + i
+        if me == 0:
+            got = tl.min(tl.load(count + every, volatile=True), 0)
+            while (got < r * (n - 1)) & (budget > 0):
+                budget -= 1
+                got = tl.min(tl.load(count + every, volatile=True), 0)
+            tl.store(stamps + r * n, T.clock(0, False))
+            T.publish(words, i, tag, i >= 0, "gpu")
+        else:
+            T.poll(words, i >= 0, tag, ctl, health, peers, 0, 1, region, r * WORDS, False)
+            T.acquire(words, i >= 0, WAY)
+            tl.debug_barrier()
+            tl.store(stamps + r * n + me, T.clock(0, False))
+            tl.atomic_add(count, 1, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def _push(ctl, peers, ROWS: tl.constexpr, WAY: tl.constexpr):
     """Program i publishes pairs [i * 256, (i + 1) * 256) of ROWS rows (row stride: every
     program's pairs) with the step's tag: WAY 0 `publish_value` at system scope (as the
@@ -235,6 +268,31 @@ def _trip_ns(runner: MonoRunner, launch, rounds: int, repeats: int = 3) -> float
             times.append(start.elapsed_time(end) * 1e6)
         best[n] = min(times)
     return (best[2 * rounds] - best[rounds]) / rounds
+
+
+def _fanouts(
+    runner: MonoRunner, waiters: tuple[int, ...], region: int, rounds: int = 200, words: int = 32
+) -> list[tuple[str, float]]:
+    """[(what, ns)]: for each count of waiters and each acquire way, the median over rounds
+    of the time from a stage's publish until its last waiter's wait returned (`_fanout`),
+    and of its mean waiter's; raises if any wait gave up."""
+    a, peers = runner.launch_args(), runner.peer.addresses
+    rows = []
+    for n in waiters:
+        for way, name in enumerate(P.ACQUIRE_WAYS):
+            stamps = torch.zeros(rounds, n + 1, dtype=torch.int64, device=runner.device)
+            count = torch.zeros(1, dtype=torch.int32, device=runner.device)
+            runner.step_begin()
+            _fanout[(n + 1,)](
+                a["ctl"], a["health"], peers, stamps, count, rounds, region, WORDS=words, WAY=way
+            )
+            runner.after_step()
+            lag = (stamps[:, 1:] - stamps[:, :1]).double()
+            last = lag.max(dim=1).values.median().item()
+            mean = lag.mean(dim=1).median().item()
+            what = f"hand-off of {words} done pairs to {n} waiting programs, acquire by {name}"
+            rows += [(f"{what}: the last", last), (f"{what}: the mean", mean)]
+    return rows
 
 
 def _variants(runner: MonoRunner, rounds: int, region: int) -> list[tuple[str, float]]:
@@ -327,11 +385,14 @@ def run(
     variants: bool = False,
     push: bool = False,
     crowds: tuple[int, ...] = (),
+    fanouts: tuple[int, ...] = (),
 ) -> list[tuple[str, float]]:
     """[(what, ns)]; raises MonoFault if any wait gave up (then the numbers mean nothing).
     With `variants`, the ping-pong variants' one-way times follow; with `push`, the
     push table; with `crowds`, the one-way time while that many other programs poll one
-    pair (does a crowd of waiters slow a hand-off it does not wait for?)."""
+    pair (does a crowd of waiters slow a hand-off it does not wait for?); with `fanouts`,
+    a stage's hand-off to that many waiting programs, each acquire way (do the waiters'
+    acquires of the same words slow their own hand-off?)."""
     device = torch.device("cuda")
     programs = programs or torch.cuda.get_device_properties(device).multi_processor_count
     peer_bytes = max(32 * rounds + (1 << 16), P.PEER_HEAD + 16 * 256 * 8 * _PUSH_PROGRAMS)
@@ -377,6 +438,8 @@ def run(
             rounds,
         )
         rows.append((f"publish+poll one way, {n} other programs polling one pair", ns / 2))
+    if fanouts:
+        rows += _fanouts(runner, fanouts, region)
     if variants:
         rows += [(f"one way: {what}", ns) for what, ns in _variants(runner, rounds, region)]
     if push:
@@ -407,9 +470,15 @@ def main() -> None:
         default="",
         help="comma-separated counts of programs polling one pair during the ping-pong",
     )
+    parser.add_argument(
+        "--fanouts",
+        default="",
+        help="comma-separated counts of programs waiting for one stage's done pairs",
+    )
     args = parser.parse_args()
     crowds = tuple(int(n) for n in args.crowds.split(",") if n)
-    print(table(run(args.programs, args.rounds, args.variants, args.push, crowds)))
+    fanouts = tuple(int(n) for n in args.fanouts.split(",") if n)
+    print(table(run(args.programs, args.rounds, args.variants, args.push, crowds, fanouts)))
 
 
 if __name__ == "__main__":

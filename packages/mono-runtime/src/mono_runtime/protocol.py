@@ -90,6 +90,24 @@ def publish_way() -> str:
     return raw
 
 
+ACQUIRE_ENV = "MONO_ACQUIRE"
+ACQUIRE_WAYS = ("atomic", "load", "fence")
+
+
+def acquire_way() -> int:
+    """How a wait acquires the done pairs it saw (the stores of the items that published
+    them become visible), from MONO_ACQUIRE, as `ACQUIRE_WAYS`' index: "atomic" (the
+    default: an acquire add of 0 a pair, a read-modify-write that every waiter of a stage
+    makes on the same words), "load" (an acquire load a pair) or "fence" (one
+    `fence.acq_rel.gpu` a thread after its polls saw the pairs: PTX's fence-based acquire
+    pattern). NVIDIA only; AMD and the interpreter add. A tuning knob, read when the
+    kernels' module is imported."""
+    raw = os.environ.get(ACQUIRE_ENV, "atomic").strip() or "atomic"
+    if raw not in ACQUIRE_WAYS:
+        raise ValueError(f"{ACQUIRE_ENV}={raw!r}: expected one of {', '.join(ACQUIRE_WAYS)}")
+    return 0 if cpu_interpreter() else ACQUIRE_WAYS.index(raw)
+
+
 def tag_of(epoch: int, base: int, slot: int) -> int:
     """The 32-bit tag of launch `slot` in the step at `epoch`, or TAG_INVALID outside the era.
 

@@ -36,6 +36,7 @@ _ALARM_GAVE_UP = tl.constexpr(P.ALARM_GAVE_UP)
 _NAP, _SPIN = P.poll_backoff()  # read once, at import
 _BACKOFF_NS = tl.constexpr(_NAP)  # constexpr globals: in the cache key
 _SPIN_NS = tl.constexpr(_SPIN)
+_ACQUIRE = tl.constexpr(P.acquire_way())  # an index of P.ACQUIRE_WAYS
 # (the interpreter exchanges: it runs no inline assembly)
 _STORE_PUBLISH = tl.constexpr(P.publish_way() == "store" and not P.cpu_interpreter())
 
@@ -75,6 +76,53 @@ def _sm_id(_semantic=None):
     if _amd(_semantic):
         return _semantic.to_tensor(0).to(tl.int32, _semantic=_semantic)
     return smid(_semantic=_semantic)
+
+
+@tl.core.extern
+def _acquire_asm(ptrs, mask, WAY, _semantic=None):
+    """`acquire`'s NVIDIA ways: WAY 1 a predicated `ld.acquire.gpu` a lane, WAY 2 one
+    `fence.acq_rel.gpu`; on AMD the acquire add (WAY 0's)."""
+    if _amd(_semantic):
+        return tl.atomic_add(
+            ptrs, 0, mask=mask, sem="acquire", scope="gpu", _semantic=_semantic
+        ).to(tl.int32, _semantic=_semantic)
+    if tl.core._unwrap_if_constexpr(WAY) == 2:
+        return tl.inline_asm_elementwise(
+            "fence.acq_rel.gpu;\n\tmov.u32 $0, 0;",
+            "=r",
+            [],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+            _semantic=_semantic,
+        )
+    asm = (
+        "{\n\t.reg .pred p;\n\t.reg .b64 v;\n\tsetp.ne.b32 p, $2, 0;\n\t"
+        "@p ld.acquire.gpu.global.b64 v, [$1];\n\tmov.u32 $0, 0;\n\t}"
+    )
+    return tl.inline_asm_elementwise(
+        asm,
+        "=r,l,r",
+        [
+            ptrs.to(tl.int64, bitcast=True, _semantic=_semantic),
+            mask.to(tl.int32, _semantic=_semantic),
+        ],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+        _semantic=_semantic,
+    )
+
+
+@triton.jit
+def acquire(ptrs, mask, WAY: tl.constexpr):
+    """Acquire the pairs at `ptrs` that this thread's polls saw carry the tag: the stores
+    their publishers made before publishing become visible to this thread (the caller's
+    barrier extends that to its program). WAY: an index of `protocol.ACQUIRE_WAYS`."""
+    if WAY == 0:
+        tl.atomic_add(ptrs, lg.zeros_like(ptrs, tl.int64), mask=mask, sem="acquire", scope="gpu")
+    else:
+        _acquire_asm(ptrs, mask, WAY)
 
 
 @tl.core.extern
@@ -348,7 +396,7 @@ def wait_done(
     i = lg.anchor(lg.arange(0, N2))
     m = i < N
     _, ok = poll(done + first + i, m, tag, ctl, health, peers, rank, world, region, pair0, CPU)
-    tl.atomic_add(done + first + i, lg.zeros_like(i, tl.int64), mask=m, sem="acquire", scope="gpu")
+    acquire(done + first + i, m, _ACQUIRE)
     tl.debug_barrier()
     return ok
 
@@ -479,6 +527,6 @@ def ticket_wait(done, t, tag, ctl, health, peers, rank, world, region, CPU: tl.c
     """Wait (bounded) for item t < this program's own ticket; then its stores are visible."""
     one = lg.anchor(lg.arange(0, 1))
     _, ok = poll(done + t + one, one == 0, tag, ctl, health, peers, rank, world, region, t, CPU)
-    tl.atomic_add(done + t, 0, sem="acquire", scope="gpu")
+    acquire(done + t + one, one == 0, _ACQUIRE)
     tl.debug_barrier()
     return ok
