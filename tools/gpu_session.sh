@@ -800,17 +800,27 @@ if has acquire; then
     # table (`bench_protocol --fanouts`: the time from one stage's publish to its last
     # waiter's return, each acquire way), then K2, K1 and the FFN with each way of
     # MONO_ACQUIRE (atomic: the default; load; fence), each compiled in its own process,
-    # timed one at a time. ~480 s when fresh.
+    # timed one at a time; and K2's routed up items in two K parts (uks=2: 192 items at
+    # S = 1, where 96 left SMs idle and more bytes in flight an item did not help), with
+    # its full-rank Gluon GPU test. ~520 s when fresh.
     for v in atomic load fence; do
         step "warm-k2-$v" 280 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.k2.bench \
-            --rows 1,16 --layers 1 --no-baseline &
+            --rows 1,4,16 --layers 1 --no-baseline &
         step "warm-kda-$v" 280 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.kda.bench \
             --shapes 1x1,8x1 --layers 1 --no-baseline &
         step "warm-ffn-$v" 280 env MONO_ACQUIRE=$v python3 -m mono_kernels_minimax.ffn.bench \
             --rows 1,16 --formats mxfp4 --layers 1 --no-baseline &
     done
+    step warm-k2-uks2 280 env MONO_K2_TILES=uks=2 python3 -m mono_kernels_kimi.k2.bench \
+        --rows 1,4,16 --layers 1 --no-baseline &
+    MONO_K2_TILES=uks=2 tests k2 280 $P/mono-kernels-kimi/tests/test_k2_gpu.py \
+        -k "full_rank and gluon" --tb=short &
     wait
     step fanout 60 python3 -m mono_runtime.bench_protocol --fanouts 1,31,131,263
+    for v in uks=1 uks=2; do
+        step "k2-$v" 35 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,4,16 --layers 4 --no-baseline
+    done
     for v in atomic load fence; do
         step "k2-$v" 30 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 4 --no-baseline

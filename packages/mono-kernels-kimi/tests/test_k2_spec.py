@@ -65,7 +65,8 @@ def test_the_plan_covers_every_shape(b):
     st = starts(b)
     assert st["oproj"] == 0 and st["handshake"] == tickets(b, False)
     assert tickets(b, True) == tickets(b, False) + 1
-    assert dict(stages(b))["up"] == b.max_slots * p.nc
+    assert dict(stages(b))["up"] == b.max_slots * p.nc * p.uks
+    assert (c.latent_size // p.ubk) % p.uks == 0  # split K: whole steps in every part
 
 
 def test_counts_of_a_tiny_tp2_width_3():
@@ -73,8 +74,9 @@ def test_counts_of_a_tiny_tp2_width_3():
     assert b.max_slots == 12  # 3 rows x 4 picks of 16 experts
     assert dict(stages(b)) == dict(
         oproj=2, col=6, mix=6, norm=6, router=2, latdown=2, shup=4, shdown=2, gather=3, route=3,
-        union=1, up=24, down=4, dsum=2, lred=3, upproj=2, final=6, handshake=1,
+        union=1, up=48, down=4, dsum=2, lred=3, upproj=2, final=6, handshake=1,
     )  # fmt: skip
+    assert (b.plan.uks, b.plan.ubk) == (2, 32)  # the interpreter runs the up split K
 
 
 @pytest.mark.parametrize("b", BUILDS, ids=_ids)
@@ -138,8 +140,11 @@ def test_tile_overrides_are_checked(monkeypatch):
     # its up items their gate and up rows
     gl, tr = K2Build(real, 1, frag=True).plan, K2Build(real, 1).plan
     assert (gl.dring, gl.ring, tr.dring, tr.ring) == (1, 1, 0, 0)
+    assert gl.uks == 1  # the up items' K in one part, unless asked (LAT / ubk = 14 steps)
+    monkeypatch.setenv(TILES_ENV, "uks=2")
+    assert dict(stages(K2Build(real, 1, frag=True)))["up"] == 16 * 6 * 2
     bad_tiles = ("obk=96", "sdk=8", "occ=3", "stages=0", "nope=1", "obk=x", "sb=24", "dks=3")
-    for bad in bad_tiles + ("dring=2",):
+    for bad in bad_tiles + ("dring=2", "uks=4", "uks=3"):
         monkeypatch.setenv(TILES_ENV, bad)
         with pytest.raises(ValueError, match="K2 tiles|MONO_K2_TILES"):
             _ = K2Build(real, 1).plan

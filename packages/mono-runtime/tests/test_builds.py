@@ -97,7 +97,7 @@ def other_kernels_child(rank, world, group):
     fan = {"stamps": "*i64", "count": "*i32", "rounds": "i32"}
     fanout = [
         compile_for(B._fanout, {**mailbox, **fan}, {"WORDS": 32, "WAY": way}).asm["ptx"]
-        for way in range(3)
+        for way in range(4)
     ]
     return {
         "ping_pong": ping.asm["ptx"],
@@ -229,8 +229,11 @@ def test_guard_and_bench_kernels_compile_for_sm90_with_uniform_wait_exits():
         assert_waits_leave_together(out[name])
     # the push table's exchange way: 16 rows x 256 pairs over 128 threads, one a pair
     assert out["push"].count("atom.global.sys.relaxed.exch.b64") == 32
-    # the fan-out's acquire ways (protocol.ACQUIRE_WAYS): an add, a load, a fence
-    add, load, fence = out["fanout"]
+    # the fan-out's acquire ways (protocol.ACQUIRE_WAYS): an add, a load, a fence; then
+    # pairs that carry the data: relaxed stores, no acquire at all
+    add, load, fence, value = out["fanout"]
+    assert "st.relaxed.gpu.global.b64" in value and "acquire" not in value
+    assert "release" not in value
     for ptx in out["fanout"]:
         assert_waits_leave_together(ptx)
     assert re.search(r"atom\.global\.gpu\.acquire\.add", add) and "ld.acquire" not in add

@@ -162,7 +162,9 @@ def _fanout(
     WORDS done pairs (release exchanges, as `ticket_finish`); every other program waits for
     all of them as a later stage's item does (`poll`, the acquire way WAY, the barrier),
     stamps its clock and counts itself in `count`; program 0 starts the next round once
-    all have. stamps[r, 0]: round r's publish clock, stamps[r, p]: program p's return."""
+    all have. WAY 3: the pairs are the data (`publish_value`'s relaxed stores, as a push),
+    so no release and no acquire. stamps[r, 0]: round r's publish clock, stamps[r, p]:
+    program p's return."""
     me = tl.program_id(0)
     n = tl.num_programs(0)
     tag = T.step_tag(ctl, 0)
@@ -178,10 +180,14 @@ def _fanout(
                 budget -= 1
                 got = tl.min(tl.load(count + every, volatile=True), 0)
             tl.store(stamps + r * n, T.clock(0, False))
-            T.publish(words, i, tag, i >= 0, "gpu")
+            if WAY == 3:
+                T.publish_value(words, i, tag, i >= 0, "gpu")
+            else:
+                T.publish(words, i, tag, i >= 0, "gpu")
         else:
             T.poll(words, i >= 0, tag, ctl, health, peers, 0, 1, region, r * WORDS, False)
-            T.acquire(words, i >= 0, WAY)
+            if WAY != 3:
+                T.acquire(words, i >= 0, WAY)
             tl.debug_barrier()
             tl.store(stamps + r * n + me, T.clock(0, False))
             tl.atomic_add(count, 1, sem="relaxed", scope="gpu")
@@ -273,13 +279,15 @@ def _trip_ns(runner: MonoRunner, launch, rounds: int, repeats: int = 3) -> float
 def _fanouts(
     runner: MonoRunner, waiters: tuple[int, ...], region: int, rounds: int = 200, words: int = 32
 ) -> list[tuple[str, float]]:
-    """[(what, ns)]: for each count of waiters and each acquire way, the median over rounds
-    of the time from a stage's publish until its last waiter's wait returned (`_fanout`),
-    and of its mean waiter's; raises if any wait gave up."""
+    """[(what, ns)]: for each count of waiters, each acquire way and pairs that carry the
+    data themselves, the median over rounds of the time from a stage's publish until its
+    last waiter's wait returned (`_fanout`), and of its mean waiter's; raises if any wait
+    gave up."""
     a, peers = runner.launch_args(), runner.peer.addresses
     rows = []
     for n in waiters:
-        for way, name in enumerate(P.ACQUIRE_WAYS):
+        ways = [f"done pairs, acquire by {w}" for w in P.ACQUIRE_WAYS]
+        for way, name in enumerate(ways + ["the data's own pairs (no release, no acquire)"]):
             stamps = torch.zeros(rounds, n + 1, dtype=torch.int64, device=runner.device)
             count = torch.zeros(1, dtype=torch.int32, device=runner.device)
             runner.step_begin()
@@ -290,7 +298,7 @@ def _fanouts(
             lag = (stamps[:, 1:] - stamps[:, :1]).double()
             last = lag.max(dim=1).values.median().item()
             mean = lag.mean(dim=1).median().item()
-            what = f"hand-off of {words} done pairs to {n} waiting programs, acquire by {name}"
+            what = f"hand-off of {words} pairs to {n} waiting programs, {name}"
             rows += [(f"{what}: the last", last), (f"{what}: the mean", mean)]
     return rows
 

@@ -189,6 +189,7 @@ class Plan:
     bn: int  # gate (and up) rows of a routed up item
     nc: int  # up items per slot
     ubk: int  # K step of up items (K = LAT)
+    uks: int  # K parts of a routed up item's gate and up rows (split K)
     dc: int  # latent columns of a down item
     nd: int
     ng: int  # slot groups of the down stage
@@ -236,6 +237,12 @@ class Plan:
             # routed up blocks of 64 rows: MXFP4 streams several times slower in fewer
             # (MX_FAST_ROWS); H200 at S = 1: 315.5 us with 16-row blocks, 258.4 with 64
             bn=_step(ri, MX_FAST_ROWS if big else 16),
+            # K parts of a routed up item (the last to finish sums them in order and
+            # applies SiTU): at S = 1 the up stage is 96 items, at most one an SM, and
+            # more bytes in flight an item did not speed it (stop 49), so more, shorter
+            # items might. Tiny builds take 2 (K steps of 32), so that the interpreter
+            # runs the split
+            uks=1 if big else 2,
             # routed down items of 128 latent columns: a K step's e8m0 scales are then 512 B,
             # which Triton loads asynchronously (256 B at 64 columns: a synchronous load a
             # trip); H200: 255 / 346 / 653 -> 243 / 310 / 548 us at S = 1 / 4 / 16
@@ -296,6 +303,8 @@ class Plan:
                 check_tile("K2", name, t[name], most=k)
         check_tile("K2", "stages", t["stages"], least=1, pow2=False)
         check_tile("K2", "dks", t["dks"], least=1, most=8)
+        ubk = _step(lat, 256 if big else 32)
+        check_tile("K2", "uks", t["uks"], least=1, divides=lat // ubk)
         dks, oc, sb, sd, bn, dc, uc = (t[n] for n in ("dks", "oc", "sb", "sd", "bn", "dc", "uc"))
         rc = _step(h, 1024 if big else 32)
         fc = _step(h, 512 if big else 32)
@@ -317,7 +326,8 @@ class Plan:
             sdk=t["sdk"],
             bn=bn,
             nc=ri // bn,
-            ubk=_step(lat, 256),
+            ubk=ubk,
+            uks=t["uks"],
             pbk=_step(lat, t["pbk"]),
             dc=dc,
             nd=lat // dc,
@@ -375,7 +385,7 @@ def stages(b: K2Build, final: bool = True) -> list[tuple[str, int]]:
         shup=p.nsu * p.dks,
         shdown=p.nsd,
         gather=s,
-        up=b.max_slots * p.nc,
+        up=b.max_slots * p.nc * p.uks,
         down=p.nd * p.ng,
         dsum=p.nd,
         lred=s,
@@ -427,13 +437,13 @@ def waits(b: K2Build, nslots: int) -> dict[int, list[int]]:
     for t in span("shdown"):
         out[t] = span("shup")
     out[st["union"]] = span("route")
-    for j in range(b.max_slots):
-        for c in range(p.nc):
-            out[st["up"] + j * p.nc + c] = span("union") + span("gather")
+    for u in span("up"):
+        out[u] = span("union") + span("gather")
     for d in range(p.nd):
         for q in range(p.ng):
             j0, j1 = group_slots(b, nslots, q)
-            out[st["down"] + d * p.ng + q] = span("union") + span("up", j0 * p.nc, (j1 - j0) * p.nc)
+            n = p.nc * p.uks  # up items a slot
+            out[st["down"] + d * p.ng + q] = span("union") + span("up", j0 * n, (j1 - j0) * n)
         out[st["dsum"] + d] = span("down", d * p.ng, p.ng)
     for t in span("upproj"):
         out[t] = span("lred")
@@ -480,7 +490,9 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
     mid    bf16[MAXSLOTS, S, RI]  the routed experts' SiTU outputs, by slot
     count  int32[NR + NL + NSU]  K parts finished per row block of router, latdown, shup
            (the last resets it)
+    ucount int32[MAXSLOTS, NC]  K parts finished per routed up item (UKS > 1; likewise)
     kpart  fp32 their parts: [NR, DKS, 16, S], [NL, DKS, LB, S], then [NSU, DKS, 2 SB, S]
+    upart  fp32[MAXSLOTS, NC, UKS, 2 BN, S]  the routed up items' K parts (UKS > 1)
     dpart  fp32[ND, NG, DC, S]  the down groups' partials
     nlat   bf16[S, LAT] the normed latent the up-projection reads
     timeline  int64[tickets, 5] (timeline builds only): each item's program, ticket,
@@ -502,7 +514,9 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
             ("table", sum(table_sizes(b).values())),
             ("mid", 2 * b.max_slots * s * c.routed_intermediate),
             ("count", 4 * (p.nr + p.nl + p.nsu)),
+            ("ucount", 4 * b.max_slots * p.nc if p.uks > 1 else 0),
             ("kpart", 4 * p.dks * s * (16 * p.nr + p.lb * p.nl + 2 * p.sb * p.nsu)),
+            ("upart", 4 * b.max_slots * p.nc * p.uks * 2 * p.bn * s if p.uks > 1 else 0),
             ("dpart", 4 * b.plan.nd * b.plan.ng * b.plan.dc * s),
             ("nlat", 2 * s * lat),
         ]

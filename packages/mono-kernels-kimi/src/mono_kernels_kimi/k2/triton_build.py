@@ -127,6 +127,7 @@ def _k2_body(
     BN: tl.constexpr,
     NC: tl.constexpr,
     UBK: tl.constexpr,
+    UKS: tl.constexpr,
     PBK: tl.constexpr,
     DC: tl.constexpr,
     DBK: tl.constexpr,
@@ -183,7 +184,9 @@ def _k2_body(
     O_TABLE: tl.constexpr,
     O_MID: tl.constexpr,
     O_COUNT: tl.constexpr,
+    O_UCOUNT: tl.constexpr,
     O_KPART: tl.constexpr,
+    O_UPART: tl.constexpr,
     O_DPART: tl.constexpr,
     O_NLAT: tl.constexpr,
     T_SLOTE: tl.constexpr,
@@ -581,8 +584,9 @@ def _k2_body(
                 if TL:
                     t_ready = pt.clock(0, CPU)
                 _up(
-                    (t - T_UP) // NC,
-                    (t - T_UP) % NC,
+                    (t - T_UP) // (NC * UKS),
+                    (t - T_UP) // UKS % NC,
+                    (t - T_UP) % UKS,
                     w13,
                     w13_scale,
                     scratch,
@@ -594,6 +598,7 @@ def _k2_body(
                     MAXSLOTS,
                     BN,
                     UBK,
+                    UKS,
                     FMT,
                     STAGES,
                     UPAIR == 2,
@@ -602,6 +607,8 @@ def _k2_body(
                     T_SLOTE,
                     O_XLAT,
                     O_MID,
+                    O_UCOUNT,
+                    O_UPART,
                     BETA,
                     LBETA,
                     CPU,
@@ -628,6 +635,7 @@ def _k2_body(
                     RI,
                     MAXSLOTS,
                     NC,
+                    UKS,
                     NC2,
                     NG,
                     DC,
@@ -1334,6 +1342,7 @@ def _slot_expert(scratch, j, E: tl.constexpr, O_TABLE: tl.constexpr, T_SLOTE: tl
 def _up(
     j,
     c,
+    kp,
     w13,
     w13_scale,
     scratch,
@@ -1345,6 +1354,7 @@ def _up(
     MAXSLOTS: tl.constexpr,
     BN: tl.constexpr,
     UBK: tl.constexpr,
+    UKS: tl.constexpr,
     FMT: tl.constexpr,
     STAGES: tl.constexpr,
     ONE_TILE: tl.constexpr,
@@ -1353,25 +1363,35 @@ def _up(
     T_SLOTE: tl.constexpr,
     O_XLAT: tl.constexpr,
     O_MID: tl.constexpr,
+    O_UCOUNT: tl.constexpr,
+    O_UPART: tl.constexpr,
     BETA: tl.constexpr,
     LBETA: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
     """Slot j's gate and up rows [c BN, (c + 1) BN) (MXFP4, fp32 sums; in one loop,
-    ONE_TILE: as one tile; RING: one ring on the Gluon build), SiTU -> mid[j] (bf16);
-    nothing for a slot past the union's count."""
+    ONE_TILE: as one tile; RING: one ring on the Gluon build) over K part kp of UKS, SiTU
+    -> mid[j] (bf16) by the part that finished last, the parts summed in order (split K:
+    more, shorter items where few slots leave SMs idle); nothing for a slot past the
+    union's count."""
     if j < _slot_count(scratch, O_TABLE, MAXSLOTS):
         e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
         w, ws = dt.stacked_expert(e, w13, w13_scale, 2 * RI, LAT, FMT)
         xlat = (scratch + O_XLAT).to(tl.pointer_type(tl.bfloat16))
+        KP: tl.constexpr = LAT // UKS
         g, u = dt.any_stream_row_pair(
-            w, ws, xlat, c * BN, RI + c * BN, 0, LAT // UBK, LAT, BN, UBK, S, FMT, STAGES, CPU,
-            ASM, ONE_TILE, RING,
+            w, ws, xlat, c * BN, RI + c * BN, kp * KP, KP // UBK, LAT, BN, UBK, S, FMT, STAGES,
+            CPU, ASM, ONE_TILE, RING,
         )  # fmt: skip
-        h = tl.where(ok, _situ(g, u, BETA, LBETA), float("nan"))
-        mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
-        dt.store_mid(mid, j, c, h, S, RI, BN)
+        g = tl.where(ok, g, float("nan"))  # a part that gave up poisons the sum
+        i = j * (RI // BN) + c
+        upart = (scratch + O_UPART).to(tl.pointer_type(tl.float32)) + i * (UKS * 2 * BN * S)
+        ucount = (scratch + O_UCOUNT).to(tl.pointer_type(tl.int32)) + i
+        last, g, u = dt.split_k_pair(g, u, upart, ucount, kp, UKS, BN, S)
+        if last:
+            mid = (scratch + O_MID).to(tl.pointer_type(tl.bfloat16))
+            dt.store_mid(mid, j, c, _situ(g, u, BETA, LBETA), S, RI, BN)
 
 
 @triton.jit
@@ -1394,6 +1414,7 @@ def _down(
     RI: tl.constexpr,
     MAXSLOTS: tl.constexpr,
     NC: tl.constexpr,
+    UKS: tl.constexpr,
     NC2: tl.constexpr,
     NG: tl.constexpr,
     DC: tl.constexpr,
@@ -1431,8 +1452,8 @@ def _down(
     acc = dt.stream_zeros(DC)
     if DRING:  # (the Gluon build only) one wait for the group's up items, then one ring
         ok = ok & dt.wait_items(
-            done, T_UP + j0 * NC, (j1 - j0) * NC, GNC2, tag, ctl, health, peers, rank, world,
-            R_ITEMS, CPU,
+            done, T_UP + j0 * NC * UKS, (j1 - j0) * NC * UKS, GNC2, tag, ctl, health, peers,
+            rank, world, R_ITEMS, CPU,
         )  # fmt: skip
         if j1 > j0:
             slot_e = (scratch + O_TABLE + T_SLOTE).to(tl.pointer_type(tl.int32))
@@ -1447,7 +1468,18 @@ def _down(
             w, ws = dt.stacked_expert(e, w2, w2_scale, LAT, RI, FMT)
             dt.prefetch_rows(w, d * DC, DC, RI, 0, RI, FMT, CPU, ASM)
             ok = ok & dt.wait_items(
-                done, T_UP + j * NC, NC, NC2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
+                done,
+                T_UP + j * NC * UKS,
+                NC * UKS,
+                NC2,
+                tag,
+                ctl,
+                health,
+                peers,
+                rank,
+                world,
+                R_ITEMS,
+                CPU,
             )
             y = dt.any_stream_rows(
                 w, ws, mid + j * S * RI, d * DC, 0, RI // DBK, RI, DC, DBK, S, FMT, STAGES, CPU,
@@ -1699,6 +1731,7 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         BN=p.bn,
         NC=p.nc,
         UBK=p.ubk,
+        UKS=p.uks,
         PBK=p.pbk,
         DC=p.dc,
         DBK=p.dbk,
@@ -1713,13 +1746,13 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         UPF=p.upf,
         XPF=p.xpf,
         DRING=bool(p.dring) and b.frag,
-        GNC2=p2(-(-b.max_slots // p.ng) * p.nc),
+        GNC2=p2(-(-b.max_slots // p.ng) * p.nc * p.uks),
         S2=p2(b.rows),
         NS2=p2(c.num_attn_res_blocks + 1),
         NCH2=p2(p.nch),
         SNCH2=p2(b.rows * p.nch),
         SHUP2=p2(p.nsu * p.dks),
-        NC2=p2(p.nc),
+        NC2=p2(p.nc * p.uks),
         SNF2=p2(b.rows * p.nf),
         LP2=p2(c.latent_size // 2),
         E2=p2(c.num_experts),
