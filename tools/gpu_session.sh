@@ -775,9 +775,17 @@ if has k1step; then
     # every launch: a kernel of its own between two K1 launches, ~6 us a layer beside a
     # 54 us timeline span at S = 1), beside its op-by-op path; K2's timelines with each
     # item's SM (do the short items that take 6-8 us share their SM with a streaming
-    # item?), and K2 with one program an SM (occ=1) at S = 1 and 16. ~300 s when fresh.
-    step warm-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 \
-        --layers 1 &
+    # item?), and K2 with one program an SM (occ=1) at S = 1 and 16. Then K1 without its
+    # mix stage at <= 2 rows (gram=1: ares items store their blocks' source Gram
+    # matrices, proj mixes in its loader; stop 49's S = 1 timeline had ~6 us between the
+    # ares items' end and proj's start), its full-shape GPU tests at 1 x 1 and the
+    # give-up, its timeline. ~420 s when fresh.
+    step warm-kda 240 python3 -m mono_kernels_kimi.kda.bench \
+        --shapes 1x1,2x1,1x2,4x1,8x1,16x1 --layers 1 &
+    step warm-kda-gram 240 env MONO_K1_TILES=gram=1 python3 -m mono_kernels_kimi.kda.bench \
+        --shapes 1x1,2x1,1x2 --layers 1 --no-baseline &
+    MONO_K1_TILES=gram=1 tests k1-gram 240 $P/mono-kernels-kimi/tests/test_k1_gpu.py \
+        -k "1-1-True-13-full or give_up" --tb=short &
     step warm-tl-k2 240 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
         --timeline "$LOG/warm" &
     for v in occ=1 occ=2; do
@@ -792,6 +800,12 @@ if has k1step; then
         step "k2-$v" 30 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 4 --no-baseline
     done
+    for v in "" gram=1 "" gram=1; do
+        step "kda-$v-$SECONDS" 25 env MONO_K1_TILES=$v python3 -m mono_kernels_kimi.kda.bench \
+            --shapes 1x1,2x1,1x2 --layers 8 --no-baseline
+    done
+    step timeline-kda-gram 40 env MONO_K1_TILES=gram=1 python3 -m mono_kernels_kimi.kda.bench \
+        --shapes 1x1 --layers 4 --timeline "$LOG/bench/gram"
 fi
 if has acquire; then
     # Do a stage's waiters slow their own hand-off by acquiring the same done words with
