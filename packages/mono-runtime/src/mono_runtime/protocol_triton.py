@@ -100,17 +100,12 @@ def _acquire_asm(ptrs, mask, WAY, _semantic=None):
         "{\n\t.reg .pred p;\n\t.reg .b64 v;\n\tsetp.ne.b32 p, $2, 0;\n\t"
         "@p ld.acquire.gpu.global.b64 v, [$1];\n\tmov.u32 $0, 0;\n\t}"
     )
+    lanes = [
+        ptrs.to(tl.int64, bitcast=True, _semantic=_semantic),
+        mask.to(tl.int32, _semantic=_semantic),
+    ]
     return tl.inline_asm_elementwise(
-        asm,
-        "=r,l,r",
-        [
-            ptrs.to(tl.int64, bitcast=True, _semantic=_semantic),
-            mask.to(tl.int32, _semantic=_semantic),
-        ],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-        _semantic=_semantic,
+        asm, "=r,l,r", lanes, dtype=tl.int32, is_pure=False, pack=1, _semantic=_semantic
     )
 
 

@@ -1468,19 +1468,9 @@ def _down(
             w, ws = dt.stacked_expert(e, w2, w2_scale, LAT, RI, FMT)
             dt.prefetch_rows(w, d * DC, DC, RI, 0, RI, FMT, CPU, ASM)
             ok = ok & dt.wait_items(
-                done,
-                T_UP + j * NC * UKS,
-                NC * UKS,
-                NC2,
-                tag,
-                ctl,
-                health,
-                peers,
-                rank,
-                world,
-                R_ITEMS,
-                CPU,
-            )
+                done, T_UP + j * NC * UKS, NC * UKS, NC2, tag, ctl, health, peers, rank, world,
+                R_ITEMS, CPU,
+            )  # fmt: skip
             y = dt.any_stream_rows(
                 w, ws, mid + j * S * RI, d * DC, 0, RI // DBK, RI, DC, DBK, S, FMT, STAGES, CPU,
                 ASM,

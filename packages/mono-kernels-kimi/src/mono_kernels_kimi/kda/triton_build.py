@@ -630,20 +630,9 @@ def k1_kernel(
                 )  # fmt: skip
             else:
                 pt.wait_done(
-                    done,
-                    E1,
-                    E2 - E1,
-                    N2P,
-                    tag,
-                    ctl,
-                    health,
-                    peers,
-                    rank,
-                    world,
-                    R_MIX,
-                    0,
+                    done, E1, E2 - E1, N2P, tag, ctl, health, peers, rank, world, R_MIX, 0,
                     INTERPRET,
-                )
+                )  # fmt: skip
                 if TL:
                     t_ready = pt.clock(0, INTERPRET)
                 ci = tl.arange(0, C1P)
