@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mono_runtime.timeline import STAMP_WORDS, from_stamps, read_stamps, stamp_bytes, summary
+from mono_runtime.timeline import (
+    STAMP_WORDS,
+    from_stamps,
+    read_stamps,
+    sharing,
+    stamp_bytes,
+    summary,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -55,3 +62,15 @@ def test_summary_splits_each_stage_into_wait_and_work():
     # b: mean 4 (4 and 4), wait 3, work 1, the last ready at 7
     assert [float(x) for x in lines[2].split()[1:]] == [2, 3.0, 8.0, 4.0, 3.0, 1.0, 7.0]
     assert lines[-1] == "span 8.0 us over 2 programs on 2 SMs"
+
+
+def test_sharing_splits_each_stage_by_whether_an_sm_mate_overlapped():
+    """Program 2 shares SM 7 with program 0 and runs while program 0's "b" item works:
+    that item counts as shared, program 0's "a" item (before it) and program 1's as alone."""
+    rows = from_stamps(STAMPS + [(2 | SM7, 4, 8500, 8500, 9500)], lambda t: "ab"[min(t // 2, 1)])
+    lines = sharing(rows).splitlines()
+    assert lines[0].split() == ["stage", "alone", "work", "us", "shared", "work", "us"]
+    assert lines[1].split() == ["a", "2", "3.50", "0", "-"]
+    # b: program 1's item (1 us) alone; program 0's (8 -> 9 us) and program 2's share SM 7
+    assert lines[2].split() == ["b", "1", "1.00", "2", "1.00"]
+    assert sharing(from_stamps([(0, 0, 0, 0, 5), (1, 1, 0, 0, 5)], lambda t: "a")) == ""

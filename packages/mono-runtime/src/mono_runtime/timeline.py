@@ -78,6 +78,33 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def sharing(rows: list[dict]) -> str:
+    """Per stage, the mean work (ready to end) of its items that ran alone on their SM and
+    of those whose work overlapped another program's item on the same SM (the two share
+    the SM's issue slots and memory pipeline): whether short items are slow because a
+    neighbour streams. Empty when the rows name one SM only (the interpreter)."""
+    if len({r.get("sm", 0) for r in rows}) < 2:
+        return ""
+    by_sm: dict[int, list[dict]] = {}
+    for r in rows:
+        by_sm.setdefault(r["sm"], []).append(r)
+    lines = [f"{'stage':10s} {'alone':>5s} {'work us':>8s} {'shared':>6s} {'work us':>8s}"]
+    for name in dict.fromkeys(r["stage"] for r in rows):  # ticket order
+        alone, shared = [], []
+        for r in (r for r in rows if r["stage"] == name):
+            mates = (
+                o
+                for o in by_sm[r["sm"]]
+                if o["program"] != r["program"]
+                and o["start_us"] < r["end_us"]
+                and o["end_us"] > r["ready_us"]
+            )
+            (shared if any(mates) else alone).append(r["end_us"] - r["ready_us"])
+        mean = [f"{sum(v) / len(v):8.2f}" if v else f"{'-':>8s}" for v in (alone, shared)]
+        lines.append(f"{name:10s} {len(alone):5d} {mean[0]} {len(shared):6d} {mean[1]}")
+    return "\n".join(lines)
+
+
 def show(rows: list[dict], heading: str, path=None, title: str = "") -> None:
     """Print `heading` and the rows' `summary`; draw them at `path` (with `title`) when
     given, and write the rows beside the picture as JSON (same name, `.json`), so a stage's
@@ -85,6 +112,9 @@ def show(rows: list[dict], heading: str, path=None, title: str = "") -> None:
     benchmark shows of a launch."""
     print(f"-- {heading}")
     print(summary(rows), flush=True)
+    shared = sharing(rows)
+    if shared:
+        print(f"-- items alone on their SM or beside another program's\n{shared}", flush=True)
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).with_suffix(".json").write_text(json.dumps(rows))
