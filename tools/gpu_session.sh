@@ -779,7 +779,7 @@ if has k1step; then
     # mix stage at <= 2 rows (gram=1: ares items store their blocks' source Gram
     # matrices, proj mixes in its loader; stop 49's S = 1 timeline had ~6 us between the
     # ares items' end and proj's start), its full-shape GPU tests at 1 x 1 and the
-    # give-up, its timeline. ~420 s when fresh.
+    # give-up, its timeline. ~440 s when fresh.
     step warm-kda 240 python3 -m mono_kernels_kimi.kda.bench \
         --shapes 1x1,2x1,1x2,4x1,8x1,16x1 --layers 1 &
     step warm-kda-gram 240 env MONO_K1_TILES=gram=1 python3 -m mono_kernels_kimi.kda.bench \
@@ -797,7 +797,7 @@ if has k1step; then
     step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
         --timeline "$LOG/bench"
     for v in occ=1 occ=2; do
-        step "k2-$v" 30 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+        step "k2-$v" 40 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 4 --no-baseline
     done
     for v in "" gram=1 "" gram=1; do
@@ -816,7 +816,7 @@ if has acquire; then
     # MONO_ACQUIRE (atomic: the default; load; fence), each compiled in its own process,
     # timed one at a time; and K2's routed up items in two K parts (uks=2: 192 items at
     # S = 1, where 96 left SMs idle and more bytes in flight an item did not help), with
-    # its full-rank Gluon GPU test. ~520 s when fresh.
+    # its full-rank Gluon GPU test. ~560 s when fresh (the last ways may be cut).
     for v in atomic load fence; do
         step "warm-k2-$v" 280 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,4,16 --layers 1 --no-baseline &
@@ -832,15 +832,15 @@ if has acquire; then
     wait
     step fanout 60 python3 -m mono_runtime.bench_protocol --fanouts 1,31,131,263
     for v in uks=1 uks=2; do
-        step "k2-$v" 35 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+        step "k2-$v" 45 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,4,16 --layers 4 --no-baseline
     done
     for v in atomic load fence; do
-        step "k2-$v" 30 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.k2.bench \
+        step "k2-$v" 40 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 4 --no-baseline
         step "kda-$v" 25 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.kda.bench \
             --shapes 1x1,8x1 --layers 8 --no-baseline
-        step "ffn-$v" 25 env MONO_ACQUIRE=$v python3 -m mono_kernels_minimax.ffn.bench \
+        step "ffn-$v" 35 env MONO_ACQUIRE=$v python3 -m mono_kernels_minimax.ffn.bench \
             --rows 1,16 --formats mxfp4 --layers 12 --no-baseline
     done
 fi
