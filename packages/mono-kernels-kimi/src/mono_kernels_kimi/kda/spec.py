@@ -314,9 +314,10 @@ class K1Build:
         return nvc + (nvc > 1)
 
     @property
-    def gram_sources(self) -> int:
-        """Rows of the Gram matrix an ares item stores (its sources, padded to a dot's 16)."""
-        return max(_pow2(self.max_sources), 16)
+    def source_rows(self) -> int:
+        """Rows of an AttnRes item's block of sources (a power of two; with `gram` at least
+        16, a dot's side, so that the block is its own Gram matrix's operand)."""
+        return max(_pow2(self.max_sources), 16 if self.gram else 1)
 
     @property
     def stage_items(self) -> tuple[int, ...]:
@@ -350,9 +351,9 @@ class K1Build:
         blocks = self.shared_blocks + self.heads * self.head_blocks
         sizes = {
             "cnt": blocks * 4,
-            "part": S * 2 * _pow2(self.max_sources) * _pow2(self.slices) * 4,
+            "part": S * 2 * self.source_rows * _pow2(self.slices) * 4,
             "msq": S * _pow2(self.slices) * 4,
-            "gpart": S * _pow2(self.slices) * self.gram_sources**2 * 4 if self.gram else 0,
+            "gpart": S * _pow2(self.slices) * self.source_rows**2 * 4 if self.gram else 0,
             "mixed": S * H * 4,
             "kparts": blocks * self.split_k * self.block_n * S * 4,
             "proj": S * self.in_proj_rows * 2,

@@ -190,24 +190,17 @@ def _gram_row(
     C1,
     C1P: tl.constexpr,
     MSP: tl.constexpr,
-    GSP: tl.constexpr,
 ):
     """(softmax weights, rstd) of row s without its mix: the input RMSNorm's sum of squares
     of the mix sum_j w_j src_j is w^T G w, G the ares items' Gram matrices of the sources
     summed in block order."""
     wts = _ares_weights(part, s, num_blocks, eps, HID, C1, C1P, MSP)
     ci = tl.arange(0, C1P)
-    gi = tl.arange(0, GSP * GSP)
-    gp = gpart + (s * C1P + ci[:, None]) * (GSP * GSP) + gi[None, :]
+    gi = tl.arange(0, MSP * MSP)
+    gp = gpart + (s * C1P + ci[:, None]) * (MSP * MSP) + gi[None, :]
     g = tl.sum(tl.load(gp, mask=(ci < C1)[:, None], other=0.0, cache_modifier=".cg"), axis=0)
-    g = tl.reshape(g, (GSP, GSP))
-    if GSP == MSP:
-        wg = wts
-    else:  # the weights padded to the Gram matrix's rows (sources past MSP are zeros)
-        a = tl.arange(0, GSP)
-        b = tl.arange(0, MSP)
-        wg = tl.sum(tl.where(a[:, None] == b[None, :], wts[None, :], 0.0), axis=1)
-    m = tl.sum(tl.sum(g * wg[:, None] * wg[None, :], axis=1), axis=0)
+    g = tl.reshape(g, (MSP, MSP))
+    m = tl.sum(tl.sum(g * wts[:, None] * wts[None, :], axis=1), axis=0)
     return wts, tl.rsqrt(m * (1.0 / HID) + out_eps)
 
 
@@ -478,7 +471,6 @@ def k1_kernel(
     STAGES: tl.constexpr,
     PF: tl.constexpr,
     GRAM: tl.constexpr,
-    GSP: tl.constexpr,
     BV: tl.constexpr,
     NSH: tl.constexpr,
     N1P: tl.constexpr,
@@ -558,14 +550,8 @@ def k1_kernel(
                 tl.store(pp, tl.sum(src * src, axis=1))
                 tl.store(pp + MSP * C1P, tl.sum(src * wnq[None, :], axis=1))
                 if GRAM:  # the block's Gram matrix of the sources (bf16 values: exact products)
-                    if GSP == MSP:
-                        gs = src.to(BF16)
-                    else:
-                        gs = _sources(
-                            row, p, cols, cm, num_blocks, wi, blocks_block_stride, GSP
-                        ).to(BF16)
-                    gi = tl.arange(0, GSP)
-                    gp = gpart + ((s * C1P + c) * GSP + gi[:, None]) * GSP + gi[None, :]
+                    gs = src.to(BF16)
+                    gp = gpart + ((s * C1P + c) * MSP + j[:, None]) * MSP + j[None, :]
                     tl.store(gp, _dot(gs, tl.trans(gs), INTERPRET))
             else:
                 # the softmax over the sources (prefix last) once this row's partials are in
@@ -615,13 +601,11 @@ def k1_kernel(
                 if TL:
                     t_ready = pt.clock(0, INTERPRET)
                 # per row: the softmax weights and w^T G w, the mix's sum of squares
-                w0, r0 = _gram_row(part, gpart, 0, num_blocks, eps, out_eps, HID, C1, C1P, MSP, GSP)
+                w0, r0 = _gram_row(part, gpart, 0, num_blocks, eps, out_eps, HID, C1, C1P, MSP)
                 rstd = tl.where(n == 0, r0, 1.0)
                 w1 = w0
                 if S > 1:
-                    w1, r1 = _gram_row(
-                        part, gpart, 1, num_blocks, eps, out_eps, HID, C1, C1P, MSP, GSP
-                    )
+                    w1, r1 = _gram_row(part, gpart, 1, num_blocks, eps, out_eps, HID, C1, C1P, MSP)
                     rstd = tl.where(n == 1, r1, rstd)
                 acc = _proj_part_gram(
                     in_proj, in_norm, prefix, blocks, w0, w1, rstd, rows, nm, kp * KP,
@@ -937,14 +921,13 @@ def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
         BH=build.block_h,
         C1=c1,
         C1P=_pow2(c1),
-        MSP=_pow2(build.max_sources),
+        MSP=build.source_rows,
         BN=build.block_n,
         BK=build.block_k,
         KS=build.split_k,
         STAGES=build.stages,
         PF=build.proj_pf,
         GRAM=bool(build.gram),
-        GSP=build.gram_sources,
         BV=build.block_v,
         NSH=build.shared_blocks,
         N1P=_pow2(items[0]),
