@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, naps, icache, l2fill, k1step, acquire, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, naps, icache, l2fill, k1step, acquire, split, verify, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -775,17 +775,9 @@ if has k1step; then
     # every launch: a kernel of its own between two K1 launches, ~6 us a layer beside a
     # 54 us timeline span at S = 1), beside its op-by-op path; K2's timelines with each
     # item's SM (do the short items that take 6-8 us share their SM with a streaming
-    # item?), and K2 with one program an SM (occ=1) at S = 1 and 16. Then K1 without its
-    # mix stage at <= 2 rows (gram=1: ares items store their blocks' source Gram
-    # matrices, proj mixes in its loader; stop 49's S = 1 timeline had ~6 us between the
-    # ares items' end and proj's start), its full-shape GPU tests at 1 x 1 and the
-    # give-up, its timeline. ~440 s when fresh.
-    step warm-kda 240 python3 -m mono_kernels_kimi.kda.bench \
-        --shapes 1x1,2x1,1x2,4x1,8x1,16x1 --layers 1 &
-    step warm-kda-gram 240 env MONO_K1_TILES=gram=1 python3 -m mono_kernels_kimi.kda.bench \
-        --shapes 1x1,2x1,1x2 --layers 1 --no-baseline &
-    MONO_K1_TILES=gram=1 tests k1-gram 240 $P/mono-kernels-kimi/tests/test_k1_gpu.py \
-        -k "1-1-True-13-full or give_up" --tb=short &
+    # item?), and K2 with one program an SM (occ=1) at S = 1 and 16. ~300 s when fresh.
+    step warm-kda 240 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 \
+        --layers 1 &
     step warm-tl-k2 240 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
         --timeline "$LOG/warm" &
     for v in occ=1 occ=2; do
@@ -800,12 +792,33 @@ if has k1step; then
         step "k2-$v" 40 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 4 --no-baseline
     done
-    for v in "" gram=1 "" gram=1; do
-        step "kda-$v-$SECONDS" 25 env MONO_K1_TILES=$v python3 -m mono_kernels_kimi.kda.bench \
-            --shapes 1x1,2x1,1x2 --layers 8 --no-baseline
+fi
+if has split; then
+    # Are K2's bf16 streams held by one program an SM? Stop 50's S = 1 timeline (H100):
+    # upproj's 112 items of 64 rows ran on 107 SMs, one program each, ~23 GB/s an item
+    # (51 MB in 20 us at S = 1 and 16 alike; HBM idle around them), the routed up stage's
+    # 96 items on 76 SMs. Each variant compiled in its own process, then timed one at a
+    # time: upproj in 32-row items (uc=32: 224, two an SM), the same with the routed up
+    # items in two K parts (uks=2) and with oproj in 32 columns (oc=32); the winner's S =
+    # 1 / 16 timeline; the FFN's S = 1 / 16 timeline (same question there). ~330 s fresh.
+    V=("" uc=32 uks=2,uc=32 oc=32,uc=32)
+    for v in "${V[@]}"; do
+        step "warm-k2-${v//[=:,]/_}" 260 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,4,16 --layers 1 --no-baseline &
     done
-    step timeline-kda-gram 40 env MONO_K1_TILES=gram=1 python3 -m mono_kernels_kimi.kda.bench \
-        --shapes 1x1 --layers 4 --timeline "$LOG/bench/gram"
+    step warm-tl-k2 260 env MONO_K2_TILES=uks=2,uc=32 python3 -m mono_kernels_kimi.k2.bench \
+        --rows 1,16 --layers 1 --timeline "$LOG/warm" &
+    step warm-tl-ffn 260 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
+        --timeline "$LOG/warm" &
+    wait
+    for v in "${V[@]}"; do
+        step "k2-${v//[=:,]/_}" 40 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,4,16 --layers 4 --no-baseline
+    done
+    step timeline-k2 60 env MONO_K2_TILES=uks=2,uc=32 python3 -m mono_kernels_kimi.k2.bench \
+        --rows 1,16 --layers 4 --timeline "$LOG/bench"
+    step timeline-ffn 90 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
+        --timeline "$LOG/bench"
 fi
 if has acquire; then
     # Do a stage's waiters slow their own hand-off by acquiring the same done words with
@@ -843,6 +856,15 @@ if has acquire; then
         step "ffn-$v" 35 env MONO_ACQUIRE=$v python3 -m mono_kernels_minimax.ffn.bench \
             --rows 1,16 --formats mxfp4 --layers 12 --no-baseline
     done
+fi
+if has verify; then
+    # The hand-offs' acquire (MONO_ACQUIRE's default, now a load a pair) checked at full
+    # shapes: K2's full-rank Gluon test, K1's 1 x 1 full-shape test and the FFN's MXFP4
+    # Gluon full-rank test, in the background: name it before `tables`, whose compiles
+    # they share the wait with.
+    tests k2 280 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short &
+    tests k1 280 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "1-1-True-13-full" --tb=short &
+    tests ffn 280 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "full_rank_shapes and mxfp4-gluon and not ring" --tb=short &
 fi
 if has tables; then
     # The issues' tables as committed: K2, K1 and the FFN each beside its op-by-op path in

@@ -29,7 +29,7 @@ DEFAULT_DECODE = (1, 3, 16)
 
 
 def cases():
-    """(name, R, L, spec, layer_idx, pad, pad_slot, conv_layout, block_v[, gram]): every (R, L)
+    """(name, R, L, spec, layer_idx, pad, pad_slot, conv_layout, block_v): every (R, L)
     with R x L <= 8 as spec-verify, plus plain decodes, and two steps of 16 rows (the most
     a build serves; each costs interpreter time): spec 2 x 8 and a plain decode of 16.
     Layers cycle through the first layer (no delta), block-write layers and ordinary
@@ -51,11 +51,6 @@ def cases():
         if every or R in DEFAULT_DECODE:
             pad = (0,) if R > 1 else ()
             out.append((f"decode-R{R}", R, 1, False, 3, pad, -1, "SD", (8, 16)[R == 16]))
-    # no mix stage (tile gram, <= 2 rows): a block-write layer of 1 x 2, a plain decode of 2
-    # rows (one padded) with a delta, and one row of the first layer
-    out.append(("gram-spec-R1-L2", 1, 2, True, 2, (), -1, "DS", 16, 1))
-    out.append(("gram-decode-R2", 2, 1, False, 1, (1,), 0, "SD", 8, 1))
-    out.append(("gram-decode-R1", 1, 1, False, 0, (), -1, "SD", 16, 1))
     return out
 
 
@@ -64,7 +59,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def run_case(name, R, L, spec, layer, pad, pad_slot, layout, block_v, gram=0):
+def run_case(name, R, L, spec, layer, pad, pad_slot, layout, block_v):
     cfg = KimiK3Config.tiny()
     inp = make_inputs(
         cfg,
@@ -83,7 +78,7 @@ def run_case(name, R, L, spec, layer, pad, pad_slot, layout, block_v, gram=0):
     want = ref.reference()
     from mono_kernels_kimi.kda.runner import KdaRunner
 
-    runner = KdaRunner(cfg, "cpu", L, spec=spec, **{**TILING, "block_v": block_v, "gram": gram})
+    runner = KdaRunner(cfg, "cpu", L, spec=spec, **{**TILING, "block_v": block_v})
     runner(R, **inp.k1_kwargs())
     idx = inp.state_indices.view(R, -1).long()
     valid = [r for r in range(R) if r not in pad]

@@ -100,23 +100,6 @@ def test_proj_prefetch_is_checked_and_nvidia_only(monkeypatch):
             K1Build.for_step(real, 1, 1)
 
 
-def test_gram_drops_the_mix_stage_at_two_rows_at_most(monkeypatch):
-    """`gram` (an override for GPU tuning, or a runner's tiling): no mix items at <= 2
-    rows, a Gram region per (row, slice), proj waiting on the ares items; wider
-    builds of the same tiling keep the mix stage; a build that asks it wider is refused."""
-    real = KimiK3Config()
-    assert K1Build.for_step(real, 1, 1).gram == 0
-    monkeypatch.setenv(spec.TILES_ENV, "gram=1")
-    one, two, four = (K1Build.for_step(real, r, 1) for r in (1, 2, 4))
-    assert (one.gram, two.gram, four.gram) == (1, 1, 0)
-    assert one.stage_items[1] == 0 and four.stage_items[1] == four.stage_items[0]
-    assert one.scratch_layout()["gpart"][1] == 32 * 16 * 16 * 4  # 28 slices padded, 16 x 16
-    c = triton_build.constexprs(two, triton_build.offsets(two))
-    assert c["GRAM"] and c["N1P"] == 64 and c["E2"] == c["E1"]
-    with pytest.raises(ValueError, match="gram"):
-        K1Build(**{**four.__dict__, "gram": 1})
-
-
 def test_ares_items_fill_the_programs_once_and_proj_parts_by_width():
     """`ares_block_h`: 256 columns an AttnRes item (28 a row) while a stage's items fit 132
     programs, 512 at 8 rows (112 items), 1024 at 16 (112), never more; an explicit

@@ -97,7 +97,7 @@ def other_kernels_child(rank, world, group):
     fan = {"stamps": "*i64", "count": "*i32", "rounds": "i32"}
     fanout = [
         compile_for(B._fanout, {**mailbox, **fan}, {"WORDS": 32, "WAY": way}).asm["ptx"]
-        for way in range(4)
+        for way in range(len(P.ACQUIRE_WAYS) + 1)
     ]
     return {
         "ping_pong": ping.asm["ptx"],
@@ -229,16 +229,15 @@ def test_guard_and_bench_kernels_compile_for_sm90_with_uniform_wait_exits():
         assert_waits_leave_together(out[name])
     # the push table's exchange way: 16 rows x 256 pairs over 128 threads, one a pair
     assert out["push"].count("atom.global.sys.relaxed.exch.b64") == 32
-    # the fan-out's acquire ways (protocol.ACQUIRE_WAYS): an add, a load, a fence; then
-    # pairs that carry the data: relaxed stores, no acquire at all
-    add, load, fence, value = out["fanout"]
+    # the fan-out's acquire ways (protocol.ACQUIRE_WAYS): an add, a load; then pairs that
+    # carry the data: relaxed stores, no acquire at all
+    add, load, value = out["fanout"]
     assert "st.relaxed.gpu.global.b64" in value and "acquire" not in value
     assert "release" not in value
     for ptx in out["fanout"]:
         assert_waits_leave_together(ptx)
     assert re.search(r"atom\.global\.gpu\.acquire\.add", add) and "ld.acquire" not in add
     assert "ld.acquire.gpu.global.b64" in load and "acquire.add" not in load
-    assert "fence.acq_rel.gpu" in fence and "acquire.add" not in fence
 
 
 @pytest.mark.timeout(240)
@@ -263,13 +262,14 @@ def test_poll_backoff_sleeps_between_polls_only_when_asked():
 
 
 def test_acquire_way_knob_is_checked(monkeypatch):
-    """MONO_ACQUIRE names one of the ways; the interpreter always adds (way 0)."""
+    """MONO_ACQUIRE names one of the ways, load unless set; the interpreter always adds
+    (way 0)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setenv(P.ACQUIRE_ENV, "fence")
-    assert P.acquire_way() == 2
-    monkeypatch.setenv(P.ACQUIRE_ENV, "")
+    monkeypatch.setenv(P.ACQUIRE_ENV, "atomic")
     assert P.acquire_way() == 0
-    monkeypatch.setenv(P.ACQUIRE_ENV, "swap")
+    monkeypatch.setenv(P.ACQUIRE_ENV, "")
+    assert P.acquire_way() == 1
+    monkeypatch.setenv(P.ACQUIRE_ENV, "fence")
     with pytest.raises(ValueError, match="MONO_ACQUIRE"):
         P.acquire_way()
     monkeypatch.setenv(P.ACQUIRE_ENV, "load")

@@ -68,6 +68,7 @@ def _ping_pong(ctl, health, peers, rounds, region, CPU: tl.constexpr):
 _SPIN_BUDGET = tl.constexpr(1 << 24)  # polls per launch for the variants (seconds at most)
 _DEADLINE = tl.constexpr(P.CTL_DEADLINE)
 _MAX_RANKS = tl.constexpr(P.MAX_RANKS)
+_VALUE_WAY = tl.constexpr(len(P.ACQUIRE_WAYS))  # `_fanout`'s way with pairs that are the data
 
 
 @triton.jit
@@ -162,9 +163,9 @@ def _fanout(
     WORDS done pairs (release exchanges, as `ticket_finish`); every other program waits for
     all of them as a later stage's item does (`poll`, the acquire way WAY, the barrier),
     stamps its clock and counts itself in `count`; program 0 starts the next round once
-    all have. WAY 3: the pairs are the data (`publish_value`'s relaxed stores, as a push),
-    so no release and no acquire. stamps[r, 0]: round r's publish clock, stamps[r, p]:
-    program p's return."""
+    all have. WAY len(ACQUIRE_WAYS): the pairs are the data (`publish_value`'s relaxed
+    stores, as a push), so no release and no acquire. stamps[r, 0]: round r's publish
+    clock, stamps[r, p]: program p's return."""
     me = tl.program_id(0)
     n = tl.num_programs(0)
     tag = T.step_tag(ctl, 0)
@@ -180,13 +181,13 @@ def _fanout(
                 budget -= 1
                 got = tl.min(tl.load(count + every, volatile=True), 0)
             tl.store(stamps + r * n, T.clock(0, False))
-            if WAY == 3:
+            if WAY == _VALUE_WAY:
                 T.publish_value(words, i, tag, i >= 0, "gpu")
             else:
                 T.publish(words, i, tag, i >= 0, "gpu")
         else:
             T.poll(words, i >= 0, tag, ctl, health, peers, 0, 1, region, r * WORDS, False)
-            if WAY != 3:
+            if WAY != _VALUE_WAY:
                 T.acquire(words, i >= 0, WAY)
             tl.debug_barrier()
             tl.store(stamps + r * n + me, T.clock(0, False))

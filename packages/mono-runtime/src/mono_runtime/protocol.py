@@ -91,18 +91,18 @@ def publish_way() -> str:
 
 
 ACQUIRE_ENV = "MONO_ACQUIRE"
-ACQUIRE_WAYS = ("atomic", "load", "fence")
+ACQUIRE_WAYS = ("atomic", "load")
 
 
 def acquire_way() -> int:
     """How a wait acquires the done pairs it saw (the stores of the items that published
-    them become visible), from MONO_ACQUIRE, as `ACQUIRE_WAYS`' index: "atomic" (the
-    default: an acquire add of 0 a pair, a read-modify-write that every waiter of a stage
-    makes on the same words), "load" (an acquire load a pair) or "fence" (one
-    `fence.acq_rel.gpu` a thread after its polls saw the pairs: PTX's fence-based acquire
-    pattern). NVIDIA only; AMD and the interpreter add. A tuning knob, read when the
-    kernels' module is imported."""
-    raw = os.environ.get(ACQUIRE_ENV, "atomic").strip() or "atomic"
+    them become visible), from MONO_ACQUIRE, as `ACQUIRE_WAYS`' index: "load" (the default:
+    an acquire load a pair) or "atomic" (an acquire add of 0 a pair, a read-modify-write
+    that every waiter of a stage makes on the same words). H100 (stop 50,
+    `bench_protocol --fanouts`): a stage's hand-off to 131 waiters took 1.89 us by load,
+    2.18 by add, 1.98 by one `fence.acq_rel.gpu` a thread (that way was removed). NVIDIA
+    only; AMD and the interpreter add. Read when the kernels' module is imported."""
+    raw = os.environ.get(ACQUIRE_ENV, "load").strip() or "load"
     if raw not in ACQUIRE_WAYS:
         raise ValueError(f"{ACQUIRE_ENV}={raw!r}: expected one of {', '.join(ACQUIRE_WAYS)}")
     return 0 if cpu_interpreter() else ACQUIRE_WAYS.index(raw)

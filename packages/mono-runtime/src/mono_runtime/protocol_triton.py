@@ -79,23 +79,13 @@ def _sm_id(_semantic=None):
 
 
 @tl.core.extern
-def _acquire_asm(ptrs, mask, WAY, _semantic=None):
-    """`acquire`'s NVIDIA ways: WAY 1 a predicated `ld.acquire.gpu` a lane, WAY 2 one
-    `fence.acq_rel.gpu`; on AMD the acquire add (WAY 0's)."""
+def _acquire_asm(ptrs, mask, _semantic=None):
+    """`acquire`'s load way on NVIDIA: a predicated `ld.acquire.gpu` a lane; on AMD the
+    acquire add (the atomic way's)."""
     if _amd(_semantic):
         return tl.atomic_add(
             ptrs, 0, mask=mask, sem="acquire", scope="gpu", _semantic=_semantic
         ).to(tl.int32, _semantic=_semantic)
-    if tl.core._unwrap_if_constexpr(WAY) == 2:
-        return tl.inline_asm_elementwise(
-            "fence.acq_rel.gpu;\n\tmov.u32 $0, 0;",
-            "=r",
-            [],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-            _semantic=_semantic,
-        )
     asm = (
         "{\n\t.reg .pred p;\n\t.reg .b64 v;\n\tsetp.ne.b32 p, $2, 0;\n\t"
         "@p ld.acquire.gpu.global.b64 v, [$1];\n\tmov.u32 $0, 0;\n\t}"
@@ -117,7 +107,7 @@ def acquire(ptrs, mask, WAY: tl.constexpr):
     if WAY == 0:
         tl.atomic_add(ptrs, lg.zeros_like(ptrs, tl.int64), mask=mask, sem="acquire", scope="gpu")
     else:
-        _acquire_asm(ptrs, mask, WAY)
+        _acquire_asm(ptrs, mask)
 
 
 @tl.core.extern

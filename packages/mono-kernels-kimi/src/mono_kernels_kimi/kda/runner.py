@@ -51,7 +51,6 @@ TILING_MIN = {
     "stages": 1,
     "block_v": 1,
     "num_warps": 1,
-    "gram": 0,
 }
 """Every tiling keyword and its least value (powers of two and tile limits: K1Build).
 A wait's bound is the runner's deadline (`MonoRunner.set_deadline`), not a tiling."""

@@ -8,10 +8,7 @@ correctly when programs execute one after another:
             write, every source's partial sum of squares and qk dot (one load of all
             sources: a single latency)
     2 mix   per (row, hidden block), after stage 1's items of its row: softmax over the
-            sources -> mixed (fp32), its partial sum of squares. None with `gram` (at
-            most GRAM_ROWS rows): stage 1 also stores its block's Gram matrix of the
-            sources, so proj gets the mix's sum of squares as w^T G w (w the softmax
-            weights) and makes the mix itself in its loader: one hand-off, not two
+            sources -> mixed (fp32), its partial sum of squares
     3 proj  per (BN in_proj rows, K part): weights the dot's wide operand in a pipelined
             fixed-count loop; x = the input RMSNorm of the mix, made in the loader (bf16,
             as `_attn_res_kernel` stores it). Items run head by head (f_a and beta rows
@@ -46,7 +43,6 @@ from mono_runtime.timeline import stamp_bytes
 from ..config import KimiK3Config
 
 ROW_TILE = 16  # token rows on the narrow (N) side of every tl.dot tile (S padded up to it)
-GRAM_ROWS = 2  # the most rows `gram` serves: proj's loader mixes every source, row by row
 MAX_ROWS = ROW_TILE  # S = R x L rows a launch serves: every (R, L) with R x L <= 16
 STAGE_NAMES = ("ares", "mix", "proj", "head")
 TILES_ENV = "MONO_K1_TILES"  # e.g. "block_v=64,split_k=4": a benchmark's tile variant
@@ -163,7 +159,6 @@ def tunable_tiling(cfg: KimiK3Config) -> dict:
         stages=K1Build.stages,
         num_warps=K1Build.num_warps,
         proj_pf=K1Build.proj_pf,
-        gram=K1Build.gram,
     )
     return tile_overrides(TILES_ENV, t) if cfg.hidden_size >= 2048 else t
 
@@ -200,9 +195,6 @@ class K1Build:
     # K columns of a proj item's rows asked of L2 before it waits for AttnRes (0: none;
     # NVIDIA's bulk prefetch): HBM streams them while the AttnRes stages run
     proj_pf: int = 0
-    # 1: no mix stage (at most GRAM_ROWS rows; wider builds take 0): ares items store their
-    # block's source Gram matrix, proj makes x from the sources in its loader
-    gram: int = 0
     block_v: int = 16
     num_warps: int = 8
     timeline: bool = False  # stamp each item's program, ticket, start, ready, end (GPU tuning)
@@ -231,8 +223,6 @@ class K1Build:
             )
         if self.stages < 1:
             raise ValueError(f"stages = {self.stages} must be >= 1")
-        if self.gram not in (0, 1) or (self.gram and self.rows > GRAM_ROWS):
-            raise ValueError(f"gram = {self.gram}: 0, or 1 at rows <= {GRAM_ROWS}")
         part = self.hidden // self.split_k
         if not 0 <= self.proj_pf <= part or self.proj_pf % 8:
             raise ValueError(
@@ -260,8 +250,6 @@ class K1Build:
             tiling["split_k"] = proj_split_k(cfg, requests * L)
         if not tiling["block_v"]:
             tiling["block_v"] = head_block_v(cfg, requests, programs)
-        if requests * L > GRAM_ROWS:
-            tiling["gram"] = 0  # (a runner's widths share one tiling)
         return cls(
             hidden=cfg.hidden_size,
             heads=cfg.local_heads,
@@ -314,17 +302,11 @@ class K1Build:
         return nvc + (nvc > 1)
 
     @property
-    def source_rows(self) -> int:
-        """Rows of an AttnRes item's block of sources (a power of two; with `gram` at least
-        16, a dot's side, so that the block is its own Gram matrix's operand)."""
-        return max(_pow2(self.max_sources), 16 if self.gram else 1)
-
-    @property
     def stage_items(self) -> tuple[int, ...]:
         rc = self.rows * self.slices
         blocks = self.shared_blocks + self.heads * self.head_blocks
         head = self.requests * self.heads * self.head_items
-        return (rc, 0 if self.gram else rc, blocks * self.split_k, head)
+        return (rc, rc, blocks * self.split_k, head)
 
     @property
     def total_items(self) -> int:
@@ -351,9 +333,8 @@ class K1Build:
         blocks = self.shared_blocks + self.heads * self.head_blocks
         sizes = {
             "cnt": blocks * 4,
-            "part": S * 2 * self.source_rows * _pow2(self.slices) * 4,
+            "part": S * 2 * _pow2(self.max_sources) * _pow2(self.slices) * 4,
             "msq": S * _pow2(self.slices) * 4,
-            "gpart": S * _pow2(self.slices) * self.source_rows**2 * 4 if self.gram else 0,
             "mixed": S * H * 4,
             "kparts": blocks * self.split_k * self.block_n * S * 4,
             "proj": S * self.in_proj_rows * 2,

@@ -147,113 +147,10 @@ def _proj_part(
             cache_modifier=".cg",
         )
         xf = mx * rstd[None, :] * tl.load(in_norm + k).to(F32)[:, None]
-        acc = _proj_dot(wt, xf, acc, CPU)
-    return acc
-
-
-@triton.jit
-def _proj_dot(wt, xf, acc, CPU: tl.constexpr):
-    """acc + the weight tile times x (fp32 [BK, 16]) rounded to bf16, as
-    `_attn_res_kernel` stores x."""
-    if CPU:
-        return tl.dot(wt.to(F32), _rne(xf), acc, input_precision="ieee")
-    else:
-        return tl.dot(wt, xf.to(BF16), acc)  # cvt.rn: the same rounding as _rne
-
-
-@triton.jit
-def _ares_weights(
-    part, s, num_blocks, eps, HID: tl.constexpr, C1, C1P: tl.constexpr, MSP: tl.constexpr
-):
-    """Row s's softmax weights over its sources (prefix last), from the ares items' partial
-    sums of squares and qk dots, summed in block order."""
-    j = tl.arange(0, MSP)
-    ci = tl.arange(0, C1P)
-    pq = part + (s * 2 * MSP + j[:, None]) * C1P + ci[None, :]
-    pm = (j <= num_blocks)[:, None] & (ci < C1)[None, :]
-    ss = tl.sum(tl.load(pq, mask=pm, other=0.0, cache_modifier=".cg"), axis=1)
-    qd = tl.sum(tl.load(pq + MSP * C1P, mask=pm, other=0.0, cache_modifier=".cg"), axis=1)
-    logit = tl.where(j <= num_blocks, qd * tl.rsqrt(ss * (1.0 / HID) + eps), -float("inf"))
-    e = tl.exp(logit - tl.max(logit, axis=0))
-    return e / tl.sum(e, axis=0)
-
-
-@triton.jit
-def _gram_row(
-    part,
-    gpart,
-    s,
-    num_blocks,
-    eps,
-    out_eps,
-    HID: tl.constexpr,
-    C1,
-    C1P: tl.constexpr,
-    MSP: tl.constexpr,
-):
-    """(softmax weights, rstd) of row s without its mix: the input RMSNorm's sum of squares
-    of the mix sum_j w_j src_j is w^T G w, G the ares items' Gram matrices of the sources
-    summed in block order."""
-    wts = _ares_weights(part, s, num_blocks, eps, HID, C1, C1P, MSP)
-    ci = tl.arange(0, C1P)
-    gi = tl.arange(0, MSP * MSP)
-    gp = gpart + (s * C1P + ci[:, None]) * (MSP * MSP) + gi[None, :]
-    g = tl.sum(tl.load(gp, mask=(ci < C1)[:, None], other=0.0, cache_modifier=".cg"), axis=0)
-    g = tl.reshape(g, (MSP, MSP))
-    m = tl.sum(tl.sum(g * wts[:, None] * wts[None, :], axis=1), axis=0)
-    return wts, tl.rsqrt(m * (1.0 / HID) + out_eps)
-
-
-@triton.jit
-def _proj_part_gram(
-    w,
-    in_norm,
-    prefix,
-    blocks,
-    w0,
-    w1,
-    rstd,
-    rows,
-    nm,
-    k_begin,
-    NSTEP: tl.constexpr,
-    num_blocks,
-    write_idx,
-    blocks_row_stride,
-    blocks_block_stride,
-    HID: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    S: tl.constexpr,
-    MSP: tl.constexpr,
-    STAGES: tl.constexpr,
-    WRITE_BLOCK: tl.constexpr,
-    CPU: tl.constexpr,
-):
-    """`_proj_part` with no mix stage (S <= GRAM_ROWS): the loader makes each row's mix
-    from its sources and softmax weights (w0, w1), as a mix item would, then the input
-    RMSNorm with the rows' rstd (from `_gram_row`)."""
-    n = tl.arange(0, ROW_TILE)
-    if WRITE_BLOCK:
-        wi = write_idx
-    else:
-        wi = -1
-    acc = tl.zeros((BN, ROW_TILE), F32)
-    for i in tl.range(0, NSTEP, num_stages=STAGES):
-        k = k_begin + i * BK + tl.arange(0, BK)
-        km = k < HID
-        wt = tl.load(w + rows[:, None] * HID + k[None, :], mask=nm[:, None], other=0.0)
-        p0 = tl.load(prefix + k, cache_modifier=".cg").to(F32)
-        src = _sources(blocks, p0, k, km, num_blocks, wi, blocks_block_stride, MSP)
-        mx = tl.where(n[None, :] == 0, tl.sum(w0[:, None] * src, axis=0)[:, None], 0.0)
-        if S > 1:
-            p1 = tl.load(prefix + HID + k, cache_modifier=".cg").to(F32)
-            src = _sources(
-                blocks + blocks_row_stride, p1, k, km, num_blocks, wi, blocks_block_stride, MSP
-            )
-            mx = tl.where(n[None, :] == 1, tl.sum(w1[:, None] * src, axis=0)[:, None], mx)
-        xf = mx * rstd[None, :] * tl.load(in_norm + k).to(F32)[:, None]
-        acc = _proj_dot(wt, xf, acc, CPU)
+        if CPU:
+            acc = tl.dot(wt.to(F32), _rne(xf), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(wt, xf.to(BF16), acc)  # cvt.rn: the same rounding as _rne
     return acc
 
 
@@ -470,10 +367,8 @@ def k1_kernel(
     KS: tl.constexpr,
     STAGES: tl.constexpr,
     PF: tl.constexpr,
-    GRAM: tl.constexpr,
     BV: tl.constexpr,
     NSH: tl.constexpr,
-    N1P: tl.constexpr,
     N2P: tl.constexpr,
     NSHP: tl.constexpr,
     HBP: tl.constexpr,
@@ -485,7 +380,6 @@ def k1_kernel(
     OFF_CNT: tl.constexpr,
     OFF_PART: tl.constexpr,
     OFF_MSQ: tl.constexpr,
-    OFF_GPART: tl.constexpr,
     OFF_MIXED: tl.constexpr,
     OFF_KPARTS: tl.constexpr,
     OFF_PROJ: tl.constexpr,
@@ -505,7 +399,6 @@ def k1_kernel(
     done = (scratch + OFF_DONE).to(tl.pointer_type(tl.int64))  # one (tag, 1) pair per item
     part = (scratch + OFF_PART).to(tl.pointer_type(F32))
     msq = (scratch + OFF_MSQ).to(tl.pointer_type(F32))
-    gpart = (scratch + OFF_GPART).to(tl.pointer_type(F32))
     mixbuf = (scratch + OFF_MIXED).to(tl.pointer_type(F32))
     kparts = (scratch + OFF_KPARTS).to(tl.pointer_type(F32))
     cnt = (scratch + OFF_CNT).to(tl.pointer_type(tl.int32))
@@ -549,10 +442,6 @@ def k1_kernel(
                 ).to(F32)
                 tl.store(pp, tl.sum(src * src, axis=1))
                 tl.store(pp + MSP * C1P, tl.sum(src * wnq[None, :], axis=1))
-                if GRAM:  # the block's Gram matrix of the sources (bf16 values: exact products)
-                    gs = src.to(BF16)
-                    gp = gpart + ((s * C1P + c) * MSP + j[:, None]) * MSP + j[None, :]
-                    tl.store(gp, _dot(gs, tl.trans(gs), INTERPRET))
             else:
                 # the softmax over the sources (prefix last) once this row's partials are in
                 pt.wait_done(
@@ -572,7 +461,18 @@ def k1_kernel(
                 )
                 if TL:
                     t_ready = pt.clock(0, INTERPRET)
-                wts = _ares_weights(part, s, num_blocks, eps, HID, C1, C1P, MSP)
+                ci = tl.arange(0, C1P)
+                pq = part + (s * 2 * MSP + j[:, None]) * C1P + ci[None, :]
+                pm = (j <= num_blocks)[:, None] & (ci < C1)[None, :]
+                ss = tl.sum(tl.load(pq, mask=pm, other=0.0, cache_modifier=".cg"), axis=1)
+                qd = tl.sum(
+                    tl.load(pq + MSP * C1P, mask=pm, other=0.0, cache_modifier=".cg"), axis=1
+                )
+                logit = tl.where(
+                    j <= num_blocks, qd * tl.rsqrt(ss * (1.0 / HID) + eps), -float("inf")
+                )
+                e = tl.exp(logit - tl.max(logit, axis=0))
+                wts = e / tl.sum(e, axis=0)
                 p = tl.load(prefix + s * HID + cols, mask=cm, other=0.0, cache_modifier=".cg").to(
                     F32
                 )
@@ -592,57 +492,37 @@ def k1_kernel(
             if PF > 0:  # the item's first PF columns asked of L2 while AttnRes runs
                 r0 = tl.minimum(row0, NP - BN)  # (the last block's rows past in_proj: theirs)
                 dt.prefetch_rows(in_proj, r0, BN, HID, kp * KP, PF, 0, INTERPRET)
+            pt.wait_done(
+                done, E1, E2 - E1, N2P, tag, ctl, health, peers, rank, world, R_MIX, 0, INTERPRET
+            )
+            if TL:
+                t_ready = pt.clock(0, INTERPRET)
             n = tl.arange(0, RT)
             sm = n < S
-            if GRAM:
-                pt.wait_done(
-                    done, 0, E1, N1P, tag, ctl, health, peers, rank, world, R_ARES, 0, INTERPRET
-                )
-                if TL:
-                    t_ready = pt.clock(0, INTERPRET)
-                # per row: the softmax weights and w^T G w, the mix's sum of squares
-                w0, r0 = _gram_row(part, gpart, 0, num_blocks, eps, out_eps, HID, C1, C1P, MSP)
-                rstd = tl.where(n == 0, r0, 1.0)
-                w1 = w0
-                if S > 1:
-                    w1, r1 = _gram_row(part, gpart, 1, num_blocks, eps, out_eps, HID, C1, C1P, MSP)
-                    rstd = tl.where(n == 1, r1, rstd)
-                acc = _proj_part_gram(
-                    in_proj, in_norm, prefix, blocks, w0, w1, rstd, rows, nm, kp * KP,
-                    KP // BK, num_blocks, write_idx, blocks_row_stride, blocks_block_stride,
-                    HID, BN, BK, S, MSP, STAGES, WRITE_BLOCK, INTERPRET,
-                )  # fmt: skip
-            else:
-                pt.wait_done(
-                    done, E1, E2 - E1, N2P, tag, ctl, health, peers, rank, world, R_MIX, 0,
-                    INTERPRET,
-                )  # fmt: skip
-                if TL:
-                    t_ready = pt.clock(0, INTERPRET)
-                ci = tl.arange(0, C1P)
-                ms = tl.load(
-                    msq + n[:, None] * C1P + ci[None, :],
-                    mask=sm[:, None] & (ci < C1)[None, :],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-                rstd = tl.rsqrt(tl.sum(ms, axis=1) * (1.0 / HID) + out_eps)
-                acc = _proj_part(
-                    in_proj,
-                    in_norm,
-                    mixbuf,
-                    rstd,
-                    rows,
-                    nm,
-                    kp * KP,
-                    KP // BK,
-                    HID,
-                    BN,
-                    BK,
-                    S,
-                    STAGES,
-                    INTERPRET,
-                )
+            ci = tl.arange(0, C1P)
+            ms = tl.load(
+                msq + n[:, None] * C1P + ci[None, :],
+                mask=sm[:, None] & (ci < C1)[None, :],
+                other=0.0,
+                cache_modifier=".cg",
+            )
+            rstd = tl.rsqrt(tl.sum(ms, axis=1) * (1.0 / HID) + out_eps)
+            acc = _proj_part(
+                in_proj,
+                in_norm,
+                mixbuf,
+                rstd,
+                rows,
+                nm,
+                kp * KP,
+                KP // BK,
+                HID,
+                BN,
+                BK,
+                S,
+                STAGES,
+                INTERPRET,
+            )
             # the row block's last K part to finish sums the parts in part order
             b = u // KS
             last, acc = dt.split_k(acc, kparts + b * (KS * BN * S), cnt + b, kp, KS, BN, S)
@@ -921,16 +801,14 @@ def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
         BH=build.block_h,
         C1=c1,
         C1P=_pow2(c1),
-        MSP=build.source_rows,
+        MSP=_pow2(build.max_sources),
         BN=build.block_n,
         BK=build.block_k,
         KS=build.split_k,
         STAGES=build.stages,
         PF=build.proj_pf,
-        GRAM=bool(build.gram),
         BV=build.block_v,
         NSH=build.shared_blocks,
-        N1P=_pow2(items[0]),
         N2P=_pow2(items[1]),
         NSHP=_pow2(build.shared_blocks * build.split_k),
         HBP=_pow2(build.head_blocks * build.split_k),
@@ -942,7 +820,6 @@ def constexprs(build: K1Build, cfg_offsets: tuple[int, int, int]) -> dict:
         OFF_CNT=lay["cnt"][0],
         OFF_PART=lay["part"][0],
         OFF_MSQ=lay["msq"][0],
-        OFF_GPART=lay["gpart"][0],
         OFF_MIXED=lay["mixed"][0],
         OFF_KPARTS=lay["kparts"][0],
         OFF_PROJ=lay["proj"][0],
