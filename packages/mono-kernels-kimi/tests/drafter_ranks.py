@@ -311,7 +311,7 @@ def compile_checks(rank, world, group, tp, wide):
     from mono_kernels_kimi.drafter import triton_build
     from mono_kernels_kimi.drafter.spec import DrafterBuild
     from mono_runtime.builds import DeviceLimits, residency_problem
-    from mono_runtime.compile_check import resources_of
+    from mono_runtime.compile_check import gpu_acquires, resources_of
     from mono_runtime.sass import narrow_stream_loads, sass_of, split_broadcasts
 
     b = DrafterBuild(DrafterConfig.tiny(tp), wide)
@@ -320,7 +320,7 @@ def compile_checks(rank, world, group, tp, wide):
     ptx = k.asm["ptx"]
     res = resources_of(k)
     facts["sys_value_store"] = "st.relaxed.sys.global.b64" in ptx
-    facts["gpu_acquire"] = "atom.global.gpu.acquire" in ptx
+    facts["gpu_acquire"] = gpu_acquires(ptx) > 0
     facts["globaltimer"] = "%globaltimer" in ptx
     facts["spills"] = res.spill_bytes
     facts["residency"] = residency_problem(res, 132, DeviceLimits(), "drafter")

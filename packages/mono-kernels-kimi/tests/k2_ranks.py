@@ -179,7 +179,7 @@ def compile_checks(rank, world, group, rows, tp):
     from mono_kernels_kimi.k2 import triton_build
     from mono_kernels_kimi.k2.spec import K2Build
     from mono_runtime.builds import DeviceLimits, residency_problem
-    from mono_runtime.compile_check import resources_of
+    from mono_runtime.compile_check import gpu_acquires, resources_of
     from mono_runtime.sass import narrow_stream_loads, sass_of, split_broadcasts
 
     b = K2Build(KimiK3Config.tiny(tp), rows)
@@ -195,7 +195,7 @@ def compile_checks(rank, world, group, rows, tp):
     return {
         "sys_release_xchg": "atom.global.sys.release.exch.b64" in ptx,
         "sys_value_store": "st.relaxed.sys.global.b64" in ptx,
-        "gpu_acquire": "atom.global.gpu.acquire" in ptx,
+        "gpu_acquire": gpu_acquires(ptx) > 0,
         "globaltimer": "%globaltimer" in ptx,
         "spills": res.spill_bytes,
         "registers": res.registers,

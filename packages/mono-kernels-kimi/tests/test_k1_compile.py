@@ -19,8 +19,8 @@ k = compile_for(b, target)
 out = {"shared": k.metadata.shared}
 if target == "sm90":
     ptx = k.asm["ptx"]
-    acq = r"(?:ld|atom)\.global\.gpu\.acquire|ld\.acquire\.gpu\.global"  # Triton's, the load way's
-    out["acquire"] = len(re.findall(acq, ptx))
+    from mono_runtime.compile_check import gpu_acquires
+    out["acquire"] = gpu_acquires(ptx)
     out["release"] = len(re.findall(r"atom\.global\.gpu\.release", ptx))
     out["sys_release"] = len(re.findall(r"atom\.global\.sys\.release", ptx))
     out["globaltimer"] = "%globaltimer" in ptx

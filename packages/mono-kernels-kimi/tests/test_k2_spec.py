@@ -140,9 +140,11 @@ def test_tile_overrides_are_checked(monkeypatch):
     # its up items their gate and up rows
     gl, tr = K2Build(real, 1, frag=True).plan, K2Build(real, 1).plan
     assert (gl.dring, gl.ring, tr.dring, tr.ring) == (1, 1, 0, 0)
-    assert gl.uks == 1  # the up items' K in one part, unless asked (LAT / ubk = 14 steps)
-    monkeypatch.setenv(TILES_ENV, "uks=2")
+    # the up items' K in two parts at S = 1 (LAT / ubk = 14 steps), one past, unless asked
+    assert (gl.uks, K2Build(real, 2, frag=True).plan.uks) == (2, 1)
     assert dict(stages(K2Build(real, 1, frag=True)))["up"] == 16 * 6 * 2
+    monkeypatch.setenv(TILES_ENV, "uks=2")
+    assert dict(stages(K2Build(real, 4, frag=True)))["up"] == 64 * 6 * 2
     bad_tiles = ("obk=96", "sdk=8", "occ=3", "stages=0", "nope=1", "obk=x", "sb=24", "dks=3")
     for bad in bad_tiles + ("dring=2", "uks=4", "uks=3"):
         monkeypatch.setenv(TILES_ENV, bad)

@@ -151,7 +151,7 @@ def compile_checks(rank, world, group, fmt, rows, tiny):
     from mono_kernels_minimax.ffn import triton_build
     from mono_kernels_minimax.ffn.spec import FfnBuild
     from mono_runtime.builds import DeviceLimits, residency_problem
-    from mono_runtime.compile_check import resources_of
+    from mono_runtime.compile_check import gpu_acquires, resources_of
     from mono_runtime.sass import sass_of, split_broadcasts
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -166,7 +166,7 @@ def compile_checks(rank, world, group, fmt, rows, tiny):
     res = resources_of(k)
     facts["sys_release_xchg"] = "atom.global.sys.release.exch.b64" in ptx
     facts["sys_value_store"] = "st.relaxed.sys.global.b64" in ptx
-    facts["gpu_acquire"] = "atom.global.gpu.acquire" in ptx
+    facts["gpu_acquire"] = gpu_acquires(ptx) > 0
     facts["globaltimer"] = "%globaltimer" in ptx
     facts["spills"] = res.spill_bytes
     facts["residency"] = residency_problem(res, 132, DeviceLimits(), "ffn")

@@ -5,11 +5,19 @@ Tier-1 checks run this on a CPU, in a process where Triton is not in interpreter
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .builds import Resources
 
 TARGETS = ("sm90", "gfx950")
+
+
+def gpu_acquires(ptx: str) -> int:
+    """GPU-scope acquires in `ptx`, either way a wait takes them (protocol.ACQUIRE_WAYS:
+    an acquire add, Triton's `atom.global.gpu.acquire`; an acquire load, the inline
+    `ld.acquire.gpu.global`) or Triton's own acquire loads."""
+    return len(re.findall(r"(?:ld|atom)\.global\.gpu\.acquire|ld\.acquire\.gpu\.global", ptx))
 
 
 def compile_for(
