@@ -55,6 +55,9 @@ def test_tp1_widths_and_layers():
         assert [row["ticket"] for row in rows] == list(range(len(rows)))
         assert [row["stage"] for row in rows] == [n for n, k in stages(b) for _ in range(k)]
         assert all(row["program"] in (0, 1) for row in rows)
+        # the stages that mark a point inside their work, and only they
+        marked = {row["stage"] for row in rows if row["mark_us"] is not None}
+        assert marked == {"mix", "dsum", "lred"}, marked
 
 
 @pytest.mark.timeout(150)

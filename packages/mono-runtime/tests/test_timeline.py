@@ -1,5 +1,5 @@
 """mono_runtime.timeline on made-up stamps: rows from raw (program, ticket, start, ready,
-end) ns, and the per-stage table that splits each stage's time into waiting and work
+end, mark) ns, and the per-stage table that splits each stage's time into waiting and work
 (`show` and the picture: test_timing.py)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mono_runtime.timeline import (
+    NO_MARK,
     STAMP_WORDS,
     from_stamps,
     read_stamps,
@@ -17,14 +18,15 @@ from mono_runtime.timeline import (
 
 pytestmark = pytest.mark.timeout(30)
 
-# two stages: "a" items do not wait; "b" items wait 3 us for "a", then work 1 us; program
-# 0 runs on SM 7, program 1 on SM 0 (the SM in the first word's high half)
+# two stages: "a" items do not wait; "b" items wait 3 us for "a", then work 1 us, the
+# first 0.5 us before their mark; program 0 runs on SM 7, program 1 on SM 0 (the SM in the
+# first word's high half)
 SM7 = 7 << 32
 STAMPS = [
-    (SM7, 0, 1000, 1000, 5000),
-    (1, 1, 1000, 1000, 4000),
-    (SM7, 2, 5000, 8000, 9000),
-    (1, 3, 4000, 7000, 8000),
+    (SM7, 0, 1000, 1000, 5000, NO_MARK),
+    (1, 1, 1000, 1000, 4000, NO_MARK),
+    (SM7, 2, 5000, 8000, 9000, 8500),
+    (1, 3, 4000, 7000, 8000, 7500),
 ]
 
 
@@ -32,9 +34,9 @@ def stage_of(t: int) -> str:
     return "a" if t < 2 else "b"
 
 
-def test_a_stamp_is_five_words():
-    assert STAMP_WORDS == 5 == len(STAMPS[0])
-    assert stamp_bytes(3) == 3 * 5 * 8
+def test_a_stamp_is_six_words():
+    assert STAMP_WORDS == 6 == len(STAMPS[0])
+    assert stamp_bytes(3) == 3 * 6 * 8
 
 
 def test_stamps_read_from_a_scratch_region_s_bytes():
@@ -45,8 +47,9 @@ def test_stamps_read_from_a_scratch_region_s_bytes():
 def test_rows_are_in_us_from_the_first_start():
     rows = from_stamps(STAMPS, stage_of)
     assert rows[2] == dict(
-        program=0, sm=7, ticket=2, stage="b", start_us=4.0, ready_us=7.0, end_us=8.0
+        program=0, sm=7, ticket=2, stage="b", start_us=4.0, ready_us=7.0, end_us=8.0, mark_us=7.5
     )
+    assert rows[0]["mark_us"] is None
     assert (rows[1]["program"], rows[1]["sm"]) == (1, 0)
     assert [r["stage"] for r in rows] == ["a", "a", "b", "b"]
 
@@ -55,22 +58,25 @@ def test_summary_splits_each_stage_into_wait_and_work():
     lines = summary(from_stamps(STAMPS, stage_of)).splitlines()
     assert lines[0].split() == [
         "stage", "items", "first", "us", "last", "us", "mean", "us", "wait", "us", "work",
-        "us", "ready", "by",
+        "us", "ready", "by", "mark", "us",
     ]  # fmt: skip
-    # a: 2 items, first 0, last 4, mean 3.5, no wait, work 3.5, ready by 0
-    assert [float(x) for x in lines[1].split()[1:]] == [2, 0.0, 4.0, 3.5, 0.0, 3.5, 0.0]
-    # b: mean 4 (4 and 4), wait 3, work 1, the last ready at 7
-    assert [float(x) for x in lines[2].split()[1:]] == [2, 3.0, 8.0, 4.0, 3.0, 1.0, 7.0]
+    # a: 2 items, first 0, last 4, mean 3.5, no wait, work 3.5, ready by 0, no mark
+    assert lines[1].split()[-1] == "-"
+    assert [float(x) for x in lines[1].split()[1:-1]] == [2, 0.0, 4.0, 3.5, 0.0, 3.5, 0.0]
+    # b: mean 4 (4 and 4), wait 3, work 1, the last ready at 7, marked 0.5 us into the work
+    assert [float(x) for x in lines[2].split()[1:]] == [2, 3.0, 8.0, 4.0, 3.0, 1.0, 7.0, 0.5]
     assert lines[-1] == "span 8.0 us over 2 programs on 2 SMs"
 
 
 def test_sharing_splits_each_stage_by_whether_an_sm_mate_overlapped():
     """Program 2 shares SM 7 with program 0 and runs while program 0's "b" item works:
     that item counts as shared, program 0's "a" item (before it) and program 1's as alone."""
-    rows = from_stamps(STAMPS + [(2 | SM7, 4, 8500, 8500, 9500)], lambda t: "ab"[min(t // 2, 1)])
+    more = [(2 | SM7, 4, 8500, 8500, 9500, NO_MARK)]
+    rows = from_stamps(STAMPS + more, lambda t: "ab"[min(t // 2, 1)])
     lines = sharing(rows).splitlines()
     assert lines[0].split() == ["stage", "alone", "work", "us", "shared", "work", "us"]
     assert lines[1].split() == ["a", "2", "3.50", "0", "-"]
     # b: program 1's item (1 us) alone; program 0's (8 -> 9 us) and program 2's share SM 7
     assert lines[2].split() == ["b", "1", "1.00", "2", "1.00"]
-    assert sharing(from_stamps([(0, 0, 0, 0, 5), (1, 1, 0, 0, 5)], lambda t: "a")) == ""
+    one_sm = [(0, 0, 0, 0, 5, NO_MARK), (1, 1, 0, 0, 5, NO_MARK)]
+    assert sharing(from_stamps(one_sm, lambda t: "a")) == ""

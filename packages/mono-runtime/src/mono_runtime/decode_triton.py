@@ -17,9 +17,11 @@ from . import lang as lg
 from . import protocol_triton as pt
 from .stream import device as st
 from .stream import frag_gluon as fg
+from .timeline import NO_MARK as _NO_MARK
 from .timeline import STAMP_WORDS
 
 _STAMP_WORDS = tl.constexpr(STAMP_WORDS)
+NO_MARK = tl.constexpr(_NO_MARK)  # `stamp_item`'s mark where a stage stamps none
 
 # -- values -------------------------------------------------------------------------------
 
@@ -347,29 +349,34 @@ def ready_clock(TL: tl.constexpr, CPU: tl.constexpr):
 
 @triton.jit
 def ready_after(x, TL: tl.constexpr, CPU: tl.constexpr):
-    """`ready_clock` once the 2-D block `x` is in every thread's registers: its CTA-wide
-    sum (a barrier no thread passes before its loads landed) comes before the clock read,
-    so an item that loads its inputs after its waits is stamped when they arrived, not
-    when they were asked for. Timeline builds only (the sum costs a barrier)."""
+    """`ready_clock` once the 1-D or 2-D block `x` is in every thread's registers: its
+    CTA-wide sum (a barrier no thread passes before its loads landed) comes before the
+    clock read, so an item that loads its inputs after its waits is stamped when they
+    arrived, not when they were asked for. Timeline builds only (the sum costs a
+    barrier)."""
     if TL:
-        s = tl.sum(tl.sum(x, 1), 0)
+        if len(x.shape) == 2:
+            s = tl.sum(tl.sum(x, 1), 0)
+        else:
+            s = tl.sum(x, 0)
         return pt.clock(0, CPU) + (s != s).to(tl.int64)
     else:
         return tl.cast(0, tl.int64)
 
 
 @triton.jit
-def stamp_item(stamps, t, t_begin, t_ready, CPU: tl.constexpr):
-    """Timeline builds: item t's (program + 2^32 SM, ticket, start, ready, end) ->
+def stamp_item(stamps, t, t_begin, t_ready, t_mark, CPU: tl.constexpr):
+    """Timeline builds: item t's (program + 2^32 SM, ticket, start, ready, end, mark) ->
     stamps[t] (`timeline.STAMP_WORDS` int64; device ns, poll counts under the interpreter).
     `t_ready`: when the item's done-pair waits returned (its start if it waited for
-    none)."""
+    none); `t_mark`: a point its stage marks inside its work (`timeline.NO_MARK`: none)."""
     stamp = stamps + t * _STAMP_WORDS
     tl.store(stamp, tl.program_id(0).to(tl.int64) + (pt.sm_id(CPU).to(tl.int64) << 32))
     tl.store(stamp + 1, t.to(tl.int64))
     tl.store(stamp + 2, t_begin)
     tl.store(stamp + 3, t_ready)
     tl.store(stamp + 4, pt.clock(0, CPU))
+    tl.store(stamp + 5, t_mark)
 
 
 # -- ranks --------------------------------------------------------------------------------

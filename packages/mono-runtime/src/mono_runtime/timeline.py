@@ -1,5 +1,5 @@
 """A kernel's per-item timeline, read back from a timeline build (each ticket's program,
-start, ready and end stamped by the device clock): a per-stage table and a picture of
+start, ready, end and mark stamped by the device clock): a per-stage table and a picture of
 items over programs, the same for every kernel, so their timelines read alike.
 
 Rows are dicts with program, sm (the multiprocessor it ran on: programs that share one
@@ -8,7 +8,9 @@ first stamp), in ticket order; each kernel maps its tickets to stages (`from_sta
 `ready` is when the item's (first) done-pair wait returned, so a stage's time splits into
 waiting for its inputs and its own work; inputs that come by peer polls, and the waits of
 an item that waits again between its streams (K2's and the FFN's down items, slot by
-slot), count as work.
+slot), count as work. A stage may also stamp a `mark` inside an item's work (`mark_us`;
+None where it stamps none), which splits the work in two: e.g. K2's dsum items mark when
+their partials are in, so loads and push read apart.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-STAMP_WORDS = 5  # int64 words a ticket stamps: program + 2^32 SM, ticket, start, ready, end
+STAMP_WORDS = 6  # int64 words a ticket stamps: program + 2^32 SM, ticket, start, ready, end, mark
+NO_MARK = -1  # the mark word of an item whose stage stamps none
 
 
 def stamp_bytes(tickets: int) -> int:
@@ -29,13 +32,13 @@ def stamp_bytes(tickets: int) -> int:
 
 def read_stamps(region: torch.Tensor, tickets: int) -> list[list[int]]:
     """The first `tickets` raw stamps of a timeline build's scratch region (its bytes), each
-    (program, ticket, start, ready, end), for `from_stamps`."""
+    (program, ticket, start, ready, end, mark), for `from_stamps`."""
     return region.view(torch.int64).view(-1, STAMP_WORDS)[:tickets].cpu().tolist()
 
 
 def from_stamps(stamps: Sequence[Sequence[int]], stage_of: Callable[[int], str]) -> list[dict]:
-    """Rows from raw (program + 2^32 SM, ticket, start, ready, end) ns stamps; times from
-    the first start."""
+    """Rows from raw (program + 2^32 SM, ticket, start, ready, end, mark) ns stamps; times
+    from the first start."""
     t0 = min(r[2] for r in stamps)
     return [
         dict(
@@ -46,18 +49,20 @@ def from_stamps(stamps: Sequence[Sequence[int]], stage_of: Callable[[int], str])
             start_us=(start - t0) / 1e3,
             ready_us=(ready - t0) / 1e3,
             end_us=(end - t0) / 1e3,
+            mark_us=None if mark == NO_MARK else (mark - t0) / 1e3,
         )
-        for prog, ticket, start, ready, end in stamps
+        for prog, ticket, start, ready, end, mark in stamps
     ]
 
 
 def summary(rows: list[dict]) -> str:
     """Per stage: items, first start and last end (us from the launch's first stamp), the
-    mean item time and its split into waiting for inputs and work, and the last item's
-    ready time; then the launch's span."""
+    mean item time and its split into waiting for inputs and work, the last item's ready
+    time, and the mean work before the stage's mark (ready to mark; "-": no mark); then the
+    launch's span."""
     lines = [
         f"{'stage':10s} {'items':>5s} {'first us':>9s} {'last us':>8s} {'mean us':>8s} "
-        f"{'wait us':>8s} {'work us':>8s} {'ready by':>8s}"
+        f"{'wait us':>8s} {'work us':>8s} {'ready by':>8s} {'mark us':>8s}"
     ]
     for name in dict.fromkeys(r["stage"] for r in rows):  # ticket order
         got = [r for r in rows if r["stage"] == name]
@@ -67,9 +72,11 @@ def summary(rows: list[dict]) -> str:
         mean = sum(r["end_us"] - r["start_us"] for r in got) / n
         wait = sum(r["ready_us"] - r["start_us"] for r in got) / n
         ready = max(r["ready_us"] for r in got)
+        marked = [r["mark_us"] - r["ready_us"] for r in got if r.get("mark_us") is not None]
+        mark = f"{sum(marked) / len(marked):8.2f}" if marked else f"{'-':>8s}"
         lines.append(
             f"{name:10s} {n:5d} {first:9.1f} {last:8.1f} {mean:8.2f} {wait:8.2f} "
-            f"{mean - wait:8.2f} {ready:8.1f}"
+            f"{mean - wait:8.2f} {ready:8.1f} {mark}"
         )
     lines.append(
         f"span {max(r['end_us'] for r in rows):.1f} us over "

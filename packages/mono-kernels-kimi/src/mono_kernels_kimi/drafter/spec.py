@@ -122,7 +122,7 @@ class DrafterBuild:
 
     cfg: DrafterConfig
     wide: bool
-    timeline: bool = False  # stamp each item's program, ticket, start, ready, end (GPU tuning)
+    timeline: bool = False  # stamp each item's program, ticket, start, ready, end, mark
 
     def __post_init__(self) -> None:
         problem = build_problem(self.cfg)

@@ -516,9 +516,9 @@ def drafter_kernel(
                 )  # fmt: skip
             if (k < NL) & ((u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN))):
                 pt.ticket_finish(done, t, tag0)
-            if TL:  # the item's (program, ticket, start, ready, end)
+            if TL:  # the item's (program, ticket, start, ready, end, mark)
                 stamps = (scratch + O_TL).to(tl.pointer_type(tl.int64))
-                dt.stamp_item(stamps, t, t_begin, t_ready, CPU)
+                dt.stamp_item(stamps, t, t_begin, t_ready, dt.NO_MARK, CPU)
 
 
 # -- the stages, in ticket order ---------------------------------------------------------

@@ -94,7 +94,7 @@ class K2Build:
     cfg: KimiK3Config
     rows: int
     packed: bool = True  # stream the experts as mxfp4-rot (False: the checkpoint's mxfp4-k32)
-    timeline: bool = False  # stamp each item's program, ticket, start, ready, end (GPU tuning)
+    timeline: bool = False  # stamp each item's program, ticket, start, ready, end, mark
     frag: bool = False  # the Gluon build: experts in mxfp4-frag (packed), streams on mma.sync
 
     def __post_init__(self) -> None:

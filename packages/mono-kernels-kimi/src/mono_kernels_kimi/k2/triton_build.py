@@ -243,6 +243,7 @@ def _k2_body(
             if TL:
                 t_begin = pt.clock(0, CPU)
                 t_ready = t_begin
+                t_mark = dt.NO_MARK + t_begin - t_begin  # (int64, as the clocks)
             if t < T_COL:
                 _oproj(
                     t,
@@ -337,6 +338,8 @@ def _k2_body(
                     O_SSQ2,
                     EPS,
                 )
+                if TL:  # the mix stored: what the publish after it costs reads apart
+                    t_mark = pt.clock(0, CPU)
                 pt.ticket_finish(done, t, tag)
             elif t < T_ROUTER:
                 s_ = (t - T_NORM) // NCH
@@ -674,14 +677,16 @@ def _k2_body(
                     R_ITEMS,
                     CPU,
                 )
-                ready = _dsum(
+                if TL:
+                    t_ready = pt.clock(0, CPU)
+                mark = _dsum(
                     t - T_DSUM, scratch, peers, rank, world, tag, S, S2, LAT, NG, DC, O_DPART, P_RL,
                     CPU, TL,
                 )  # fmt: skip
                 if TL:
-                    t_ready = ready
+                    t_mark = mark
             elif t < T_UPPROJ:
-                ready = _lred(
+                ready, mark = _lred(
                     t - T_LRED,
                     latent_norm,
                     scratch,
@@ -704,6 +709,7 @@ def _k2_body(
                 )
                 if TL:
                     t_ready = ready
+                    t_mark = mark
                 pt.ticket_finish(done, t, tag)
             elif t < T_FINAL:
                 ready = _upproj(
@@ -767,9 +773,9 @@ def _k2_body(
                 if TL:
                     t_ready = pt.clock(0, CPU)
                 dt.handshake(me, peers, rank, world, P_HS // 8, 8, tag, ctl, health, R_HS, CPU)
-            if TL:  # the item's (program, ticket, start, ready, end)
+            if TL:  # the item's (program, ticket, start, ready, end, mark)
                 dt.stamp_item(
-                    (scratch + O_TL).to(tl.pointer_type(tl.int64)), t, t_begin, t_ready, CPU
+                    (scratch + O_TL).to(tl.pointer_type(tl.int64)), t, t_begin, t_ready, t_mark, CPU
                 )
 
 
@@ -1502,17 +1508,16 @@ def _dsum(
     TL: tl.constexpr,
 ):
     """Column block d's groups summed in group order, rounded once, in S2 token lanes ->
-    every rank's rl[this rank]. Returns the timeline's ready clock once the groups'
-    partials are loaded, so its wait and loads count as waiting and the push as work (an
-    H100 timeline had these items take 7.7 us after their wait at S = 1, for 4 KB each;
-    not their code: `bench_icache` finds cold code free)."""
+    every rank's rl[this rank]. Returns the timeline's mark: the clock once the groups'
+    partials are loaded (an H100 timeline had these items end 7-10 us after their wait
+    returned at S = 1, for 4 KB each: the mark splits loads from the push)."""
     n = lg.arange(0, DC)
     t = lg.arange(0, S2)
     dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
     acc = dt.sum_parts(
         lg.anchor(dpart + (d * NG * DC + n[:, None]) * S + t[None, :]), NG, DC * S, t[None, :] < S
     )
-    ready = dt.ready_after(acc, TL, CPU)
+    mark = dt.ready_after(acc, TL, CPU)
     q = d * (DC // 2) + lg.arange(0, DC // 2)
     dt.push_pairs(
         peers,
@@ -1525,7 +1530,7 @@ def _dsum(
         tag,
         S,
     )
-    return ready
+    return mark
 
 
 @triton.jit
@@ -1552,7 +1557,8 @@ def _lred(
 ):
     """Row s: the ranks' routed partials in rank order -> bf16 -> routed_expert_norm
     (normalized in fp32, rounded, times the bf16 weight, rounded) -> nlat. Returns the
-    timeline's ready clock (the partials in)."""
+    timeline's ready clock (the partials in) and mark (the row normed: an H100 timeline
+    had ~6 us between the two)."""
     i = lg.anchor(lg.arange(0, LP2))
     m = i < LAT // 2
     if LNORM:  # the weights before the wait: one HBM latency off the chain
@@ -1569,9 +1575,10 @@ def _lred(
         rstd = 1.0 / tl.sqrt_rn(ss / LAT + EPS)
         vl = dt.bf16_round(vl * rstd) * wl
         vh = dt.bf16_round(vh * rstd) * wh
+    mark = dt.ready_after(vl, TL, CPU)
     nlat = (scratch + O_NLAT).to(tl.pointer_type(tl.int32))
     tl.store(nlat + s * (LAT // 2) + i, pt.bf16x2_pack(vl, vh), mask=m)
-    return ready
+    return ready, mark
 
 
 @triton.jit

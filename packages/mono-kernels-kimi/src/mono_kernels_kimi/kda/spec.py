@@ -197,7 +197,7 @@ class K1Build:
     proj_pf: int = 0
     block_v: int = 16
     num_warps: int = 8
-    timeline: bool = False  # stamp each item's program, ticket, start, ready, end (GPU tuning)
+    timeline: bool = False  # stamp each item's program, ticket, start, ready, end, mark
 
     def __post_init__(self) -> None:
         if not 1 <= self.rows <= MAX_ROWS:
@@ -340,7 +340,7 @@ class K1Build:
             "proj": S * self.in_proj_rows * 2,
             "o": S * self.local_proj * 2,
         }
-        if self.timeline:  # int64 [tickets, 5]: program, ticket, start, ready, end
+        if self.timeline:  # int64 [tickets, STAMP_WORDS]: program, ticket, start, ready, end, mark
             sizes["timeline"] = stamp_bytes(self.tickets(True))
         out, off = {}, 0
         for name, n in sizes.items():

@@ -746,9 +746,9 @@ def k1_kernel(
                 pt.publish(pt.peer_data(peers, dst) + rank + i, i, tag, i == 0, "sys")
             me = pt.peer_data(peers, rank)
             pt.poll(me + i, i < world, tag, ctl, health, peers, rank, world, R_HS, 0, INTERPRET)
-        if TL:  # the item's (program, ticket, start, ready, end)
+        if TL:  # the item's (program, ticket, start, ready, end, mark)
             stamps = (scratch + OFF_TL).to(tl.pointer_type(tl.int64))
-            dt.stamp_item(stamps, t, t_begin, t_ready, INTERPRET)
+            dt.stamp_item(stamps, t, t_begin, t_ready, dt.NO_MARK, INTERPRET)
         t = pt.ticket_take(counter, total)
 
 

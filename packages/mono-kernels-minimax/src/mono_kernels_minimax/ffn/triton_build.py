@@ -584,9 +584,9 @@ def _ffn_body(
                     t_ready = pt.clock(0, CPU)
                 dt.handshake(me, peers, rank, world, P_HS // 8, W2P, tag, ctl, health, R_HS, CPU)
         if TL:
-            if t < total:  # the item's (program, ticket, start, ready, end) in ns
+            if t < total:  # the item's (program, ticket, start, ready, end, mark) in ns
                 stamps = (scratch + O_TL).to(tl.pointer_type(tl.int64))
-                dt.stamp_item(stamps, t, t_begin, t_ready, CPU)
+                dt.stamp_item(stamps, t, t_begin, t_ready, dt.NO_MARK, CPU)
         if t < total:
             t = pt.ticket_take(counter, total)
     if (routed == 0) & (t >= STATIC):
