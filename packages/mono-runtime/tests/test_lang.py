@@ -6,6 +6,7 @@ TRITON_INTERPRET is read when a kernel is defined."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -44,6 +45,22 @@ def _kernel(x, y, n, GL: tl.constexpr):
     _helper(x, y, n)
 
 
+@triton.jit
+def _token_sums(src, out, S: tl.constexpr, ROWS: tl.constexpr):
+    """A [128 rows, S tokens] block summed over 8 parts (K2's dsum), anchored plainly or
+    with its lanes down the rows (ROWS)."""
+    n = lg.arange(0, 128)
+    t = lg.arange(0, S)
+    if ROWS:
+        base = lg.anchor_rows(src + n[:, None] * S + t[None, :])
+    else:
+        base = lg.anchor(src + n[:, None] * S + t[None, :])
+    total = lg.zeros_like(base, tl.float32)
+    for q in tl.static_range(8):
+        total += tl.load(base + q * (128 * S), volatile=True)
+    tl.store(out + n[:, None] * S + t[None, :], total)
+
+
 def interpreted() -> list:
     import torch
 
@@ -70,6 +87,14 @@ def compiled() -> dict:
             and "mma.sync" in ptx
             and ("ttir" in k.asm) == (name == "triton")
         )
+    # global loads a thread of `_token_sums` under Gluon, each anchoring, S = 1 and 16
+    from mono_runtime.sass import sass_of
+
+    token_sums = gluon.jit(_token_sums.fn)
+    for rows in (0, 1):
+        for s in (1, 16):
+            k = compile_for(token_sums, {"src": "*fp32", "out": "*fp32"}, {"S": s, "ROWS": rows})
+            out[f"ldg-{rows}-{s}"] = len(re.findall(r"\bLDG", sass_of(k)))
     return out
 
 
@@ -85,7 +110,11 @@ def test_helpers_give_tl_values_in_the_interpreter():
 @pytest.mark.timeout(300)
 def test_one_body_compiles_under_triton_and_gluon():
     got, _ = child_json([__file__, "compiled"], 280, TRITON_INTERPRET="0")
-    assert got == {"triton": True, "gluon": True}
+    assert (got["triton"], got["gluon"]) == (True, True)
+    # the plain layout's lanes lie along the tokens: at S = 1 each lane loads every value
+    # of its warp's rows (32 rows x 8 parts); lanes down the rows load one row each
+    assert (got["ldg-0-1"], got["ldg-0-16"]) == (256, 256), got
+    assert got["ldg-1-1"] == 8 and got["ldg-1-16"] <= 32, got
 
 
 if __name__ == "__main__":

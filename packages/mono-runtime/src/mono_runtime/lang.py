@@ -91,6 +91,22 @@ def anchor(x, _semantic=None):
 
 
 @_builtin
+def anchor_rows(x, _semantic=None):
+    """`x` itself; under Gluon, an AutoLayout 2-D block given a blocked layout with a
+    warp's lanes down its rows: for [rows, tokens] blocks whose token count may be 1, where
+    the plain layout's 32 lanes along that dimension would each load the same value."""
+    if _semantic is None or not _gluon(_semantic):
+        return x
+    from triton.experimental.gluon.language import _layouts
+
+    if not isinstance(x.type.layout, _layouts.AutoLayout):
+        return x
+    warps = _semantic.builder.options.num_warps
+    layout = _layouts.BlockedLayout([1, 1], [32, 1], [warps, 1], [1, 0])
+    return _semantic.set_auto_layout(x, layout)
+
+
+@_builtin
 def plain(x, _semantic=None):
     """`x` itself; under Gluon, `x` converted to the plain blocked layout (Gluon scans
     only such layouts)."""

@@ -1514,8 +1514,13 @@ def _dsum(
     n = lg.arange(0, DC)
     t = lg.arange(0, S2)
     dpart = (scratch + O_DPART).to(tl.pointer_type(tl.float32))
+    # lanes down the columns: with the plain layout's lanes along the S2 tokens (1 at S =
+    # 1), every lane loaded every value, 256 loads a thread (sm_90 SASS, compiled here)
     acc = dt.sum_parts(
-        lg.anchor(dpart + (d * NG * DC + n[:, None]) * S + t[None, :]), NG, DC * S, t[None, :] < S
+        lg.anchor_rows(dpart + (d * NG * DC + n[:, None]) * S + t[None, :]),
+        NG,
+        DC * S,
+        t[None, :] < S,
     )
     mark = dt.ready_after(acc, TL, CPU)
     q = d * (DC // 2) + lg.arange(0, DC // 2)
