@@ -873,11 +873,15 @@ if has tables; then
     step warm-k2 300 python3 -m mono_kernels_kimi.k2.bench --rows 1,2,4,8,16 --layers 1 &
     step warm-kda 300 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 1 &
     step warm-ffn 300 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 --formats mxfp4 --layers 1 &
+    # (the timeline build compiled here too: stop 50's timeline step, compiling in its own
+    # 60 s, was cut)
+    step warm-tl-k2 300 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
+        --timeline "$LOG/warm" &
     wait
     step bench-k2 110 $MONO bench k2 --rows 1,2,4,8,16 --out "$LOG/bench"
     step bench-kda 90 $MONO bench kda --rows 1,4,8,16 --out "$LOG/bench"
     step bench-ffn 100 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
-    step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
+    step timeline-k2 90 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
         --timeline "$LOG/bench"
 fi
 if has naps; then
