@@ -362,18 +362,18 @@ fi
 if has order; then
     # The FFN's scheduling tiles at S = 1 and 2, in under 200 s: the shared expert's up
     # items after the routed ones (sfirst=0; stop 34: 3-4 us slower), the route's tiles
-    # of 2 rows (rt=2; stop 34: 1.5-2.5 us slower) and the route as a called function
-    # (rcall=1: no spill reloads in it; not yet timed) against the default; the FFN's tiny
+    # of 2 rows (rt=2; stop 34: 1.5-2.5 us slower) against the default (the route as a
+    # called function, timed here in stop 34, was slower and is gone); the FFN's tiny
     # GPU tests (both orders) and the route alone (tools/route_probe.py: cold, then warm)
     # beside the variants' compiles, then each variant timed alone, then `mono bench ffn`.
     tests ffn 110 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "tiny_every_width and mxfp4" &
     step route-probe 100 python3 tools/route_probe.py --rows 1,2,4,16 --rt 2,4 &
-    for v in "" sfirst=0 rt=2 rcall=1; do
+    for v in "" sfirst=0 rt=2; do
         warm_ffn "$v" 110 1,2 mxfp4 "$v" &
     done
     wait
     step order-ffn 50 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2 --format mxfp4 \
-        --variants "|sfirst=0|rt=2|rcall=1"
+        --variants "|sfirst=0|rt=2"
     step bench-ffn 50 $MONO bench ffn --rows 1,2 --format mxfp4 --out "$LOG/bench"
 fi
 if has stock; then

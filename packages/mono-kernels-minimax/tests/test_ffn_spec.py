@@ -213,7 +213,7 @@ def test_tile_overrides_are_checked(monkeypatch):
         "spf=2",
         "sfirst=2",
         "rt=3",
-        "rcall=2",
+        "rcall=1",  # a tile no longer built
         "rr=3",
         "rr=32",
         "racc=2",  # a tile no longer built

@@ -243,7 +243,6 @@ class TaskPlan:
     dring: int
     sfirst: int  # 1: the shared expert's up items take tickets before the routed ones, 0 after
     rt: int  # the route's tiles hold max(rt, S rounded up to a power of two) rows
-    rcall: int  # 1: the route runs as a called function (its own registers), 0 inlined
     # rows a route item picks the experts of (a stage of ceil(S / rr) items after the
     # router's; the last to finish builds the slot table); 0: the last router item to
     # finish routes every row itself
@@ -328,8 +327,6 @@ class TaskPlan:
                 # over the experts stay in a warp; 73 -> 31 barriers at S = 1): H200 (stop
                 # 34, ffn.tune, same call) 63.5 / 90.2 us against 66.0 / 91.7 with 2 rows
                 rt=4,
-                # 1 spills nothing in the route (sm_90; inlined: 16 reloads at S = 1); to time
-                rcall=0,
                 # rr=4 at S > 4 (the route in S / 4 items): H100 (stop 40, ffn.tune, same
                 # call; the router's old FMA dot on two chains) 136.2 / 226.9 us at S = 8 /
                 # 16 against 137.4 / 243.1; at S = 1 a hand-off more: 53.1 against 50.7
@@ -361,7 +358,6 @@ class TaskPlan:
                 dring=1,  # (Gluon only: the interpreter runs the Triton body)
                 sfirst=0 if s <= 4 else 1,  # the interpreter runs both orders
                 rt=4,
-                rcall=0,
                 rr=2 if s > 4 else 0,  # both routes too
             )
         _check_tiles(b, tiles)
@@ -425,7 +421,6 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
                 "spf",
                 "dpf",
                 "sfirst",
-                "rcall",
                 "dring",
                 "occ",
                 "regs",
@@ -448,8 +443,8 @@ def _check_tiles(b: FfnBuild, t: dict[str, int]) -> None:
         "pair 3 (the Gluon build's one-ring pair) needs bn >= 16 x warps",
     )
     need(
-        all(t[k] in (0, 1) for k in ("upf", "spf", "sfirst", "rcall", "dring")),
-        "upf, spf, sfirst, rcall and dring are 0 or 1",
+        all(t[k] in (0, 1) for k in ("upf", "spf", "sfirst", "dring")),
+        "upf, spf, sfirst and dring are 0 or 1",
     )
     need(t["dpf"] in (0, 1, 2), "dpf is 0, 1 or 2")
     need(

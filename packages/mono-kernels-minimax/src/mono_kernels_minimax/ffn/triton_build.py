@@ -218,7 +218,6 @@ def _ffn_body(
     SPF: tl.constexpr,
     DPF: tl.constexpr,
     SFIRST: tl.constexpr,
-    RCALL: tl.constexpr,
     RR: tl.constexpr,
     NRQ: tl.constexpr,
     NRG2: tl.constexpr,
@@ -396,16 +395,10 @@ def _ffn_body(
             # notice; its done pair also vouches for the norm items (the routed up items
             # read xn and wait for nothing else), so it waits for them before marking it
             elif dt.last_arrival(rcount, RG * RP):
-                if RCALL:
-                    _route_called(
-                        logit, bias, slots, nslots_p, slot_e, wtab, scratch,
-                        S, E, K, RP, T_IDS, T_TOPW, O_TABLE, SUBSET, RSF, RT,
-                    )  # fmt: skip
-                else:
-                    _route(
-                        logit, bias, slots, nslots_p, slot_e, wtab, scratch,
-                        S, E, K, RP, T_IDS, T_TOPW, O_TABLE, SUBSET, RSF, RT,
-                    )  # fmt: skip
+                _route(
+                    logit, bias, slots, nslots_p, slot_e, wtab, scratch,
+                    S, E, K, RP, T_IDS, T_TOPW, O_TABLE, SUBSET, RSF, RT,
+                )  # fmt: skip
                 dt.wait_items(
                     done, NORM0, S * NCH, NSN2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
                 )
@@ -978,10 +971,6 @@ def _route_body(
 
 
 _route = triton.jit(_route_body)
-# the same route as a called function (tile rcall): the inlined one, run once a launch by
-# one program, reloads values the compiler hoisted before the ticket loop and spilled (16
-# reloads at S = 1, sm_90); a callee computes its own and spills nothing
-_route_called = triton.jit(noinline=True)(_route_body)
 
 
 # -- host side ---------------------------------------------------------------------------
@@ -1043,7 +1032,6 @@ def constexprs(b: FfnBuild, cpu: bool) -> dict:
         SPF=p.spf,
         DPF=p.dpf,
         SFIRST=p.sfirst,
-        RCALL=p.rcall,
         RR=p.rr,
         NRQ=route_items(b),
         NRG2=_p2(p.router_groups * p.router_parts),
