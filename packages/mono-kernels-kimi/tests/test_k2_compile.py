@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from mono_peer.testing import child_json, spawn
+from mono_peer.testing import spawn
 
 
 def _load(name):
@@ -38,26 +38,3 @@ def test_compiles_for_sm90_and_gfx950():
     )
     assert facts["hip_atomics"], "gfx950 build has no global atomics"
     assert facts["hip_clock"], "gfx950 waits do not read s_memrealtime"
-
-
-REAL_SHAPES = r"""
-import json, sys
-from mono_kernels_kimi.k2 import triton_build
-from mono_kernels_kimi.k2.bench import rank_config
-from mono_kernels_kimi.k2.spec import K2Build
-from mono_runtime.compile_check import resources_of
-res = resources_of(triton_build.compile_for(K2Build(rank_config(), int(sys.argv[1])), "sm90"))
-print(json.dumps({"serialized": res.wgmma_serialized, "spills": res.spill_bytes}))
-"""
-
-
-@pytest.mark.timeout(200)
-def test_real_shapes_keep_wgmma_pipelined():
-    """A TP8 rank's sm_90 build at S = 1 with its up items' gate and up as one tile
-    (upair 2): ptxas keeps the wgmma pipelined (as two dot chains, the default, at 255
-    registers, it serializes every wgmma of K2: C7515)."""
-    facts, _ = child_json(
-        ["-c", REAL_SHAPES, "1"], 180, TRITON_INTERPRET="0", MONO_K2_TILES="upair=2"
-    )
-    assert not facts["serialized"], facts
-    assert facts["spills"] <= 1024, facts
