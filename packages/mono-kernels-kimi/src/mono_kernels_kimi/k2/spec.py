@@ -240,13 +240,13 @@ class Plan:
             # K parts of a routed up item (the last to finish sums them in order and
             # applies SiTU): at S = 1 the up stage is 96 items, at most one an SM, and
             # more bytes in flight an item did not speed it (stop 49). Two parts (192
-            # items) at S = 1 only; H100 (stop 50, `k2.bench --rows 1,4,16 --layers 4`):
-            # 141.5 / 190.3 / 375.1 us against 144.3 / 186.1 / 337.7 one part (and with
-            # upproj in 32-row items 141.8 against 143.7). Its items still take ~16 us
-            # for half the bytes: an item's MXFP4 decode, not its count, bounds the
-            # stage. Tiny builds take 2 (K steps of 32), so that the interpreter runs the
-            # split
-            uks=(2 if b.rows == 1 else 1) if big else 2,
+            # items) at S = 1 only, on the Gluon build (the one timed); H100 (stop 50,
+            # `k2.bench --rows 1,4,16 --layers 4`): 141.5 / 190.3 / 375.1 us against
+            # 144.3 / 186.1 / 337.7 one part (and with upproj in 32-row items 141.8
+            # against 143.7). Its items still take ~16 us for half the bytes: an item's
+            # MXFP4 decode, not its count, bounds the stage. Tiny builds take 2 (K steps
+            # of 32), so that the interpreter runs the split
+            uks=(2 if wide and b.rows == 1 else 1) if big else 2,
             # routed down items of 128 latent columns: a K step's e8m0 scales are then 512 B,
             # which Triton loads asynchronously (256 B at 64 columns: a synchronous load a
             # trip); H200: 255 / 346 / 653 -> 243 / 310 / 548 us at S = 1 / 4 / 16
