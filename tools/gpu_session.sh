@@ -826,11 +826,12 @@ if has acquire; then
     # us after the last of 28 mix items ended, each adding 0 to all 28 words. The fan-out
     # table (`bench_protocol --fanouts`: the time from one stage's publish to its last
     # waiter's return, each acquire way), then K2, K1 and the FFN with each way of
-    # MONO_ACQUIRE (atomic: the default; load; fence), each compiled in its own process,
+    # MONO_ACQUIRE (load: the default since stop 50; atomic; the fence way, timed here in
+    # stop 50, is gone), each compiled in its own process,
     # timed one at a time; and K2's routed up items in two K parts (uks=2: 192 items at
     # S = 1, where 96 left SMs idle and more bytes in flight an item did not help), with
     # its full-rank Gluon GPU test. ~560 s when fresh (the last ways may be cut).
-    for v in atomic load fence; do
+    for v in atomic load; do
         step "warm-k2-$v" 280 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,4,16 --layers 1 --no-baseline &
         step "warm-kda-$v" 280 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.kda.bench \
@@ -848,7 +849,7 @@ if has acquire; then
         step "k2-$v" 45 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,4,16 --layers 4 --no-baseline
     done
-    for v in atomic load fence; do
+    for v in atomic load; do
         step "k2-$v" 40 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,16 --layers 4 --no-baseline
         step "kda-$v" 25 env MONO_ACQUIRE=$v python3 -m mono_kernels_kimi.kda.bench \

@@ -509,8 +509,8 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
     tot    fp32[ROWS, H]   a row norm's input (residual + reduced partials) between passes
     rss    fp32[GROUPS, RI, RB]  a row group's chunk items' sums of squares (RI > 1 only)
     rcnt   int32[GROUPS]   their arrival count (dt.last_arrival: 0 between launches)
-    timeline  int64[tickets, 5] (timeline builds only): each item's program, ticket,
-           start, ready and end (device ns; poll counts under the interpreter)
+    timeline  int64[tickets, 6] (timeline builds only): each item's program and SM, ticket,
+           start, ready, end and mark (device ns; poll counts under the interpreter)
     """
     c, p = b.cfg, b.plan
     rows, n = b.tiles * TILE, c.local_heads

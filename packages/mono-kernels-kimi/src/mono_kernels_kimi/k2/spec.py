@@ -499,8 +499,8 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
     upart  fp32[MAXSLOTS, NC, UKS, 2 BN, S]  the routed up items' K parts (UKS > 1)
     dpart  fp32[ND, NG, DC, S]  the down groups' partials
     nlat   bf16[S, LAT] the normed latent the up-projection reads
-    timeline  int64[tickets, 5] (timeline builds only): each item's program, ticket,
-           start, ready and end (device clock, ns; the poll count under the interpreter)
+    timeline  int64[tickets, 6] (timeline builds only): each item's program and SM, ticket,
+           start, ready, end and mark (device clock, ns; the poll count under the interpreter)
     """
     c, s, p = b.cfg, b.rows, b.plan
     h, lat, nb = c.hidden_size, c.latent_size, c.num_attn_res_blocks

@@ -600,8 +600,8 @@ def scratch_layout(b: FfnBuild) -> dict[str, tuple[int, int]]:
            [routed slots, NC, UKS, 2, BN, S] (none when UKS = 1)
     dpart  fp32 down partials [ND, parts, DC, S]: the shared expert's (unless ROUTED),
            then the NG groups' of routed slots
-    timeline  int64[max_tickets, 5] (timeline builds only): each item's program, ticket,
-           start, ready and end (device clock, ns)
+    timeline  int64[max_tickets, 6] (timeline builds only): each item's program and SM, ticket,
+           start, ready, end and mark (device clock, ns)
     """
     c, p, s = b.cfg, b.plan, b.rows
     h, e, k = c.hidden_size, c.num_experts, c.top_k
