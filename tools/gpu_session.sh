@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, naps, icache, l2fill, k1step, acquire, split, verify, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -1021,6 +1021,23 @@ if has profile; then
             --no-baseline
         step top-ffn-s$s 60 python3 tools/ncu_top.py "$LOG/ffn-s$s.ncu-rep" --lines 45
         rm -f "$LOG/ffn-s$s.ncu-rep"
+    done
+fi
+if has k2prof; then
+    # Where K2's warps wait (Nsight Compute, clocks left alone): one launch at S = 1 and
+    # one at 16 out of the bench's graphs, by SASS line and by source line (the stages'
+    # helpers), to tell the up loop's stalls (decode, barrier, copies) from the chains'.
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
+    export NCU
+    for s in 1 16; do
+        step ncu-k2-s$s 150 "$NCU" --clock-control none -k regex:k2_gluon --launch-skip 3 \
+            --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
+            --section WarpStateStats --section SchedulerStats --section SourceCounters \
+            --section MemoryWorkloadAnalysis --import-source yes -o "$LOG/k2-s$s" -f \
+            python3 -m mono_kernels_kimi.k2.bench --rows $s --layers 2 --no-baseline
+        step top-k2-s$s 90 python3 tools/ncu_top.py "$LOG/k2-s$s.ncu-rep" --lines 60 \
+            --views cuda,sass
+        rm -f "$LOG/k2-s$s.ncu-rep"
     done
 fi
 if has profile-drafter; then

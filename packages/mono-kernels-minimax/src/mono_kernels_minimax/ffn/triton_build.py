@@ -100,23 +100,11 @@ def _finish_up(
     BETA: tl.constexpr,
     LIMIT: tl.constexpr,
 ):
-    """Hand an up item's K part on. With several parts, store it (upart: this (slot, row
-    block)'s parts) and let the last part to finish sum them in part order; the item that
-    completes the row block applies SwiGLU-OAI and writes mid."""
-    if PARTS > 1:
-        n = lg.arange(0, BN)
-        t = lg.arange(0, 16)
-        live = t[None, :] < S
-        base = lg.like(upart + n[:, None] * S + t[None, :], g)
-        tl.store(base + kp * (2 * BN * S), g, mask=live)
-        tl.store(base + kp * (2 * BN * S) + BN * S, u, mask=live)
-        if dt.last_arrival(ucount, PARTS):
-            g = dt.sum_parts(base, PARTS, 2 * BN * S, live)
-            u = dt.sum_parts(base + BN * S, PARTS, 2 * BN * S, live)
-            _up_block_done(
-                g, u, j, c, scount, mid, done, slotdone, tag, S, I, BN, NC, ALPHA, BETA, LIMIT
-            )
-    else:
+    """Hand an up item's K part on (`split_k_pair`: with several parts the last to finish
+    sums them in part order); the item that completes the row block applies SwiGLU-OAI and
+    writes mid."""
+    last, g, u = dt.split_k_pair(g, u, upart, ucount, kp, PARTS, BN, S)
+    if last:
         _up_block_done(
             g, u, j, c, scount, mid, done, slotdone, tag, S, I, BN, NC, ALPHA, BETA, LIMIT
         )
