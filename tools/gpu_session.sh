@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, rr, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -819,6 +819,30 @@ if has split; then
         --rows 1,16 --layers 4 --timeline "$LOG/bench"
     step timeline-ffn 90 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
         --timeline "$LOG/bench"
+fi
+if has rr; then
+    # K2's router items in wider row blocks (tile `rr`): stop 49's S = 1 timeline had the
+    # router, latdown and shup stages stream ~65 MB in ~37 us, the 224 router items of 16
+    # rows working ~10 us each for 57 KB (~12 KB in flight a program); latdown's 64-row
+    # items move 4x the bytes in twice the time. Each variant compiled in its own process,
+    # then timed one at a time; rr=64's S = 1 / 16 timeline. Name `verify` first: the
+    # full-rank tests then run beside the compiles (K2's under rr=64 too).
+    MONO_K2_TILES=rr=64 tests k2rr 280 $P/mono-kernels-kimi/tests/test_k2_gpu.py \
+        -k "full_rank and gluon" --tb=short &
+    V=("" rr=32 rr=64 rr=64,dks=8)
+    for v in "${V[@]}"; do
+        step "warm-k2-${v//[=:,]/_}" 260 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,4,16 --layers 1 --no-baseline &
+    done
+    step warm-tl-k2 260 env MONO_K2_TILES=rr=64 python3 -m mono_kernels_kimi.k2.bench \
+        --rows 1,16 --layers 1 --timeline "$LOG/warm" &
+    wait
+    for v in "${V[@]}"; do
+        step "k2-${v//[=:,]/_}" 40 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,4,16 --layers 4 --no-baseline
+    done
+    step timeline-k2 60 env MONO_K2_TILES=rr=64 python3 -m mono_kernels_kimi.k2.bench \
+        --rows 1,16 --layers 4 --timeline "$LOG/bench"
 fi
 if has acquire; then
     # Do a stage's waiters slow their own hand-off by acquiring the same done words with

@@ -176,7 +176,8 @@ class Plan:
     obk: int  # its K step (K = Ko)
     rc: int  # columns of a col, mix or norm item
     nch: int  # col (mix, norm) items per row
-    nr: int  # router row blocks (16 rows each)
+    rr: int  # router rows of a router item
+    nr: int  # router items per K part
     rbk: int  # their K step (K = H)
     dks: int  # K parts of the router, latdown and shup row blocks (items per block)
     lb: int  # latent_down rows of a latdown item
@@ -219,6 +220,10 @@ class Plan:
             # the router, latdown and shup stages run at once on few rows (E/tp, LAT/tp,
             # SI): split K, so that they fill the machine
             dks=4 if big else 2,
+            # router rows of a router item: 16-row bf16 items keep only ~12 KB in flight a
+            # program (part `rr` times wider ones); a share smaller than rr streams its
+            # neighbours' rows and keeps its own (`_share`)
+            rr=16,
             oc=_step(h, 64 if big else 32),
             # rows of a shared-up (gate and up each), latdown and upproj item, and the K
             # steps of those streams (rbk also the router's). The Gluon build takes 64 rows
@@ -307,6 +312,7 @@ class Plan:
                 check_tile("K2", name, t[name], most=k)
         check_tile("K2", "stages", t["stages"], least=1, pow2=False)
         check_tile("K2", "dks", t["dks"], least=1, most=8)
+        check_tile("K2", "rr", t["rr"], least=16, most=min(64, c.num_experts))
         ubk = _step(lat, 256 if big else 32)
         check_tile("K2", "uks", t["uks"], least=1, divides=lat // ubk)
         dks, oc, sb, sd, bn, dc, uc = (t[n] for n in ("dks", "oc", "sb", "sd", "bn", "dc", "uc"))
@@ -318,7 +324,8 @@ class Plan:
             obk=t["obk"],
             rc=rc,
             nch=h // rc,
-            nr=-(-c.experts_per_rank // 16),
+            rr=t["rr"],
+            nr=-(-c.experts_per_rank // t["rr"]),
             rbk=_step(h // dks, t["rbk"]),
             dks=dks,
             lb=t["lb"],
@@ -519,7 +526,7 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
             ("mid", 2 * b.max_slots * s * c.routed_intermediate),
             ("count", 4 * (p.nr + p.nl + p.nsu)),
             ("ucount", 4 * b.max_slots * p.nc if p.uks > 1 else 0),
-            ("kpart", 4 * p.dks * s * (16 * p.nr + p.lb * p.nl + 2 * p.sb * p.nsu)),
+            ("kpart", 4 * p.dks * s * (p.rr * p.nr + p.lb * p.nl + 2 * p.sb * p.nsu)),
             ("upart", 4 * b.max_slots * p.nc * p.uks * 2 * p.bn * s if p.uks > 1 else 0),
             ("dpart", 4 * b.plan.nd * b.plan.ng * b.plan.dc * s),
             ("nlat", 2 * s * lat),

@@ -119,6 +119,7 @@ def _k2_body(
     RBK: tl.constexpr,
     DKS: tl.constexpr,
     NR: tl.constexpr,
+    RR: tl.constexpr,
     NL: tl.constexpr,
     LB: tl.constexpr,
     SB: tl.constexpr,
@@ -383,8 +384,8 @@ def _k2_body(
                 buf = (scratch + O_KPART).to(tl.pointer_type(tl.float32))
                 if XPF:
                     if t < T_LATDOWN:
-                        r0 = _share_row0(rank, (t - T_ROUTER) // DKS, EPR, E, 16)
-                        dt.prefetch_rows(router, r0, 16, H, kp * (H // DKS), XPF, 0, CPU, ASM)
+                        r0 = _share_row0(rank, (t - T_ROUTER) // DKS, EPR, E, RR)
+                        dt.prefetch_rows(router, r0, RR, H, kp * (H // DKS), XPF, 0, CPU, ASM)
                     elif t < T_SHUP:
                         r0 = _share_row0(rank, (t - T_LATDOWN) // DKS, LPR, LAT, LB)
                         dt.prefetch_rows(latent_down, r0, LB, H, kp * (H // DKS), XPF, 0, CPU, ASM)
@@ -407,7 +408,7 @@ def _k2_body(
                         kp,
                         x,
                         router,
-                        buf + g * (DKS * 16 * S),
+                        buf + g * (DKS * RR * S),
                         cnt,
                         peers,
                         rank,
@@ -417,6 +418,7 @@ def _k2_body(
                         H,
                         E,
                         EPR,
+                        RR,
                         RBK,
                         DKS,
                         STAGES,
@@ -431,7 +433,7 @@ def _k2_body(
                         kp,
                         x,
                         latent_down,
-                        buf + (NR * 16 + g * LB) * (DKS * S),
+                        buf + (NR * RR + g * LB) * (DKS * S),
                         cnt,
                         peers,
                         rank,
@@ -457,7 +459,7 @@ def _k2_body(
                         x,
                         shared_w13,
                         scratch,
-                        buf + (NR * 16 + NL * LB) * (DKS * S) + c * (DKS * 2 * SB * S),
+                        buf + (NR * RR + NL * LB) * (DKS * S) + c * (DKS * 2 * SB * S),
                         cnt,
                         S,
                         H,
@@ -1026,6 +1028,7 @@ def _router(
     H: tl.constexpr,
     E: tl.constexpr,
     EPR: tl.constexpr,
+    RR: tl.constexpr,
     RBK: tl.constexpr,
     DKS: tl.constexpr,
     STAGES: tl.constexpr,
@@ -1033,14 +1036,14 @@ def _router(
     CPU: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """16 of this rank's router rows over K part kp; the last part: fp32 logits -> every
+    """RR of this rank's router rows over K part kp; the last part: fp32 logits -> every
     rank's lg (all-gather)."""
-    r0, rows, keep = _share(rank, g, EPR, E, 16)
+    r0, rows, keep = _share(rank, g, EPR, E, RR)
     KP: tl.constexpr = H // DKS
     acc = dt.any_stream_rows(
-        router, router, x, r0, kp * KP, KP // RBK, H, 16, RBK, S, 0, STAGES, CPU, ASM
+        router, router, x, r0, kp * KP, KP // RBK, H, RR, RBK, S, 0, STAGES, CPU, ASM
     )
-    last, acc = dt.split_k(acc, buf, cnt, kp, DKS, 16, S)
+    last, acc = dt.split_k(acc, buf, cnt, kp, DKS, RR, S)
     if last:
         payload = tl.trans(acc).to(tl.int32, bitcast=True)
         dt.push_pairs(peers, world, P_LG // 8, E, rows, payload, keep[None, :], tag, S)
@@ -1725,6 +1728,7 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         RBK=p.rbk,
         DKS=p.dks,
         NR=p.nr,
+        RR=p.rr,
         NL=p.nl,
         LB=p.lb,
         SB=p.sb,
