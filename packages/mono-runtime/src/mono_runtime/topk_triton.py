@@ -37,26 +37,29 @@ def sigmoid_topk_row(
     to sum 1 when RENORM, times SCALE; lanes >= K of the result are 0. KP: K rounded up to
     a power of two.
 
-    One CTA reduction a pick, in a loop; the picks' scores are read back from `src` in one
-    load after the last pick, not taken out of the block by a second reduction a pick (H100,
-    K2's one route item at S = 1: 16 picks took ~40 us with two reductions a pick, unrolled,
-    and 16 us this way)."""
+    Every warp holds the whole row (`lang.every_warp`), so each pick is a reduction inside
+    each warp, with no barrier: one CTA reduction a pick took ~16 us for K2's 16 picks of
+    896 at S = 1 on an H100 (and ~40 with two a pick). The picks' scores are read back from
+    `src` in one load after the last pick."""
+    logits = lg.every_warp(logits)
+    bias = lg.every_warp(bias)
     ex = lg.like(lg.arange(0, logits.shape[0]), logits)
     key = tl.sigmoid(logits) + bias
     key = tl.where((key != key) | (ex >= E), float("-inf"), key)
     # one max a pick instead of a max and an argmin: the key's bits made to sort as signed
     # integers (-0 taken as +0, as a float compare does) over the inverted id, so the
-    # largest word is the largest key at its lowest id
+    # largest word is the largest key at its lowest id; a picked lane's word drops below
+    # every key's
     bits = tl.where(key == 0.0, 0.0, key).to(tl.int32, bitcast=True)
     word = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) << 32
     word = word | (ex ^ (logits.shape[0] - 1)).to(tl.int64)  # (a power of two: the id inverted)
+    word = tl.where(ex >= E, _TAKEN, word)
     kk = lg.anchor(lg.arange(0, KP))
     ids = lg.zeros_like(kk, tl.int32)
-    taken = ex >= E
     for k in range(K):
-        best = tl.max(tl.where(taken, _TAKEN, word), 0)
+        best = tl.max(word, 0)
         pick = (best & 0xFFFFFFFF).to(tl.int32) ^ (logits.shape[0] - 1)
-        taken = taken | (ex == pick)
+        word = tl.where(word == best, _TAKEN, word)
         ids = tl.where(kk == k, pick, ids)
     live = kk < K
     w = tl.where(

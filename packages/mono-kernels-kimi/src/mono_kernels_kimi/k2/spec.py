@@ -497,7 +497,7 @@ def scratch_layout(b: K2Build) -> dict[str, tuple[int, int]]:
     smid   bf16[S, SI]  the shared expert's SiTU output
     xlat   bf16[S, LAT] the gathered latent input of the routed experts
     table  the route: int32 nslots, int32 slot_expert[MAXSLOTS], fp32 wtab[MAXSLOTS, S],
-           int32 topk_ids[S, K], fp32 topk_w[S, K], int32 pos[E] (the union's scratch)
+           int32 topk_ids[S, K], fp32 topk_w[S, K]
     mid    bf16[MAXSLOTS, S, RI]  the routed experts' SiTU outputs, by slot
     count  int32[NR + NL + NSU]  K parts finished per row block of router, latdown, shup
            (the last resets it)
@@ -543,7 +543,6 @@ def table_sizes(b: K2Build) -> dict[str, int]:
         "wtab": 4 * m * s,
         "topk_ids": 4 * s * k,
         "topk_w": 4 * s * k,
-        "pos": 4 * b.cfg.num_experts,
     }
 
 
