@@ -107,6 +107,22 @@ def anchor_rows(x, _semantic=None):
 
 
 @_builtin
+def anchor_cols(x, _semantic=None):
+    """`x` itself; under Gluon, an AutoLayout 2-D block given a blocked layout in which each
+    thread holds whole columns (every row of them), lanes and warps along the columns: a
+    sum over the rows then stays in each thread (a weighted sum of a few source rows)."""
+    if _semantic is None or not _gluon(_semantic):
+        return x
+    from triton.experimental.gluon.language import _layouts
+
+    if not isinstance(x.type.layout, _layouts.AutoLayout):
+        return x
+    warps = _semantic.builder.options.num_warps
+    layout = _layouts.BlockedLayout([x.shape[0], 1], [1, 32], [1, warps], [1, 0])
+    return _semantic.set_auto_layout(x, layout)
+
+
+@_builtin
 def every_warp(x, _semantic=None):
     """`x` itself; under Gluon, the 1-D block `x` converted to a layout in which every warp
     holds all of it (its lanes split it): a reduction over it then stays inside each warp

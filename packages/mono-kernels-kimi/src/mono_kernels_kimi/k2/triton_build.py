@@ -301,6 +301,9 @@ def _k2_body(
                 )
             elif t < T_NORM:
                 s_ = (t - T_MIX) // NCH
+                src = _mix_sources(
+                    s_, (t - T_MIX) % NCH, blocks, blocks_row, blocks_block, sources, NB2, RC
+                )
                 dt.wait_items(
                     done,
                     T_COL + s_ * NCH,
@@ -320,11 +323,8 @@ def _k2_body(
                 _mix(
                     s_,
                     (t - T_MIX) % NCH,
-                    blocks,
+                    src,
                     scratch,
-                    blocks_row,
-                    blocks_block,
-                    sources,
                     H,
                     NB,
                     RC,
@@ -337,6 +337,7 @@ def _k2_body(
                     O_MIX,
                     O_SSQ2,
                     EPS,
+                    sources,
                 )
                 if TL:  # the mix stored: what the publish after it costs reads apart
                     t_mark = pt.clock(0, CPU)
@@ -910,14 +911,31 @@ def _col(
 
 
 @triton.jit
-def _mix(
+def _mix_sources(
     s,
     ch,
     blocks,
-    scratch,
     blocks_row,
     blocks_block,
     sources,
+    NB2: tl.constexpr,
+    RC: tl.constexpr,
+):
+    """Row s's AttnRes sources over columns [ch RC, (ch + 1) RC), bf16 [NB2, RC] (rows past
+    `sources` zero): loaded before the mix item's wait, since no item of the launch writes
+    them, so their latency overlaps the wait (loads after it queue behind its barriers)."""
+    j = lg.arange(0, NB2)
+    k = ch * RC + lg.arange(0, RC)
+    src = lg.anchor_cols(blocks + s * blocks_row + j[:, None] * blocks_block + k[None, :])
+    return tl.load(src, mask=(j < sources)[:, None] & (k >= 0)[None, :], other=0.0)
+
+
+@triton.jit
+def _mix(
+    s,
+    ch,
+    src,
+    scratch,
     H: tl.constexpr,
     NB: tl.constexpr,
     RC: tl.constexpr,
@@ -930,9 +948,12 @@ def _mix(
     O_MIX: tl.constexpr,
     O_SSQ2: tl.constexpr,
     EPS: tl.constexpr,
+    sources,
 ):
     """Row s, columns [ch RC, (ch + 1) RC): softmax over the sources of (dot x rstd), then
-    the mix (blocks in order, then the prefix) -> mix (fp32) and its sum of squares."""
+    the mix (the sources `src` (`_mix_sources`) in order, then the prefix) -> mix (fp32)
+    and its sum of squares. The prefix is asked for with the sums, before the softmax's
+    reductions (a load after a barrier waits for it)."""
     grid = lg.anchor(lg.zeros((NS2, NCH2), tl.int32))  # (Gluon: the sources x chunks layout)
     jj = lg.along(lg.arange(0, NS2), grid, 1)
     cc = lg.along(lg.arange(0, NCH2), grid, 0)
@@ -940,20 +961,24 @@ def _mix(
     off = s * ((NB + 1) * NCH) + jj[:, None] * NCH + cc[None, :]
     ssq = (scratch + O_SSQ).to(tl.pointer_type(tl.float32))
     dot = (scratch + O_DOT).to(tl.pointer_type(tl.float32))
-    sq = tl.sum(tl.load(ssq + off, mask=m2, other=0.0, volatile=True), 1)
-    dt = tl.sum(tl.load(dot + off, mask=m2, other=0.0, volatile=True), 1)
+    sq = tl.load(ssq + off, mask=m2, other=0.0, volatile=True)
+    dt = tl.load(dot + off, mask=m2, other=0.0, volatile=True)
+    k = lg.along(ch * RC + lg.arange(0, RC), src, 0)
+    pnew = (scratch + O_PNEW).to(tl.pointer_type(tl.bfloat16)) + s * H
+    prefix = tl.load(pnew + k, volatile=True).to(tl.float32)
+    sq = tl.sum(sq, 1)
+    dt = tl.sum(dt, 1)
     valid = (jj < sources) | (jj == NB)
     logit = tl.where(valid, dt / tl.sqrt_rn(sq / H + EPS), float("-inf"))
     ex = tl.where(valid, tl.exp(logit - tl.max(logit, 0)), 0.0)
     wts = ex / tl.sum(ex, 0)
-    k = lg.anchor(ch * RC + lg.arange(0, RC))
-    acc = lg.zeros_like(k, tl.float32)
-    for j in tl.static_range(NB):  # unrolled: every source's loads fly together
-        wj = tl.sum(tl.where(jj == j, wts, 0.0), 0)
-        src = blocks + s * blocks_row + j * blocks_block + k
-        acc += wj * tl.load(src, mask=(k >= 0) & (j < sources), other=0.0).to(tl.float32)
-    pnew = (scratch + O_PNEW).to(tl.pointer_type(tl.bfloat16)) + s * H
-    acc += tl.sum(tl.where(jj == NB, wts, 0.0), 0) * tl.load(pnew + k, volatile=True).to(tl.float32)
+    # the sources' weights as a column over src's rows (sources past NB2 weigh nothing)
+    j = lg.along(lg.arange(0, src.shape[0]), src, 1)
+    wj = lg.zeros_like(j, tl.float32)
+    for q in tl.static_range(NB):  # (NB <= NB2 sources: one weight each, in order)
+        wj = tl.where(j == q, tl.sum(tl.where(jj == q, wts, 0.0), 0), wj)
+    acc = tl.sum(wj[:, None] * src.to(tl.float32), 0)
+    acc += tl.sum(tl.where(jj == NB, wts, 0.0), 0) * prefix
     tl.store((scratch + O_MIX).to(tl.pointer_type(tl.float32)) + s * H + k, acc)
     tl.store(
         (scratch + O_SSQ2).to(tl.pointer_type(tl.float32)) + s * NCH + ch, tl.sum(acc * acc, 0)
