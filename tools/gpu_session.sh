@@ -829,7 +829,7 @@ if has rr; then
     # full-rank tests then run beside the compiles (K2's under rr=64 too).
     MONO_K2_TILES=rr=64 tests k2rr 280 $P/mono-kernels-kimi/tests/test_k2_gpu.py \
         -k "full_rank and gluon" --tb=short &
-    V=("" rr=32 rr=64 rr=64,dks=8)
+    V=("" rr=64 rr=64,dks=8)
     for v in "${V[@]}"; do
         step "warm-k2-${v//[=:,]/_}" 260 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
             --rows 1,4,16 --layers 1 --no-baseline &

@@ -1408,8 +1408,10 @@ def _up(
     -> mid[j] (bf16) by the part that finished last, the parts summed in order (split K:
     more, shorter items where few slots leave SMs idle); nothing for a slot past the
     union's count."""
+    # the slot's expert asked for with the count, not after it: one latency before the
+    # stream, not two (past the count it reads a stale entry, clamped, and is not used)
+    e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
     if j < _slot_count(scratch, O_TABLE, MAXSLOTS):
-        e = _slot_expert(scratch, j, E, O_TABLE, T_SLOTE)
         w, ws = dt.stacked_expert(e, w13, w13_scale, 2 * RI, LAT, FMT)
         xlat = (scratch + O_XLAT).to(tl.pointer_type(tl.bfloat16))
         KP: tl.constexpr = LAT // UKS
