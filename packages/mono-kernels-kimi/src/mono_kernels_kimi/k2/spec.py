@@ -31,10 +31,13 @@ residency and under the interpreter, where programs run one after another:
                      every rank's `lat`
     shup     NSU x DKS  SB gate + SB up rows of the shared gate_up, likewise: SiTU ->
                      `smid` (bf16)
-    shdown   NSD     SD output columns of the shared down (K = SI) -> every rank's `sh`
     gather   S       row s of the gathered latent input -> `xlat`
     up       MAXSLOTS x NC  slot j, BN gate + BN up rows of w13 (K = LAT, MXFP4), SiTU ->
                      `mid[j]` (bf16); a slot past the route's count does nothing
+    shdown   NSD     SD output columns of the shared down (K = SI) -> every rank's `sh`
+                     (after the up items: only the final items read `sh`, and with its
+                     tickets first an H100 timeline (stop 49, S = 1) had 112 shdown items
+                     hold programs while 40 of the 192 up items waited ~7 us for one)
     down     ND x NG DC latent columns over slot group q (slots in order, weights applied,
                      fp32) -> `dpart[d, q]`: many slots make long items, few slots many
     dsum     ND      the groups of column block d summed in group order, rounded once ->
@@ -369,9 +372,9 @@ STAGES = (
     "union",
     "latdown",
     "shup",
-    "shdown",
     "gather",
     "up",
+    "shdown",
     "down",
     "dsum",
     "lred",

@@ -372,7 +372,7 @@ def _k2_body(
                 if TL:
                     t_ready = ready
                 pt.ticket_finish(done, t, tag)
-            elif (t < T_ROUTE) | ((t >= T_LATDOWN) & (t < T_SHDOWN)):
+            elif (t < T_ROUTE) | ((t >= T_LATDOWN) & (t < T_GATHER)):
                 # router, latent down and shared up, each split over DKS parts of K: all read
                 # x, every row of it; the first XPF columns of their weights are asked of
                 # L2 while the norm items land.
@@ -527,37 +527,6 @@ def _k2_body(
                     T_TOPW,
                 )
                 pt.ticket_finish(done, t, tag)
-            elif t < T_GATHER:
-                ready = _shdown(
-                    t - T_SHDOWN,
-                    shared_w2,
-                    scratch,
-                    done,
-                    tag,
-                    ctl,
-                    health,
-                    peers,
-                    rank,
-                    world,
-                    S,
-                    H,
-                    SI,
-                    SB,
-                    SD,
-                    SDK,
-                    DKS,
-                    SHUP2,
-                    STAGES,
-                    T_SHUP,
-                    O_SMID,
-                    P_SH,
-                    R_ITEMS,
-                    CPU,
-                    ASM,
-                    TL,
-                )
-                if TL:
-                    t_ready = ready
             elif t < T_UP:
                 _gather(
                     t - T_GATHER,
@@ -577,7 +546,7 @@ def _k2_body(
                     CPU,
                 )
                 pt.ticket_finish(done, t, tag)
-            elif t < T_DOWN:
+            elif t < T_SHDOWN:
                 ok = dt.wait_items(
                     done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
                 )
@@ -618,6 +587,37 @@ def _k2_body(
                     ASM,
                 )
                 pt.ticket_finish(done, t, tag)
+            elif t < T_DOWN:
+                ready = _shdown(
+                    t - T_SHDOWN,
+                    shared_w2,
+                    scratch,
+                    done,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    S,
+                    H,
+                    SI,
+                    SB,
+                    SD,
+                    SDK,
+                    DKS,
+                    SHUP2,
+                    STAGES,
+                    T_SHUP,
+                    O_SMID,
+                    P_SH,
+                    R_ITEMS,
+                    CPU,
+                    ASM,
+                    TL,
+                )
+                if TL:
+                    t_ready = ready
             elif t < T_DSUM:
                 ready = _down(
                     (t - T_DOWN) // NG,
