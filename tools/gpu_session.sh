@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, rr, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, rr, quick, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -843,6 +843,25 @@ if has rr; then
     done
     step timeline-k2 60 env MONO_K2_TILES=rr=64 python3 -m mono_kernels_kimi.k2.bench \
         --rows 1,16 --layers 4 --timeline "$LOG/bench"
+fi
+if has quick; then
+    # The short call for a scarce machine: name `verify` first (the full-shape tests run
+    # beside the compiles); K2 as committed and with rr=64, each compiled in its own
+    # process, timed at S = 1 / 16, then K2's S = 1 / 16 timeline. ~330 s fresh.
+    V=("" rr=64)
+    for v in "${V[@]}"; do
+        step "warm-k2-${v//[=:,]/_}" 230 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 1 --no-baseline &
+    done
+    step warm-tl-k2 230 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
+        --timeline "$LOG/warm" &
+    wait
+    for v in "${V[@]}"; do
+        step "k2-${v//[=:,]/_}" 30 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
+            --rows 1,16 --layers 4 --no-baseline
+    done
+    step timeline-k2 45 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
+        --timeline "$LOG/bench"
 fi
 if has acquire; then
     # Do a stage's waiters slow their own hand-off by acquiring the same done words with
