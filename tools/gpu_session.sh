@@ -865,8 +865,10 @@ if has quick; then
 fi
 if has mini; then
     # The least a change to K2 needs on a GPU, in ~240 s fresh: its full-rank Gluon test
-    # beside the bench's compile, then K2 at S = 1 / 16 and its timeline.
+    # (and K1's 1 x 1 full-shape one) beside the bench's compile, then K2's S = 1 / 16
+    # timeline.
     tests k2 230 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short &
+    tests k1 200 $P/mono-kernels-kimi/tests/test_k1_gpu.py -k "1-1-True-13-full" --tb=short &
     step warm-k2 200 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
         --timeline "$LOG/warm" &
     wait

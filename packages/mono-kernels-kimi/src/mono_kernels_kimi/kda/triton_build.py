@@ -85,16 +85,22 @@ def _dot(a, b, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _sources(
-    blocks_row, prefix_row, cols, cm, num_blocks, write_idx, block_stride, MSP: tl.constexpr
-):
-    """fp32 [MSP, BH]: the AttnRes sources of one row's hidden block in one load, so a
-    stage pays one memory latency for all of them: blocks 0 .. num_blocks - 1, then the
-    prefix (already loaded) at row num_blocks, zeros past it. The block this launch
-    writes reads as the new prefix, so no item reads it back through memory."""
+def _block_sources(blocks_row, cols, cm, num_blocks, block_stride, MSP: tl.constexpr):
+    """fp32 [MSP, BH]: blocks 0 .. num_blocks - 1 of one row's hidden block in one load (a
+    stage pays one memory latency for all of them), zeros past them. No item of the launch
+    writes them but the one block it may write, which `_sources` replaces: a stage may load
+    them before its wait."""
     j = tl.arange(0, MSP)
     ptrs = blocks_row + j[:, None].to(tl.int64) * block_stride + cols[None, :]
-    v = tl.load(ptrs, mask=(j < num_blocks)[:, None] & cm[None, :], other=0.0).to(F32)
+    return tl.load(ptrs, mask=(j < num_blocks)[:, None] & cm[None, :], other=0.0).to(F32)
+
+
+@triton.jit
+def _sources(v, prefix_row, num_blocks, write_idx, MSP: tl.constexpr):
+    """The AttnRes sources [MSP, BH] from the blocks `v` (`_block_sources`): the prefix
+    (already loaded) at row num_blocks; the block this launch writes reads as the new
+    prefix, so no item reads it back through memory."""
+    j = tl.arange(0, MSP)
     take_prefix = (j == num_blocks) | ((j == write_idx) & (j < num_blocks))
     return tl.where(take_prefix[:, None], prefix_row[None, :], v)
 
@@ -436,14 +442,18 @@ def k1_kernel(
                 if WRITE_BLOCK:
                     wb = row + write_idx * blocks_block_stride + cols
                     tl.store(wb, p.to(BF16), mask=cm)
-                src = _sources(row, p, cols, cm, num_blocks, wi, blocks_block_stride, MSP)
+                v = _block_sources(row, cols, cm, num_blocks, blocks_block_stride, MSP)
+                src = _sources(v, p, num_blocks, wi, MSP)
                 wnq = tl.load(ares_norm + cols, mask=cm, other=0.0).to(F32) * tl.load(
                     ares_qk + cols, mask=cm, other=0.0
                 ).to(F32)
                 tl.store(pp, tl.sum(src * src, axis=1))
                 tl.store(pp + MSP * C1P, tl.sum(src * wnq[None, :], axis=1))
             else:
-                # the softmax over the sources (prefix last) once this row's partials are in
+                # the softmax over the sources (prefix last) once this row's partials are in;
+                # the blocks asked for before the wait, the prefix with the partials (a load
+                # after the softmax's barriers would wait for them: one latency each)
+                v = _block_sources(row, cols, cm, num_blocks, blocks_block_stride, MSP)
                 pt.wait_done(
                     done,
                     s * C1,
@@ -464,19 +474,19 @@ def k1_kernel(
                 ci = tl.arange(0, C1P)
                 pq = part + (s * 2 * MSP + j[:, None]) * C1P + ci[None, :]
                 pm = (j <= num_blocks)[:, None] & (ci < C1)[None, :]
-                ss = tl.sum(tl.load(pq, mask=pm, other=0.0, cache_modifier=".cg"), axis=1)
-                qd = tl.sum(
-                    tl.load(pq + MSP * C1P, mask=pm, other=0.0, cache_modifier=".cg"), axis=1
+                ss = tl.load(pq, mask=pm, other=0.0, cache_modifier=".cg")
+                qd = tl.load(pq + MSP * C1P, mask=pm, other=0.0, cache_modifier=".cg")
+                p = tl.load(prefix + s * HID + cols, mask=cm, other=0.0, cache_modifier=".cg").to(
+                    F32
                 )
+                ss = tl.sum(ss, axis=1)
+                qd = tl.sum(qd, axis=1)
                 logit = tl.where(
                     j <= num_blocks, qd * tl.rsqrt(ss * (1.0 / HID) + eps), -float("inf")
                 )
                 e = tl.exp(logit - tl.max(logit, axis=0))
                 wts = e / tl.sum(e, axis=0)
-                p = tl.load(prefix + s * HID + cols, mask=cm, other=0.0, cache_modifier=".cg").to(
-                    F32
-                )
-                src = _sources(row, p, cols, cm, num_blocks, wi, blocks_block_stride, MSP)
+                src = _sources(v, p, num_blocks, wi, MSP)
                 mixed = tl.sum(wts[:, None] * src, axis=0)
                 tl.store(mixbuf + s * HID + cols, mixed, mask=cm)
                 tl.store(msq + s * C1P + c, tl.sum(tl.where(cm, mixed * mixed, 0.0), axis=0))
