@@ -41,6 +41,29 @@ tests() {  # name, timeout, pytest args...
     local name=$1 limit=$2; shift 2
     step "$name" "$limit" python3 tools/gpu_run.py --out "$LOG/$name" -- -v --timeout 280 "$@"
 }
+ncu_launch() {  # report name, kernel regex, launches to skip, command...: Nsight Compute
+    # on one launch (clocks left alone), the sections ncu_top.py reads, into $LOG/name
+    local name=$1 kernel=$2 skip=$3; shift 3
+    step "ncu-$name" 150 "$NCU" --clock-control none -k "regex:$kernel" --launch-skip "$skip" \
+        --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section SourceCounters \
+        --section MemoryWorkloadAnalysis --import-source yes -o "$LOG/$name" -f "$@"
+}
+k2_warm() {  # rows, limit, MONO_K2_TILES values...: each compiled in its own process, in
+    # the background (the caller waits)
+    local rows=$1 limit=$2 v; shift 2
+    for v in "$@"; do
+        step "warm-k2-${v//[=:,]/_}" "$limit" env MONO_K2_TILES=$v \
+            python3 -m mono_kernels_kimi.k2.bench --rows "$rows" --layers 1 --no-baseline &
+    done
+}
+k2_time() {  # rows, limit, MONO_K2_TILES values...: each timed alone, 4 layers a graph
+    local rows=$1 limit=$2 v; shift 2
+    for v in "$@"; do
+        step "k2-${v//[=:,]/_}" "$limit" env MONO_K2_TILES=$v \
+            python3 -m mono_kernels_kimi.k2.bench --rows "$rows" --layers 4 --no-baseline
+    done
+}
 warm_ffn() {  # name, timeout, widths, format, MONO_FFN_TILES ("": none): compile, time nothing
     step "warm-ffn-$1" "$2" env MONO_FFN_TILES="$5" python3 -m mono_kernels_minimax.ffn.bench \
         --rows "$3" --formats "$4" --layers 1 --no-baseline
@@ -830,17 +853,11 @@ if has rr; then
     MONO_K2_TILES=rr=64 tests k2rr 280 $P/mono-kernels-kimi/tests/test_k2_gpu.py \
         -k "full_rank and gluon" --tb=short &
     V=("" rr=64 rr=64,dks=8)
-    for v in "${V[@]}"; do
-        step "warm-k2-${v//[=:,]/_}" 260 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
-            --rows 1,4,16 --layers 1 --no-baseline &
-    done
+    k2_warm 1,4,16 260 "${V[@]}"
     step warm-tl-k2 260 env MONO_K2_TILES=rr=64 python3 -m mono_kernels_kimi.k2.bench \
         --rows 1,16 --layers 1 --timeline "$LOG/warm" &
     wait
-    for v in "${V[@]}"; do
-        step "k2-${v//[=:,]/_}" 40 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
-            --rows 1,4,16 --layers 4 --no-baseline
-    done
+    k2_time 1,4,16 40 "${V[@]}"
     step timeline-k2 60 env MONO_K2_TILES=rr=64 python3 -m mono_kernels_kimi.k2.bench \
         --rows 1,16 --layers 4 --timeline "$LOG/bench"
 fi
@@ -848,18 +865,11 @@ if has quick; then
     # The short call for a scarce machine: name `verify` first (the full-shape tests run
     # beside the compiles); K2 as committed and with rr=64, each compiled in its own
     # process, timed at S = 1 / 16, then K2's S = 1 / 16 timeline. ~330 s fresh.
-    V=("" rr=64)
-    for v in "${V[@]}"; do
-        step "warm-k2-${v//[=:,]/_}" 230 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
-            --rows 1,16 --layers 1 --no-baseline &
-    done
+    k2_warm 1,16 230 "" rr=64
     step warm-tl-k2 230 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
         --timeline "$LOG/warm" &
     wait
-    for v in "${V[@]}"; do
-        step "k2-${v//[=:,]/_}" 30 env MONO_K2_TILES=$v python3 -m mono_kernels_kimi.k2.bench \
-            --rows 1,16 --layers 4 --no-baseline
-    done
+    k2_time 1,16 30 "" rr=64
     step timeline-k2 45 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
         --timeline "$LOG/bench"
 fi
@@ -1068,12 +1078,8 @@ if has profile; then
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
     export NCU
     for s in 1 16; do
-        step ncu-ffn-s$s 150 "$NCU" --clock-control none -k regex:ffn_kernel --launch-skip 4 \
-            --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
-            --section WarpStateStats --section SchedulerStats --section SourceCounters \
-            --section MemoryWorkloadAnalysis --import-source yes -o "$LOG/ffn-s$s" -f \
-            python3 -m mono_kernels_minimax.ffn.bench --rows $s --formats mxfp4 --layers 2 \
-            --no-baseline
+        ncu_launch ffn-s$s ffn_kernel 4 python3 -m mono_kernels_minimax.ffn.bench --rows $s \
+            --formats mxfp4 --layers 2 --no-baseline
         step top-ffn-s$s 60 python3 tools/ncu_top.py "$LOG/ffn-s$s.ncu-rep" --lines 45
         rm -f "$LOG/ffn-s$s.ncu-rep"
     done
@@ -1085,11 +1091,8 @@ if has k2prof; then
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
     export NCU
     for s in 1 16; do
-        step ncu-k2-s$s 150 "$NCU" --clock-control none -k regex:k2_gluon --launch-skip 3 \
-            --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
-            --section WarpStateStats --section SchedulerStats --section SourceCounters \
-            --section MemoryWorkloadAnalysis --import-source yes -o "$LOG/k2-s$s" -f \
-            python3 -m mono_kernels_kimi.k2.bench --rows $s --layers 2 --no-baseline
+        ncu_launch k2-s$s k2_gluon 3 python3 -m mono_kernels_kimi.k2.bench --rows $s --layers 2 \
+            --no-baseline
         step top-k2-s$s 90 python3 tools/ncu_top.py "$LOG/k2-s$s.ncu-rep" --lines 60 \
             --views cuda,sass
         rm -f "$LOG/k2-s$s.ncu-rep"
