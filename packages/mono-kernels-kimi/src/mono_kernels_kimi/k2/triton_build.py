@@ -1289,6 +1289,7 @@ def _route(
     topk_w (-1 and 0 on a padding row). Returns the timeline's ready clock (logits in)."""
     e = lg.anchor(lg.arange(0, E2))
     b = tl.load(bias + e, mask=e < E, other=0.0)
+    live = tl.load(slots + s) >= 0  # (before the poll, as the bias: no latency after it)
     row = me + P_LG // 8 + s * E
     v, ok = pt.poll(row + e, e < E, tag, ctl, health, peers, rank, world, R_LG, s * E, CPU)
     ready = dt.ready_clock(TL, CPU)
@@ -1298,7 +1299,6 @@ def _route(
         logits, b, row.to(tl.pointer_type(tl.float32)), 2, E, K, KP, RSF, RENORM
     )
     w = tl.where(ok, w, float("nan"))
-    live = tl.load(slots + s) >= 0
     kk = lg.anchor(lg.arange(0, KP))
     ids_p = (scratch + O_TABLE + T_IDS).to(tl.pointer_type(tl.int32))
     topw_p = (scratch + O_TABLE + T_TOPW).to(tl.pointer_type(tl.float32))
@@ -1685,6 +1685,7 @@ def _final(
     """Row s, FC columns: bf16(the ranks' shared partials in rank order) + the column
     owner's up-projection -> out (bf16; 0 on a padding row)."""
     p = lg.anchor(f * (FC // 2) + lg.arange(0, FC // 2))
+    live = tl.load(slots + s) >= 0  # (before the polls: a load after them waits for them)
     lo, hi, ok = dt.reduce_row(
         me, P_SH // 8, s, p, f * (FC // 2), p >= 0, H // 2,
         tag, ctl, health, peers, rank, world, R_SH, CPU,
@@ -1705,7 +1706,6 @@ def _final(
     ok = ok & got
     ol = tl.where(ok, dt.bf16_round(lo) + pt.bf16x2_lo(up), float("nan"))
     oh = tl.where(ok, dt.bf16_round(hi) + pt.bf16x2_hi(up), float("nan"))
-    live = tl.load(slots + s) >= 0
     tl.store(out + s * (H // 2) + p, tl.where(live, pt.bf16x2_pack(ol, oh), 0))
 
 

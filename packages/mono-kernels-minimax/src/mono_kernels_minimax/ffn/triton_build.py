@@ -323,11 +323,13 @@ def _ffn_body(
             s = (t - NPUSH) // NCH
             ch = (t - NPUSH) % NCH
             p = lg.anchor(ch * (SC // 2) + lg.arange(0, SC // 2))
+            # the residual asked for before the poll (only this item writes its chunk): a
+            # load after the poll's barriers would be issued only once it returned
+            r = tl.load(residual + s * (H // 2) + p)
             lo, hi, ok = dt.reduce_row(
                 me, P_AR1 // 8, s, p, ch * (SC // 2), p >= 0, H // 2,
                 tag, ctl, health, peers, rank, world, R_AR1, CPU,
             )  # fmt: skip
-            r = tl.load(residual + s * (H // 2) + p)
             xl = tl.where(ok, dt.bf16_round(lo) + pt.bf16x2_lo(r), float("nan"))
             xh = tl.where(ok, dt.bf16_round(hi) + pt.bf16x2_hi(r), float("nan"))
             tl.store(residual_out + s * (H // 2) + p, pt.bf16x2_pack(xl, xh))
