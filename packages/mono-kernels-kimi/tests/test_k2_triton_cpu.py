@@ -41,9 +41,11 @@ def _check(records):
         assert r["pad_zero"], f"{where}: a padding row got a non-zero output"
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(200)
 def test_tp1_widths_and_layers():
-    (records,) = spawn(ranks.check_steps, 1, 100, [1, 3], LAYERS, 0, True, True, env=ENV)
+    """Widths 1, 3 and 16 (16 rows x 4 picks: the union counts its slots over two chunks
+    of 32 picks)."""
+    (records,) = spawn(ranks.check_steps, 1, 180, [1, 3, 16], LAYERS, 0, True, True, env=ENV)
     _check(records)
     # timeline builds: the last launch of each step stamped every ticket, in its stage
     from mono_kernels_kimi.config import KimiK3Config

@@ -1338,14 +1338,21 @@ def _union(
     grid = lg.anchor(lg.zeros((SK2, CH), tl.int32))  # (Gluon: picks x a chunk of picks)
     r = lg.along(lg.arange(0, SK2), grid, 1)
     idr = tl.load(ids_p + r, mask=r < S * K, other=-1, volatile=True)
+    # the picks again as [chunks, CH], each thread a column's chunks: loaded with the rows,
+    # so the chunks cost no load after the loop's barriers (one latency each)
+    q = lg.arange(0, SK2 // CH)
+    cq = lg.arange(0, CH)
+    byq = lg.anchor_cols(ids_p + q[:, None] * CH + cq[None, :])
+    idq = tl.load(byq, mask=(q[:, None] * CH + cq[None, :]) < S * K, other=-1, volatile=True)
     okr = (r < S * K) & (idr >= 0) & (idr < E)
     topw = (table + T_TOPW).to(tl.pointer_type(tl.float32))
     w = tl.load(topw + r, mask=okr, other=0.0, volatile=True)
     slot = lg.zeros_like(r, tl.int32)
     nslots = tl.sum(slot, 0)
+    qi = lg.along(lg.arange(0, SK2 // CH), idq, 1)
     for c0 in tl.static_range(0, SK2, CH):
         c = lg.along(c0 + lg.arange(0, CH), grid, 0)
-        idc = tl.load(ids_p + c, mask=c < S * K, other=-1, volatile=True)
+        idc = lg.along(tl.sum(tl.where(qi[:, None] == c0 // CH, idq, 0), 0), grid, 0)
         okc = (c < S * K) & (idc >= 0) & (idc < E)
         # pick c is its id's first occurrence: no earlier pick has its id
         seen = (idr[:, None] == idc[None, :]) & (r[:, None] < c[None, :]) & okr[:, None]
