@@ -11,6 +11,7 @@ from mono_kernels_kimi.k2 import triton_build
 from mono_kernels_kimi.k2.build import K2Gluon, K2Triton, launch_spec
 from mono_kernels_kimi.k2.spec import (
     ALIGN,
+    INPUTS,
     MAX_ROWS,
     STAGES,
     K2Build,
@@ -18,6 +19,7 @@ from mono_kernels_kimi.k2.spec import (
     peer_bytes,
     peer_layout,
     scratch_layout,
+    stage_inputs,
     stage_of,
     stages,
     starts,
@@ -206,3 +208,16 @@ def test_real_shape_mxfp4_tiles_stream_at_speed():
     for rows in (1, 2, 4, 8, 16):
         p = K2Build(KimiK3Config(tp=8), rows).plan
         assert p.bn >= MX_FAST_ROWS and p.dc >= MX_FAST_ROWS, (rows, p.bn, p.dc)
+
+
+def test_stage_inputs_come_earlier_and_cover_the_waits():
+    """Every stage but oproj has inputs, each of an earlier stage in ticket order (a chain
+    of `critical_path` goes back in time), and every done-pair wait of `waits` is among a
+    ticket's inputs."""
+    b = K2Build(KimiK3Config.tiny(2), 3)
+    order = {name: i for i, name in enumerate(STAGES)}
+    assert set(INPUTS) == set(STAGES) - {"oproj"}
+    assert all(order[src] < order[name] for name, srcs in INPUTS.items() for src in srcs)
+    deps = stage_inputs(b)
+    for t, waited in waits(b, b.max_slots).items():
+        assert set(waited) <= set(deps[t]), (stage_of(b, t), t)

@@ -9,7 +9,9 @@ import torch
 from mono_runtime.timeline import (
     NO_MARK,
     STAMP_WORDS,
+    critical_path,
     from_stamps,
+    path_table,
     read_stamps,
     sharing,
     stamp_bytes,
@@ -80,3 +82,22 @@ def test_sharing_splits_each_stage_by_whether_an_sm_mate_overlapped():
     assert lines[2].split() == ["b", "1", "1.00", "2", "1.00"]
     one_sm = [(0, 0, 0, 0, 5, NO_MARK), (1, 1, 0, 0, 5, NO_MARK)]
     assert sharing(from_stamps(one_sm, lambda t: "a")) == ""
+
+
+def test_critical_path_follows_inputs_then_programs():
+    """A third stage "c" (ticket 4, program 1, ready at 8.5 us) waits for both "b" items:
+    the later (ticket 2, ends at 8 us) held it. Ticket 2 started as its program's ticket 0
+    ended (4 us), when its inputs had ended: its program held it, not an input, and its
+    3 us from start to ready count as its hand-off. A ticket polling for its input itself
+    (ready before the input's end) works from the input's end."""
+    stamps = STAMPS + [(1, 4, 8000, 9500, 10000, NO_MARK)]
+    rows = from_stamps(stamps, lambda t: "a" if t < 2 else "b" if t < 4 else "c")
+    deps = {2: [0, 1], 3: [0, 1], 4: [2, 3]}
+    chain = critical_path(rows, deps)
+    assert [(c["ticket"], c["held_by"]) for c in chain] == [(0, ""), (2, "program"), (4, "input")]
+    assert [c["handoff_us"] for c in chain] == pytest.approx([0.0, 3.0, 0.5])
+    assert [c["work_us"] for c in chain] == pytest.approx([4.0, 1.0, 0.5])
+    assert path_table(chain).splitlines()[-1] == "hand-offs 3.5 us, work 5.5 us over 3 items"
+    rows[4]["ready_us"] = 7.5  # ticket 4 polled from 7.5 us, before ticket 2 ended at 8
+    polled = critical_path(rows, deps)[-1]
+    assert (polled["handoff_us"], polled["work_us"]) == pytest.approx((0.0, 1.0))

@@ -112,13 +112,68 @@ def sharing(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def show(rows: list[dict], heading: str, path=None, title: str = "") -> None:
-    """Print `heading` and the rows' `summary`; draw them at `path` (with `title`) when
-    given, and write the rows beside the picture as JSON (same name, `.json`), so a stage's
-    span can be read per layer or per program later: what every kernel's timeline
-    benchmark shows of a launch."""
+def critical_path(rows: list[dict], deps: dict[int, list[int]]) -> list[dict]:
+    """The chain of items that held the launch's last end, in launch order. From the item
+    that ended last, step back to what held it: the input it waited for longest (of its
+    `deps`, the tickets whose done pairs or pushes it waits for: the one that ended last,
+    if after the item started), else the item its program ran before it (the item waited
+    for a program, not an input). Each link is the item's row plus `held_by` ("input",
+    "program", or "" for the chain's first), `handoff_us` (from its holder's end to its
+    own work: its ready, or its holder's end where it polled for the input itself) and
+    `work_us` (the rest, to its end): the links' hand-offs and work add up to the span
+    from the first link's start."""
+    by_ticket = {r["ticket"]: r for r in rows}
+    by_program: dict[int, list[dict]] = {}
+    for r in rows:
+        by_program.setdefault(r["program"], []).append(r)
+    chain: list[dict] = []
+    r = max(rows, key=lambda r: r["end_us"])
+    while r is not None:
+        link = dict(r, held_by="", handoff_us=r["ready_us"] - r["start_us"])
+        link["work_us"] = r["end_us"] - r["ready_us"]
+        chain.append(link)
+        inputs = [by_ticket[t] for t in deps.get(r["ticket"], []) if t in by_ticket]
+        held = max(inputs, key=lambda d: d["end_us"], default=None)
+        if held is not None and held["end_us"] > r["start_us"]:
+            begin = max(r["ready_us"], held["end_us"])
+            link.update(held_by="input", handoff_us=begin - held["end_us"])
+            link["work_us"] = r["end_us"] - begin
+            r = held
+            continue
+        before = [o for o in by_program[r["program"]] if o["end_us"] <= r["start_us"]]
+        r = max(before, key=lambda o: o["end_us"], default=None)
+        if r is not None:
+            link.update(held_by="program", handoff_us=link["ready_us"] - r["end_us"])
+    return chain[::-1]
+
+
+def path_table(chain: list[dict]) -> str:
+    """`critical_path`'s chain, a line a link: stage, ticket, what held it, its hand-off
+    and work (us) and its end; then the sums of hand-offs and work."""
+    lines = [
+        f"{'stage':10s} {'ticket':>6s} {'held by':>8s} {'handoff':>8s} {'work':>8s} {'end':>8s}"
+    ]
+    for c in chain:
+        lines.append(
+            f"{c['stage']:10s} {c['ticket']:6d} {c['held_by'] or '-':>8s} "
+            f"{c['handoff_us']:8.2f} {c['work_us']:8.2f} {c['end_us']:8.1f}"
+        )
+    lines.append(
+        f"hand-offs {sum(c['handoff_us'] for c in chain):.1f} us, "
+        f"work {sum(c['work_us'] for c in chain):.1f} us over {len(chain)} items"
+    )
+    return "\n".join(lines)
+
+
+def show(rows: list[dict], heading: str, path=None, title: str = "", deps=None) -> None:
+    """Print `heading` and the rows' `summary` (and, given `deps`, their `critical_path`);
+    draw them at `path` (with `title`) when given, and write the rows beside the picture as
+    JSON (same name, `.json`), so a stage's span can be read per layer or per program
+    later: what every kernel's timeline benchmark shows of a launch."""
     print(f"-- {heading}")
     print(summary(rows), flush=True)
+    if deps is not None:
+        print(f"-- what held the last end\n{path_table(critical_path(rows, deps))}", flush=True)
     shared = sharing(rows)
     if shared:
         print(f"-- items alone on their SM or beside another program's\n{shared}", flush=True)

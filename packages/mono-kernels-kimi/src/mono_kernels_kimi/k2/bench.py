@@ -38,6 +38,7 @@ from ..kda.reference import attn_res
 from .inputs import step_inputs
 from .reference import k3_situ, rms_norm
 from .runner import K2Runner
+from .spec import stage_inputs
 from .weights import K2Weights
 
 MAX_LAYERS = 32  # each layer's bf16 expert copies for the op-by-op path are 7.4 GB
@@ -291,6 +292,7 @@ def timelines(
                 f"K2 timeline S={s} (the step's last launch; us from its first item)",
                 None if out is None else f"{out}/timeline-k2-s{s}.png",
                 f"K2, S = {s}",
+                stage_inputs(runner.builds[s], final=False),
             )
     finally:
         runner.close()
