@@ -19,7 +19,6 @@ from mono_kernels_kimi.k2.spec import (
     peer_bytes,
     peer_layout,
     scratch_layout,
-    stage_inputs,
     stage_of,
     stages,
     starts,
@@ -213,11 +212,14 @@ def test_real_shape_mxfp4_tiles_stream_at_speed():
 def test_stage_inputs_come_earlier_and_cover_the_waits():
     """Every stage but oproj has inputs, each of an earlier stage in ticket order (a chain
     of `critical_path` goes back in time), and every done-pair wait of `waits` is among a
-    ticket's inputs."""
+    ticket's inputs (`timeline.stage_deps` over a launch's rows)."""
+    from mono_runtime.timeline import stage_deps
+
     b = K2Build(KimiK3Config.tiny(2), 3)
     order = {name: i for i, name in enumerate(STAGES)}
     assert set(INPUTS) == set(STAGES) - {"oproj"}
     assert all(order[src] < order[name] for name, srcs in INPUTS.items() for src in srcs)
-    deps = stage_inputs(b)
+    rows = [dict(ticket=t, stage=stage_of(b, t)) for t in range(tickets(b, True))]
+    deps = stage_deps(rows, INPUTS)
     for t, waited in waits(b, b.max_slots).items():
         assert set(waited) <= set(deps[t]), (stage_of(b, t), t)

@@ -26,7 +26,7 @@ from mono_kernels_minimax.formats import (
     unpack_mxfp4,
 )
 from mono_runtime.stream.layout import MX_FAST_ROWS
-from mono_runtime.timeline import stamp_bytes
+from mono_runtime.timeline import stage_deps, stamp_bytes
 
 # OCP MX v1.0, table of FP4 E2M1: code -> value (bit 3 sign, bits 2..1 exponent, bit 0 mantissa)
 OCP_E2M1 = {
@@ -368,3 +368,25 @@ def test_fp8_packs_to_frag_in_place_and_dense_reads_it():
     assert p.packed(False, frag=True) is p
     with pytest.raises(ValueError, match="already packed as fp8-frag; the kernel wants fp8-b128"):
         p.packed(False)
+
+
+def test_stage_inputs_cover_the_waits():
+    """Every done pair an item waits for (`waits`) is a ticket of one of its stage's
+    `INPUTS`, or stands for such tickets: a slot's pair for up items, the route's for the
+    router or route items that built the table (`timeline.stage_deps` over a launch)."""
+    from mono_kernels_minimax.ffn.spec import INPUTS, route_done, stage_bounds, waits
+
+    b = FfnBuild(MiniMaxM3Config.tiny(), 3, 1)
+    nslots = b.max_slots
+    stage = {t: name for name, lo, hi in stage_bounds(b, nslots, True) for t in range(lo, hi)}
+    assert set(stage.values()) - {"push"} <= set(INPUTS)
+    rows = [dict(ticket=t, stage=name) for t, name in stage.items()]
+    deps = stage_deps(rows, INPUTS)
+    for t, waited in waits(b, nslots, True).items():
+        for w in waited:
+            if w in stage:
+                assert w in deps[t], (stage[t], t, w)
+            elif w == route_done(b):
+                assert {"router", "route"} & set(INPUTS[stage[t]]), stage[t]
+            else:  # a slot's pair: its up items
+                assert {"up", "shared-up"} & set(INPUTS[stage[t]]), stage[t]

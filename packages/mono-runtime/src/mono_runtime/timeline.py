@@ -112,6 +112,20 @@ def sharing(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def stage_deps(rows: list[dict], inputs: dict[str, Sequence[str]]) -> dict[int, list[int]]:
+    """Ticket -> every ticket of the rows whose stage is among its own stage's `inputs` (a
+    kernel's stages' inputs by name: the stages whose done pairs or pushes its items wait
+    for): `critical_path`'s deps from the rows alone, as coarse as a stage (a row's item
+    counts every row's inputs)."""
+    by_stage: dict[str, list[int]] = {}
+    for r in rows:
+        by_stage.setdefault(r["stage"], []).append(r["ticket"])
+    return {
+        r["ticket"]: [t for src in inputs.get(r["stage"], ()) for t in by_stage.get(src, [])]
+        for r in rows
+    }
+
+
 def critical_path(rows: list[dict], deps: dict[int, list[int]]) -> list[dict]:
     """The chain of items that held the launch's last end, in launch order. From the item
     that ended last, step back to what held it: the input it waited for longest (of its

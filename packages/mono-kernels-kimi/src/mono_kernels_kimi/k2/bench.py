@@ -38,7 +38,7 @@ from ..kda.reference import attn_res
 from .inputs import step_inputs
 from .reference import k3_situ, rms_norm
 from .runner import K2Runner
-from .spec import stage_inputs
+from .spec import INPUTS
 from .weights import K2Weights
 
 MAX_LAYERS = 32  # each layer's bf16 expert copies for the op-by-op path are 7.4 GB
@@ -271,7 +271,7 @@ def timelines(
     """Per S, the item timeline of the last launch of an eager step over `layers` layers
     (timeline builds: the same plan, every ticket stamped): printed per stage, and a
     picture in `out` (a folder) when given."""
-    from mono_runtime.timeline import show
+    from mono_runtime.timeline import show, stage_deps
 
     rows = check(rows, layers)
     cfg = rank_config()
@@ -287,12 +287,13 @@ def timelines(
                 for w in ws:
                     runner(step.cores[0], step.prefix, step.blocks, w, step.slots, LAYER_IDX)
                 runner.after_step()
+            rows = runner.timeline(s)
             show(
-                runner.timeline(s),
+                rows,
                 f"K2 timeline S={s} (the step's last launch; us from its first item)",
                 None if out is None else f"{out}/timeline-k2-s{s}.png",
                 f"K2, S = {s}",
-                stage_inputs(runner.builds[s], final=False),
+                stage_deps(rows, INPUTS),
             )
     finally:
         runner.close()

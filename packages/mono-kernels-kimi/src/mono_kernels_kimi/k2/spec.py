@@ -411,7 +411,8 @@ def stages(b: K2Build, final: bool = True) -> list[tuple[str, int]]:
 
 
 # Each stage's inputs by stage: the stages whose done pairs (`waits`) or pushes (the
-# polls of col, route, gather, lred and final) its items wait for.
+# polls of col, route, gather, lred and final) its items wait for
+# (`mono_runtime.timeline.stage_deps`).
 INPUTS = {
     "col": ("oproj",),
     "mix": ("col",),
@@ -431,18 +432,6 @@ INPUTS = {
     "final": ("upproj", "shdown"),
     "handshake": ("final",),
 }
-
-
-def stage_inputs(b: K2Build, final: bool = True) -> dict[int, list[int]]:
-    """Ticket -> every ticket of its stage's `INPUTS` (by stage: a row's item counts every
-    row's inputs), for `mono_runtime.timeline.critical_path`."""
-    st, n = starts(b), dict(stages(b, final))
-    span = {name: list(range(st[name], st[name] + n[name])) for name in STAGES}
-    return {
-        t: [u for src in INPUTS.get(name, ()) for u in span[src]]
-        for name in STAGES
-        for t in span[name]
-    }
 
 
 def stage_of(b: K2Build, ticket: int) -> str:

@@ -506,6 +506,24 @@ def stages(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int]]:
     ]
 
 
+# Each stage's inputs by stage (`mono_runtime.timeline.stage_deps`): the stages whose done
+# pairs (`waits`; a slot's pair stands for its up items, the route's for the router or
+# route items that built the table) or pushes (the seam's and final's polls) its items
+# wait for.
+INPUTS = {
+    "seam": ("push",),
+    "norm": ("seam",),
+    "router": ("seam", "norm"),  # (the last router item, where it builds the table)
+    "route": ("router", "norm"),
+    "shared-up": ("norm",),
+    "up": ("router", "route", "norm"),
+    "shared-down": ("shared-up",),
+    "down": ("shared-up", "up"),
+    "final": ("shared-down", "down"),
+    "handshake": ("final",),
+}
+
+
 def stage_bounds(b: FfnBuild, nslots: int, final: bool) -> list[tuple[str, int, int]]:
     """(stage, first ticket, end ticket) of a launch of `b` that routed `nslots` slots."""
     out, t = [], 0

@@ -23,7 +23,7 @@ from mono_runtime.timing import graph_time
 from ..formats import WeightFormat
 from .bench import random_layer, rank_config
 from .runner import FfnRunner
-from .spec import TILES_ENV, Experts
+from .spec import INPUTS, TILES_ENV, Experts
 
 # a layout -> (FfnRunner's pack, engine): the build that streams it
 LAYOUTS = {"frag": (True, "gluon"), "rot": (True, "triton"), "k32": (False, "triton")}
@@ -77,16 +77,18 @@ def time_variant(
             out[s] = graph_time(step, reps=10) / layers * 1e6
             runner.after_step()
             if timeline is not None:
-                from mono_runtime.timeline import show
+                from mono_runtime.timeline import show, stage_deps
 
                 title = f"{fmt.value} {experts.value} [{tiles}] S={s}"
+                rows = runner.timeline(s)
                 show(
-                    runner.timeline(s),
+                    rows,
                     f"timeline {title} (us per item of the graph's last launch)",
                     os.path.join(
                         timeline, f"timeline-{fmt.value}-{layout}-{experts.value}-{s}.png"
                     ),
                     title,
+                    stage_deps(rows, INPUTS),
                 )
         return out
     finally:
