@@ -90,20 +90,25 @@ def anchor(x, _semantic=None):
     return _semantic.set_auto_layout(x, _plain_layout(_semantic, len(x.shape)))
 
 
-@_builtin
-def anchor_rows(x, _semantic=None):
-    """`x` itself; under Gluon, an AutoLayout 2-D block given a blocked layout with a
-    warp's lanes down its rows: for [rows, tokens] blocks whose token count may be 1, where
-    the plain layout's 32 lanes along that dimension would each load the same value."""
-    if _semantic is None or not _gluon(_semantic):
+def _anchor_blocked(x, semantic, blocked):
+    """`x` itself; under Gluon, an AutoLayout block given the blocked layout
+    `blocked(num_warps)` returns (sizes a thread, threads a warp, warps, order)."""
+    if semantic is None or not _gluon(semantic):
         return x
     from triton.experimental.gluon.language import _layouts
 
     if not isinstance(x.type.layout, _layouts.AutoLayout):
         return x
-    warps = _semantic.builder.options.num_warps
-    layout = _layouts.BlockedLayout([1, 1], [32, 1], [warps, 1], [1, 0])
-    return _semantic.set_auto_layout(x, layout)
+    layout = _layouts.BlockedLayout(*blocked(semantic.builder.options.num_warps))
+    return semantic.set_auto_layout(x, layout)
+
+
+@_builtin
+def anchor_rows(x, _semantic=None):
+    """`x` itself; under Gluon, an AutoLayout 2-D block given a blocked layout with a
+    warp's lanes down its rows: for [rows, tokens] blocks whose token count may be 1, where
+    the plain layout's 32 lanes along that dimension would each load the same value."""
+    return _anchor_blocked(x, _semantic, lambda w: ([1, 1], [32, 1], [w, 1], [1, 0]))
 
 
 @_builtin
@@ -111,15 +116,7 @@ def anchor_cols(x, _semantic=None):
     """`x` itself; under Gluon, an AutoLayout 2-D block given a blocked layout in which each
     thread holds whole columns (every row of them), lanes and warps along the columns: a
     sum over the rows then stays in each thread (a weighted sum of a few source rows)."""
-    if _semantic is None or not _gluon(_semantic):
-        return x
-    from triton.experimental.gluon.language import _layouts
-
-    if not isinstance(x.type.layout, _layouts.AutoLayout):
-        return x
-    warps = _semantic.builder.options.num_warps
-    layout = _layouts.BlockedLayout([x.shape[0], 1], [1, 32], [1, warps], [1, 0])
-    return _semantic.set_auto_layout(x, layout)
+    return _anchor_blocked(x, _semantic, lambda w: ([x.shape[0], 1], [1, 32], [1, w], [1, 0]))
 
 
 @_builtin
