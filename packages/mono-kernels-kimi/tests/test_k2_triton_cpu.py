@@ -59,7 +59,7 @@ def test_tp1_widths_and_layers():
         assert all(row["program"] in (0, 1) for row in rows)
         # the stages that mark a point inside their work, and only they
         marked = {row["stage"] for row in rows if row["mark_us"] is not None}
-        assert marked == {"mix", "dsum", "lred"}, marked
+        assert marked == {"mix", "route", "dsum", "lred"}, marked
 
 
 @pytest.mark.timeout(150)

@@ -73,6 +73,27 @@ def _picks(src, out, EW: tl.constexpr):
         tl.store(out + k, best)
 
 
+@triton.jit
+def _popc(x, y):
+    from mono_runtime import decode_triton as dt
+
+    i = lg.anchor(lg.arange(0, 8))
+    tl.store(y + i, dt.popc(tl.load(x + i).to(tl.uint32, bitcast=True)))
+
+
+POPC_WORDS = [0, 1, 0x80000000, 0xFFFFFFFF, 0x0F0F0F0F, 0x12345678, 0xDEADBEEF, 0x7FFFFFFF]
+
+
+def popc_interpreted() -> list:
+    """decode_triton.popc's counts of POPC_WORDS under the interpreter."""
+    import torch
+
+    x = torch.tensor(POPC_WORDS, dtype=torch.int64).to(torch.int32)
+    y = torch.zeros(8, dtype=torch.int32)
+    _popc[(1,)](x, y)
+    return y.tolist()
+
+
 def interpreted() -> list:
     import torch
 
@@ -126,6 +147,12 @@ def test_helpers_give_tl_values_in_the_interpreter():
     assert y[32] == 16.0
 
 
+@pytest.mark.timeout(200)
+def test_popc_counts_set_bits_in_the_interpreter():
+    got, _ = child_json([__file__, "popc"], 180, TRITON_INTERPRET="1")
+    assert got == [bin(w).count("1") for w in POPC_WORDS]
+
+
 @pytest.mark.timeout(300)
 def test_one_body_compiles_under_triton_and_gluon():
     got, _ = child_json([__file__, "compiled"], 280, TRITON_INTERPRET="0")
@@ -138,4 +165,5 @@ def test_one_body_compiles_under_triton_and_gluon():
 
 
 if __name__ == "__main__":
-    print(json.dumps(interpreted() if sys.argv[1] == "interpreted" else compiled()))
+    modes = {"interpreted": interpreted, "popc": popc_interpreted, "compiled": compiled}
+    print(json.dumps(modes[sys.argv[1]]()))

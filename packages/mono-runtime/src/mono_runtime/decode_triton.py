@@ -27,6 +27,16 @@ NO_MARK = tl.constexpr(_NO_MARK)  # `stamp_item`'s mark where a stage stamps non
 
 
 @triton.jit
+def popc(x):
+    """The set bits of each uint32 of `x`, as int32 (shifts and masks: the same in the
+    interpreter, Triton and Gluon, which share no population-count builtin)."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24).to(tl.int32)
+
+
+@triton.jit
 def bf16_round(x):
     """x rounded to bf16 (nearest even, as the pair packing rounds), as fp32: what a bf16
     tensor of the reference would hold."""
