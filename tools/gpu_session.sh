@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, k2check, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, rr, quick, mini, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, k2check, k2tables, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, rr, quick, mini, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -882,6 +882,23 @@ if has k2check; then
     wait
     step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
         --timeline "$LOG/bench"
+fi
+if has k2tables; then
+    # After a K2 change, one call: its full-rank Gluon test beside every compile, then the
+    # same-run tables (K2 first, its S = 1 / 16 timeline, then K1 and the FFN while the
+    # budget lasts). ~560 s fresh.
+    tests k2 250 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short &
+    step warm-k2 250 python3 -m mono_kernels_kimi.k2.bench --rows 1,2,4,8,16 --layers 1 &
+    step warm-tl-k2 250 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
+        --timeline "$LOG/warm" &
+    step warm-kda 250 python3 -m mono_kernels_kimi.kda.bench --shapes 1x1,4x1,8x1,16x1 --layers 1 &
+    step warm-ffn 250 python3 -m mono_kernels_minimax.ffn.bench --rows 1,2,4,8,16 --formats mxfp4 --layers 1 &
+    wait
+    step bench-k2 110 $MONO bench k2 --rows 1,2,4,8,16 --out "$LOG/bench"
+    step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
+        --timeline "$LOG/bench"
+    step bench-kda 90 $MONO bench kda --rows 1,4,8,16 --out "$LOG/bench"
+    step bench-ffn 100 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
 fi
 if has mini; then
     # The least a change to K2 needs on a GPU, in ~240 s fresh: its full-rank Gluon test
