@@ -874,12 +874,15 @@ if has quick; then
         --timeline "$LOG/bench"
 fi
 if has k2check; then
-    # K2 after a change, in ~250 s fresh: its full-rank Gluon test beside the timeline
-    # build's compile, then its S = 1 / 16 timeline (span, stages, marks, what held the end).
-    tests k2 230 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short &
-    step warm-tl-k2 230 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
+    # K2 after a change, in ~200 s fresh: its full-rank Gluon test beside the compiles,
+    # `mono bench k2` at S = 1 / 4 / 16 (beside its op-by-op path), then its S = 1 / 16
+    # timeline (span, stages, marks, what held the end).
+    tests k2 150 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short &
+    step warm-k2 150 python3 -m mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 1 &
+    step warm-tl-k2 150 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
         --timeline "$LOG/warm" &
     wait
+    step bench-k2 80 $MONO bench k2 --rows 1,4,16 --out "$LOG/bench"
     step timeline-k2 60 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
         --timeline "$LOG/bench"
 fi
