@@ -120,25 +120,6 @@ def anchor_cols(x, _semantic=None):
 
 
 @_builtin
-def every_warp(x, _semantic=None):
-    """`x` itself; under Gluon, the 1-D block `x` converted to a layout in which every warp
-    holds all of it (its lanes split it): a reduction over it then stays inside each warp
-    (shuffles, no barrier, no shared memory), for loops of many small reductions such as a
-    top-k's picks, at the price of every warp doing the whole block's work."""
-    if _semantic is None or not _gluon(_semantic):
-        return x
-    from triton.experimental.gluon.language import _layouts
-
-    n = x.shape[0]
-    layout = _layouts.BlockedLayout(
-        [max(n // 32, 1)], [32], [_semantic.builder.options.num_warps], [0]
-    )
-    if isinstance(x.type.layout, _layouts.AutoLayout):
-        return _semantic.set_auto_layout(x, layout)
-    return _semantic.convert_layout(x, layout)
-
-
-@_builtin
 def plain(x, _semantic=None):
     """`x` itself; under Gluon, `x` converted to the plain blocked layout (Gluon scans
     only such layouts)."""
