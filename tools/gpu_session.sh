@@ -1123,8 +1123,11 @@ if has k2prof; then
     for s in 1 16; do
         ncu_launch k2-s$s k2_gluon 3 python3 -m mono_kernels_kimi.k2.bench --rows $s --layers 2 \
             --no-baseline
+        # (--match: the route's and union's own lines, one program's of 264 each: stop 52
+        # had them run 4-6x slower inside K2 than alone)
         step top-k2-s$s 90 python3 tools/ncu_top.py "$LOG/k2-s$s.ncu-rep" --lines 60 \
-            --views cuda,sass
+            --views cuda,sass \
+            --match "tl.max(word,word == best,tl.sigmoid(logits),words = tl.reduce,below = tl.sum,own = tl.sum"
         rm -f "$LOG/k2-s$s.ncu-rep"
     done
 fi
