@@ -1120,7 +1120,7 @@ if has k2prof; then
     # helpers), to tell the up loop's stalls (decode, barrier, copies) from the chains'.
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
     export NCU
-    step k2-route-probe 60 python3 tools/k2_route_probe.py --rows 1,4,16
+    step k2-route-probe 90 python3 tools/k2_route_probe.py --rows 1,4,16
     for s in 1 16; do
         ncu_launch k2-s$s k2_gluon 3 python3 -m mono_kernels_kimi.k2.bench --rows $s --layers 2 \
             --no-baseline

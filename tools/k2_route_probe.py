@@ -6,7 +6,11 @@ code ran 4-6x slower (H100, stop 52: the route's in-warp picks 6.9 us alone, 29.
 the union 0.64 us alone, 4.19 inside at S = 1), where each item shares its SM with a
 program streaming weights: this gives the alone figure a K2 timeline is read against.
 
+Each beside a neighbour kernel queued first on another stream (a bf16 GEMV, a GEMM, a
+copy), to tell which kind of neighbour slows them.
+
     PYTHONPATH=... python3 tools/k2_route_probe.py [--rows 1,4,16] [--reps 4]
+        [--neighbours none,gemv,gemm,copy]
 """
 
 from __future__ import annotations
@@ -57,8 +61,50 @@ def _union_kernel(
     tl.store(ns, pt.clock(0, False) - t0)
 
 
-def route(reps: int) -> tuple[float, bool]:
-    """(us a route, the picks equal torch's top-k of sigmoid + bias)."""
+NEIGHBOURS = ("none", "gemv", "gemm", "copy")
+
+
+def _neighbour(kind: str):
+    """A callable that queues ~5-10 ms of `kind` work on the GPU: "gemv" (a bf16 matrix of
+    1 GiB times a vector, as K2's weight streams: cp.async-free, but loads and FMAs),
+    "gemm" (tensor cores, shared-memory and ldmatrix heavy), "copy" (loads and stores
+    only), or None for "none"."""
+    if kind == "none":
+        return None
+    dev = torch.device("cuda")
+    if kind == "gemv":
+        m = torch.randn(32768, 16384, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(16384, device=dev, dtype=torch.bfloat16)
+        return lambda: [torch.mv(m, v) for _ in range(20)]
+    if kind == "gemm":
+        a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+        return lambda: [a @ a for _ in range(4)]
+    if kind == "copy":
+        src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+        dst = torch.empty_like(src)
+        return lambda: [dst.copy_(src) for _ in range(10)]
+    raise AssertionError(kind)
+
+
+def _timed(launch, ns: torch.Tensor, busy) -> tuple[float, float]:
+    """(best, median) of ns[0] over 5 launches, each beside `busy` work queued first on a
+    side stream (its programs share the SMs the probe's one program runs on)."""
+    side = torch.cuda.Stream()
+    got = []
+    for _ in range(5):
+        if busy is not None:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                busy()
+        launch()
+        torch.cuda.synchronize()
+        got.append(ns.item())
+    got.sort()
+    return got[0], got[len(got) // 2]
+
+
+def route(reps: int, busy=None) -> tuple[float, float, bool]:
+    """(best and median us a route, the picks equal torch's top-k of sigmoid + bias)."""
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     logits = torch.randn(EXPERTS, generator=g, device=dev)
@@ -67,17 +113,13 @@ def route(reps: int) -> tuple[float, bool]:
     w = torch.zeros(PICKS, device=dev)
     ns = torch.zeros(1, dtype=torch.int64, device=dev)
     kernel = gluon.jit(_route_kernel.fn)
-    best = None
-    for _ in range(4):
-        kernel[(1,)](logits, bias, ids, w, ns, reps, num_warps=4)
-        torch.cuda.synchronize()
-        best = ns.item() if best is None else min(best, ns.item())
+    best, mid = _timed(lambda: kernel[(1,)](logits, bias, ids, w, ns, reps, num_warps=4), ns, busy)
     ref = torch.topk(torch.sigmoid(logits) + bias, PICKS).indices.int()
-    return best / reps / 1e3, bool((ids == ref).all())
+    return best / reps / 1e3, mid / reps / 1e3, bool((ids == ref).all())
 
 
-def union(s: int) -> tuple[float, bool]:
-    """(us for the union of s rows' 16 picks, its slot table right)."""
+def union(s: int, busy=None) -> tuple[float, float, bool]:
+    """(best and median us for the union of s rows' 16 picks, its slot table right)."""
     dev = torch.device("cuda")
     sk2, wt2 = (
         triton.next_power_of_2(s * PICKS),
@@ -98,41 +140,44 @@ def union(s: int) -> tuple[float, bool]:
     scratch[t_topw : t_topw + 4 * s * PICKS].view(torch.float32).fill_(0.5)
     ns = torch.zeros(1, dtype=torch.int64, device=dev)
     kernel = gluon.jit(_union_kernel.fn)
-    best = None
-    for _ in range(4):
-        kernel[(1,)](
-            scratch,
-            ns,
-            s,
-            min(s * PICKS, EXPERTS),
-            sk2,
-            wt2,
-            t_slote,
-            t_wtab,
-            t_ids,
-            t_topw,
-            num_warps=4,
-        )
-        torch.cuda.synchronize()
-        best = ns.item() if best is None else min(best, ns.item())
+    layout = (sk2, wt2, t_slote, t_wtab, t_ids, t_topw)
+    best, mid = _timed(
+        lambda: kernel[(1,)](scratch, ns, s, min(s * PICKS, EXPERTS), *layout, num_warps=4),
+        ns,
+        busy,
+    )
     n = int(scratch[:4].view(torch.int32).item())
     want = torch.unique(picks)
     got = scratch[t_slote : t_slote + 4 * n].view(torch.int32).cpu()
-    return best / 1e3, n == len(want) and bool((got == want.int()).all())
+    return best / 1e3, mid / 1e3, n == len(want) and bool((got == want.int()).all())
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", default="1,4,16")
     p.add_argument("--reps", type=int, default=4)
-    a = p.parse_args(argv)
-    us, ok = route(a.reps)
-    print(
-        f"route: {us:.2f} us a row of {EXPERTS} (16 picks), best of 4 launches; picks right: {ok}"
+    p.add_argument(
+        "--neighbours",
+        default="none,gemv,gemm,copy",
+        help="work queued beside each launch: none, gemv, gemm, copy",
     )
-    for s in (int(x) for x in a.rows.split(",")):
-        us, ok = union(s)
-        print(f"union S={s:2d}: {us:.2f} us, best of 4 launches; table right: {ok}", flush=True)
+    a = p.parse_args(argv)
+    kinds = a.neighbours.split(",")
+    bad = [k for k in kinds if k not in NEIGHBOURS]
+    if bad:
+        p.error(f"--neighbours {','.join(bad)}: each must be one of {', '.join(NEIGHBOURS)}")
+    print("us (best / median of 5 launches) beside each neighbour")
+    for kind in kinds:
+        busy = _neighbour(kind)
+        best, mid, ok = route(a.reps, busy)
+        print(f"{kind:5} route, a row of {EXPERTS}: {best:6.2f} / {mid:6.2f}; picks right: {ok}")
+        for s in (int(x) for x in a.rows.split(",")):
+            best, mid, ok = union(s, busy)
+            print(
+                f"{kind:5} union S={s:2d}: {best:6.2f} / {mid:6.2f}; table right: {ok}", flush=True
+            )
+        del busy
+        torch.cuda.empty_cache()
     return 0
 
 

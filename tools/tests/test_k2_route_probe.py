@@ -9,13 +9,28 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.timeout(240)
-def test_probe_kernels_compile_for_sm90():
+def _probe():
     spec = importlib.util.spec_from_file_location(
         "k2_route_probe", Path(__file__).resolve().parents[1] / "k2_route_probe.py"
     )
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
+    return probe
+
+
+@pytest.mark.timeout(60)
+def test_an_unknown_neighbour_is_refused_before_any_launch(capsys):
+    with pytest.raises(SystemExit) as e:
+        _probe().main(["--neighbours", "none,gemx"])
+    assert e.value.code == 2
+    assert (
+        "--neighbours gemx: each must be one of none, gemv, gemm, copy" in capsys.readouterr().err
+    )
+
+
+@pytest.mark.timeout(240)
+def test_probe_kernels_compile_for_sm90():
+    probe = _probe()
     from mono_runtime.compile_check import compile_for
     from triton.experimental import gluon
 
