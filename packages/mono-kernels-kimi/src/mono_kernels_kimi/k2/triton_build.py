@@ -1289,8 +1289,8 @@ def _route(
 ):
     """Row s: top-k of the gathered fp32 logits (mono_runtime.routing's rule) -> topk_ids,
     topk_w (-1 and 0 on a padding row). Returns the timeline's ready clock (logits in) and
-    mark (the picks made: an H100 timeline, stop 52, had the item work ~20 us at S = 1
-    and 16 with a pick loop of ~290 instructions and no barrier)."""
+    mark (the picks made: on an H100, stop 52, picks inside each warp were made 29.6 us
+    after the logits were in, where one program alone makes them in 6.9)."""
     e = lg.anchor(lg.arange(0, E2))
     b = tl.load(bias + e, mask=e < E, other=0.0)
     live = tl.load(slots + s) >= 0  # (before the poll, as the bias: no latency after it)
@@ -1334,7 +1334,7 @@ def _union(
     number of set bits below its own. No table is read back (an expert-indexed table in
     global memory took four store -> barrier -> load round trips, ~7 us on an H100 at S =
     1), and the cost hardly grows with S (distinct ids counted pick against pick took 47
-    us at S = 16, stop 52)."""
+    us at S = 16). H100, stop 52: 0.6 / 1.2 us alone at S = 1 / 16, 4.2 / 6.8 inside K2."""
     table = scratch + O_TABLE
     slot_e = (table + T_SLOTE).to(tl.pointer_type(tl.int32))
     wtab = (table + T_WTAB).to(tl.pointer_type(tl.float32))
@@ -1374,6 +1374,7 @@ def _union(
 
 @triton.jit
 def _bit_or(a, b):
+    """The union's bitmap reduction."""
     return a | b
 
 
