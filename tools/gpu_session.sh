@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, k2check, k2tables, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, rr, quick, mini, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, k2check, k2tables, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, mini, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -48,21 +48,6 @@ ncu_launch() {  # report name, kernel regex, launches to skip, command...: Nsigh
         --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
         --section WarpStateStats --section SchedulerStats --section SourceCounters \
         --section MemoryWorkloadAnalysis --import-source yes -o "$LOG/$name" -f "$@"
-}
-k2_warm() {  # rows, limit, MONO_K2_TILES values...: each compiled in its own process, in
-    # the background (the caller waits)
-    local rows=$1 limit=$2 v; shift 2
-    for v in "$@"; do
-        step "warm-k2-${v//[=:,]/_}" "$limit" env MONO_K2_TILES=$v \
-            python3 -m mono_kernels_kimi.k2.bench --rows "$rows" --layers 1 --no-baseline &
-    done
-}
-k2_time() {  # rows, limit, MONO_K2_TILES values...: each timed alone, 4 layers a graph
-    local rows=$1 limit=$2 v; shift 2
-    for v in "$@"; do
-        step "k2-${v//[=:,]/_}" "$limit" env MONO_K2_TILES=$v \
-            python3 -m mono_kernels_kimi.k2.bench --rows "$rows" --layers 4 --no-baseline
-    done
 }
 warm_ffn() {  # name, timeout, widths, format, MONO_FFN_TILES ("": none): compile, time nothing
     step "warm-ffn-$1" "$2" env MONO_FFN_TILES="$5" python3 -m mono_kernels_minimax.ffn.bench \
@@ -841,36 +826,6 @@ if has split; then
     step timeline-k2 60 env MONO_K2_TILES=uks=2,uc=32 python3 -m mono_kernels_kimi.k2.bench \
         --rows 1,16 --layers 4 --timeline "$LOG/bench"
     step timeline-ffn 90 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 --format mxfp4 \
-        --timeline "$LOG/bench"
-fi
-if has rr; then
-    # K2's router items in wider row blocks (tile `rr`): stop 49's S = 1 timeline had the
-    # router, latdown and shup stages stream ~65 MB in ~37 us, the 224 router items of 16
-    # rows working ~10 us each for 57 KB (~12 KB in flight a program); latdown's 64-row
-    # items move 4x the bytes in twice the time. Each variant compiled in its own process,
-    # then timed one at a time; rr=64's S = 1 / 16 timeline. Name `verify` first: the
-    # full-rank tests then run beside the compiles (K2's under rr=64 too).
-    MONO_K2_TILES=rr=64 tests k2rr 280 $P/mono-kernels-kimi/tests/test_k2_gpu.py \
-        -k "full_rank and gluon" --tb=short &
-    V=("" rr=64 rr=64,dks=8)
-    k2_warm 1,4,16 260 "${V[@]}"
-    step warm-tl-k2 260 env MONO_K2_TILES=rr=64 python3 -m mono_kernels_kimi.k2.bench \
-        --rows 1,16 --layers 1 --timeline "$LOG/warm" &
-    wait
-    k2_time 1,4,16 40 "${V[@]}"
-    step timeline-k2 60 env MONO_K2_TILES=rr=64 python3 -m mono_kernels_kimi.k2.bench \
-        --rows 1,16 --layers 4 --timeline "$LOG/bench"
-fi
-if has quick; then
-    # The short call for a scarce machine: name `verify` first (the full-shape tests run
-    # beside the compiles); K2 as committed and with rr=64, each compiled in its own
-    # process, timed at S = 1 / 16, then K2's S = 1 / 16 timeline. ~330 s fresh.
-    k2_warm 1,16 230 "" rr=64
-    step warm-tl-k2 230 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
-        --timeline "$LOG/warm" &
-    wait
-    k2_time 1,16 30 "" rr=64
-    step timeline-k2 45 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 4 \
         --timeline "$LOG/bench"
 fi
 if has k2check; then
