@@ -8,7 +8,7 @@
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
 # Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, k2check, k2tables, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, mini, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, k2check, k2tables, k2router, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, mini, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -44,7 +44,7 @@ tests() {  # name, timeout, pytest args...
 ncu_launch() {  # report name, kernel regex, launches to skip, command...: Nsight Compute
     # on one launch (clocks left alone), the sections ncu_top.py reads, into $LOG/name
     local name=$1 kernel=$2 skip=$3; shift 3
-    step "ncu-$name" 150 "$NCU" --clock-control none -k "regex:$kernel" --launch-skip "$skip" \
+    step "ncu-$name" 240 "$NCU" --clock-control none -k "regex:$kernel" --launch-skip "$skip" \
         --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
         --section WarpStateStats --section SchedulerStats --section SourceCounters \
         --section MemoryWorkloadAnalysis --import-source yes -o "$LOG/$name" -f "$@"
@@ -858,6 +858,27 @@ if has k2tables; then
     step bench-kda 90 $MONO bench kda --rows 1,4,8,16 --out "$LOG/bench"
     step bench-ffn 100 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
 fi
+if has k2router; then
+    # Stop 53's S = 1 timeline: the router's 224 items wait ~22 us for x while only oproj
+    # streams, then work ~11.6 us at ~5 GB/s a program; at S = 16 the down stage's 224 items
+    # leave 40 of 264 programs idle for ~90 us. Times the router's own ring depth (rst) and
+    # L2 prefetch of its whole part (rpf) and 9 slot groups (ng), after K2's full-rank Gluon
+    # test under all three at once. ~350 s fresh (stop 53: 4 variants' S = 1 / 16 compiled in
+    # parallel in 49 s; an 8-layer timing of two widths needs more than 30 s).
+    V=("" "rst=8" "rst=13" "rpf=1792" "ng=9")
+    (export MONO_K2_TILES="rst=13,rpf=1792,ng=9"
+     tests k2-all 250 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" \
+        --tb=short) &
+    for v in "${V[@]}"; do
+        step "warm-k2-${v//[=,]/_}" 250 env MONO_K2_TILES="$v" python3 -m \
+            mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 1 --no-baseline --engine gluon &
+    done
+    wait
+    for v in "${V[@]}"; do
+        step "k2router-${v//[=,]/_}" 90 env MONO_K2_TILES="$v" python3 -m \
+            mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 8 --no-baseline --engine gluon
+    done
+fi
 if has mini; then
     # The least a change to K2 needs on a GPU, in ~240 s fresh: its full-rank Gluon test
     # (and K1's 1 x 1 full-shape one) beside the bench's compile, then K2's S = 1 / 16
@@ -1070,14 +1091,18 @@ if has profile; then
     done
 fi
 if has k2prof; then
-    # Where K2's warps wait (Nsight Compute, clocks left alone): one launch at S = 1 and
-    # one at 16 out of the bench's graphs, by SASS line and by source line (the stages'
-    # helpers), to tell the up loop's stalls (decode, barrier, copies) from the chains'.
+    # Where K2's warps wait (Nsight Compute, clocks left alone): one launch at S = 16 and
+    # one at 1 out of the bench's graphs, by SASS line and by source line (the stages'
+    # helpers), to tell the up and down loops' stalls (decode, barrier, copies) from the
+    # chains'. The kernel is compiled first without ncu (under it, stop 53's compile and
+    # set-up ran past 150 s); its name is its body's, `_k2_body`.
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
     export NCU
     step k2-route-probe 90 python3 tools/k2_route_probe.py --rows 1,4,16
-    for s in 1 16; do
-        ncu_launch k2-s$s k2_gluon 3 python3 -m mono_kernels_kimi.k2.bench --rows $s --layers 2 \
+    for s in 16 1; do
+        step warm-k2-s$s 150 python3 -m mono_kernels_kimi.k2.bench --rows $s --layers 2 \
+            --no-baseline
+        ncu_launch k2-s$s _k2_body 3 python3 -m mono_kernels_kimi.k2.bench --rows $s --layers 2 \
             --no-baseline
         # (--match: the route's and union's own lines, one program's of 264 each: stop 52
         # had them run 4-6x slower inside K2 than alone)

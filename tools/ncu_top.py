@@ -18,38 +18,45 @@ import subprocess
 NCU = os.environ.get("NCU", "ncu")  # the ncu binary (tools/gpu_session.sh finds it)
 
 
-def _num(text: str) -> float:
+def _num(r: dict, col: str) -> float:
+    """Row r's number in column col (0 where absent: files' blocks may differ in columns)."""
     try:
-        return float(text.replace(",", ""))
+        return float((r.get(col) or "").replace(",", ""))
     except ValueError:
         return 0.0
 
 
 def _key(head: list[str]) -> str | None:
-    """The column naming a row: its SASS address, or its source line."""
+    """The column naming a row: its SASS address, or its source line ("# Line", "Line No")."""
     return next((c for c in head if "Address" in c), None) or next(
-        (c for c in head if c.strip("# ").lower() == "line"), None
+        (c for c in head if c.strip("# ").lower() in ("line", "line no")), None
     )
 
 
 def source_rows(text: str) -> list[dict]:
-    """The source page's rows: the header is the first CSV line naming "Address" (SASS
-    view) or "Line" (source view) and "Source" (ncu may print other lines first); rows of
-    another width are dropped."""
-    lines = list(csv.reader(io.StringIO(text)))
-    start = next(
-        (i for i, f in enumerate(lines) if _key(f) is not None and "Source" in f),
-        None,
-    )
-    if start is None:
-        return []
-    head = lines[start]
-    return [dict(zip(head, f, strict=True)) for f in lines[start + 1 :] if len(f) == len(head)]
+    """The source page's rows that carry samples. A header is a CSV line naming "Address"
+    (SASS view) or the line (source view) and "Source"; the cuda view prints one block a
+    file ("File Name", path; header; rows), and a file may come without metric columns
+    (stop 53: K2's own file came first, bare), so every block is read and only those with
+    a sampling column are kept, each row tagged with its file. Rows of another width than
+    their header are dropped (ncu may print other lines)."""
+    rows: list[dict] = []
+    head: list[str] | None = None
+    name = ""
+    for f in csv.reader(io.StringIO(text)):
+        if len(f) == 2 and f[0] == "File Name":
+            name, head = f[1], None
+        elif _key(f) is not None and "Source" in f:
+            head = f if any("Sampling" in c for c in f) else None
+        elif head is not None and len(f) == len(head):
+            rows.append(dict(zip(head, f, strict=True)) | {"File": os.path.basename(name)})
+    return rows
 
 
 def _columns(rows: list[dict]) -> tuple[str, str, list[str]]:
-    """(the all-samples column, the naming column, the stall-reason columns)."""
-    cols = list(rows[0])
+    """(the all-samples column, the naming column, the stall-reason columns: of every
+    row, since the files' blocks may differ in columns)."""
+    cols = list(dict.fromkeys(c for r in rows for c in r))
     total_col = next(
         (c for c in cols if "Sampling" in c and "All" in c and "Not" not in c), None
     ) or next(c for c in cols if "Sampling" in c)
@@ -59,10 +66,11 @@ def _columns(rows: list[dict]) -> tuple[str, str, list[str]]:
 
 def _line(r: dict, total: float, cols: tuple[str, str, list[str]], reasons: int) -> str:
     total_col, addr, why_cols = cols
-    why = sorted(((_num(r[c]), c) for c in why_cols), reverse=True)[:reasons]
+    why = sorted(((_num(r, c), c) for c in why_cols), reverse=True)[:reasons]
     text = (r.get("Source") or "").strip()
-    got = _num(r[total_col])
-    return f"{r[addr]:>6} {got:7.0f} {100 * got / total:5.1f}%  {text[:60]:60}  " + ", ".join(
+    got = _num(r, total_col)
+    where = f"{r['File']}:{r[addr]}" if r.get("File") else r[addr]
+    return f"{where:>6} {got:7.0f} {100 * got / total:5.1f}%  {text[:60]:60}  " + ", ".join(
         f"{c}={v:.0f}" for v, c in why if v
     )
 
@@ -72,13 +80,13 @@ def top_lines(rows: list[dict], n: int) -> list[str]:
     most stall samples: address, samples, share, top reasons."""
     cols = _columns(rows)
     total_col, _, reasons = cols
-    total = sum(_num(r[total_col]) for r in rows) or 1.0
+    total = sum(_num(r, total_col) for r in rows) or 1.0
     out = [f"{total:.0f} samples in column {total_col!r}"]
-    sums = sorted(((sum(_num(r[c]) for r in rows), c) for c in reasons), reverse=True)
+    sums = sorted(((sum(_num(r, c) for r in rows), c) for c in reasons), reverse=True)
     out.append(
         "whole kernel: " + ", ".join(f"{c}={100 * v / total:.1f}%" for v, c in sums[:8] if v)
     )
-    out += [_line(r, total, cols, 3) for r in sorted(rows, key=lambda r: -_num(r[total_col]))[:n]]
+    out += [_line(r, total, cols, 3) for r in sorted(rows, key=lambda r: -_num(r, total_col))[:n]]
     return out
 
 
@@ -87,9 +95,9 @@ def matching_lines(rows: list[dict], needles: list[str]) -> list[str]:
     top five stall reasons: one stage's own lines (K2's route runs on one program of 264,
     so its lines never reach the whole kernel's top)."""
     cols = _columns(rows)
-    total = sum(_num(r[cols[0]]) for r in rows) or 1.0
+    total = sum(_num(r, cols[0]) for r in rows) or 1.0
     hit = [r for r in rows if any(n in (r.get("Source") or "") for n in needles)]
-    got = sum(_num(r[cols[0]]) for r in hit)
+    got = sum(_num(r, cols[0]) for r in hit)
     out = [f"{len(hit)} lines holding {needles}: {got:.0f} samples ({100 * got / total:.2f}%)"]
     return out + [_line(r, total, cols, 5) for r in hit]
 
@@ -118,7 +126,10 @@ def main() -> None:
         rows = source_rows(src.stdout)
         print(f"-- {view}")
         if not rows:
-            print(f"no source rows: {src.stderr[-1500:]} {src.stdout[:1500]}")
+            print(
+                "no source rows with samples (no block carries a sampling column): "
+                f"{src.stderr[-1500:]} {src.stdout[:1500]}"
+            )
             continue
         print("\n".join(top_lines(rows, a.lines)))
         if a.match and view == "cuda":

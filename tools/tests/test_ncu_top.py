@@ -36,3 +36,33 @@ def test_top_lines_and_matching_lines():
     assert ncu_top.matching_lines(rows, ["absent"]) == [
         "0 lines holding ['absent']: 0 samples (0.00%)"
     ]
+
+
+# the cuda view as stop 53's ncu printed it: a block a file, the kernel's own file bare
+FILES = """"File Name","/src/k2/triton_build.py"
+"Line No","Source"
+"1","\"\"\"Triton build of K2.\"\"\""
+"File Name","/src/mono_runtime/topk_triton.py"
+"Line No","Source","Warp Stall Sampling (All Samples)","stall_barrier"
+"59","best = tl.max(word, 0)","80","70"
+"61","word = tl.where(word == best, _TAKEN, word)","20","5"
+"File Name","/src/mono_runtime/stream/frag_gluon.py"
+"Line No","Source","Warp Stall Sampling (All Samples)","stall_long_sb"
+"400","cp.wait_group(STAGES - 2)","300","250"
+"""
+
+
+@pytest.mark.timeout(30)
+def test_source_rows_read_every_file_block():
+    rows = ncu_top.source_rows(FILES)
+    assert [(r["File"], r["Line No"]) for r in rows] == [
+        ("topk_triton.py", "59"),
+        ("topk_triton.py", "61"),
+        ("frag_gluon.py", "400"),
+    ]
+    top = ncu_top.top_lines(rows, 1)
+    assert top[0].startswith("400 samples") and top[2].startswith("frag_gluon.py:400")
+    assert "stall_long_sb=250" in top[2]
+    got = ncu_top.matching_lines(rows, ["tl.max(word"])
+    assert got[0].endswith("80 samples (20.00%)") and "stall_barrier=70" in got[1]
+    assert ncu_top.source_rows(FILES.split('"File Name","/src/mono_runtime/topk')[0]) == []

@@ -34,14 +34,18 @@ residency and under the interpreter, where programs run one after another:
     gather   S       row s of the gathered latent input -> `xlat`
     up       MAXSLOTS x NC  slot j, BN gate + BN up rows of w13 (K = LAT, MXFP4), SiTU ->
                      `mid[j]` (bf16); a slot past the route's count does nothing
-    shdown   NSD     SD output columns of the shared down (K = SI) -> every rank's `sh`
-                     (after the up items: only the final items read `sh`, and with its
-                     tickets first an H100 timeline (stop 49, S = 1) had 112 shdown items
-                     hold programs while 40 of the 192 up items waited ~7 us for one)
     down     ND x NG DC latent columns over slot group q (slots in order, weights applied,
                      fp32) -> `dpart[d, q]`: many slots make long items, few slots many
     dsum     ND      the groups of column block d summed in group order, rounded once ->
                      every rank's `rl`
+    shdown   NSD     SD output columns of the shared down (K = SI) -> every rank's `sh`
+                     (after dsum: only the final items read `sh`. Before the up items an
+                     H100 timeline (stop 49, S = 1) had 112 shdown items hold programs
+                     while 40 of the 192 up items waited ~7 us for one; between up and
+                     down (stops 51-52) every down item was taken after them, the
+                     suspect of K2's 8% / 14% at S = 4 / 8 over stop 50 (stop 53, not
+                     isolated). After dsum they fill the programs that idle while dsum
+                     and lred run; untimed)
     lred     S       row s: the ranks' routed partials in rank order -> bf16 -> RMSNorm ->
                      `nlat` (bf16)
     upproj   NU      UC of this rank's H/tp up_proj rows (K = LAT) -> bf16 -> every rank's `upo`
@@ -209,7 +213,9 @@ class Plan:
     upair: int  # a routed up item's gate and up rows in one loop: 1 two dots, 2 one tile
     ring: int  # 1: gate and up rows of up and shup items in one ring (the Gluon build)
     upf: int  # K columns of an upproj item's rows asked of L2 before it waits for lred
-    xpf: int  # K columns of a router, latdown or shup item's part asked of L2 before x is in
+    xpf: int  # K columns of a latdown or shup item's part asked of L2 before x is in
+    rpf: int  # the same for a router item's part
+    rst: int  # a router item's ring depth
     dring: int  # 1: a down item streams its group's slots in one ring (Gluon build)
 
     @classmethod
@@ -292,6 +298,18 @@ class Plan:
             # builds prefetch 16, so that the compile tests build the prefetches
             upf=0 if big else 16,
             xpf=0 if big else 16,
+            # the router's own: its 224 items of 16 rows (57 KB each at TP 1, 12.8 MB in
+            # all: it fits the L2) are taken at ~1 us and wait ~22 for x while only oproj
+            # streams, then work ~11.6 us at ~5 GB/s a program, the HBM far from busy
+            # (H100, stop 53, S = 1): asked of L2 before the wait (rpf), or a deeper ring
+            # (rst, 0: `stages`; 8 KB a step, 13 steps fit two programs an SM) might end
+            # the router ~6 us sooner. Untimed; part `k2router` times them
+            rpf=0 if big else 16,
+            rst=0,
+            # slot groups of the down stage (at most one a slot): at S = 16, 28 x 8 = 224
+            # items on 264 programs, each ~90 us for ~28 slots while 40 programs idle
+            # (stop 53); 9 groups make 252 items. Untimed; part `k2router` times it
+            ng=8 if big else 2,
             # a down item's slots in one ring (`frag_stream_experts`, the Gluon build's
             # MXFP4) after one wait for all their up items, as the FFN's: a slot is a
             # stream of only RI / dbk = 2 K steps, so one stream a slot drains and refills
@@ -314,7 +332,12 @@ class Plan:
         for name, k in (("upf", lat), ("xpf", h // t["dks"])):
             if t[name]:
                 check_tile("K2", name, t[name], most=k)
+        if t["rpf"]:  # (up to a router item's whole part: 1792 at real shapes)
+            check_tile("K2", "rpf", t["rpf"], most=h // t["dks"], pow2=False)
         check_tile("K2", "stages", t["stages"], least=1, pow2=False)
+        rsteps = (h // t["dks"]) // _step(h // t["dks"], t["rbk"])  # a router item's K steps
+        check_tile("K2", "rst", t["rst"], least=0, most=rsteps + 1, pow2=False)
+        check_tile("K2", "ng", t["ng"], least=1, pow2=False)
         check_tile("K2", "dks", t["dks"], least=1, most=8)
         check_tile("K2", "rr", t["rr"], least=16, most=min(64, c.num_experts))
         ubk = _step(lat, 256 if big else 32)
@@ -346,7 +369,7 @@ class Plan:
             pbk=_step(lat, t["pbk"]),
             dc=dc,
             nd=lat // dc,
-            ng=min(b.max_slots, 8 if big else 2),
+            ng=min(b.max_slots, t["ng"]),
             dbk=t["dbk"],
             uc=uc,
             nu=c.hidden_per_rank // uc,
@@ -359,6 +382,8 @@ class Plan:
             ring=t["ring"],
             upf=t["upf"],
             xpf=t["xpf"],
+            rpf=t["rpf"],
+            rst=t["rst"] or t["stages"],
             dring=t["dring"],
         )
 
@@ -375,9 +400,9 @@ STAGES = (
     "shup",
     "gather",
     "up",
-    "shdown",
     "down",
     "dsum",
+    "shdown",
     "lred",
     "upproj",
     "final",

@@ -142,6 +142,8 @@ def _k2_body(
     RING: tl.constexpr,
     UPF: tl.constexpr,
     XPF: tl.constexpr,
+    RPF: tl.constexpr,
+    RST: tl.constexpr,
     DRING: tl.constexpr,
     GNC2: tl.constexpr,
     S2: tl.constexpr,
@@ -374,19 +376,20 @@ def _k2_body(
                 pt.ticket_finish(done, t, tag)
             elif (t < T_ROUTE) | ((t >= T_LATDOWN) & (t < T_GATHER)):
                 # router, latent down and shared up, each split over DKS parts of K: all read
-                # x, every row of it; the first XPF columns of their weights are asked of
-                # L2 while the norm items land.
+                # x, every row of it; the first RPF (router) / XPF (the others) columns of
+                # their weights are asked of L2 while the norm items land.
                 # u: the item's index in the three stages as one (the route and union items
                 # sit between the router's and latdown's tickets)
                 u = t - T_ROUTER - (t >= T_LATDOWN).to(tl.int32) * (T_LATDOWN - T_ROUTE)
                 kp = u % DKS  # every stage of the three has DKS parts an item
                 cnt = (scratch + O_COUNT).to(tl.pointer_type(tl.int32)) + u // DKS
                 buf = (scratch + O_KPART).to(tl.pointer_type(tl.float32))
-                if XPF:
-                    if t < T_LATDOWN:
+                if t < T_LATDOWN:
+                    if RPF:
                         r0 = _share_row0(rank, (t - T_ROUTER) // DKS, EPR, E, RR)
-                        dt.prefetch_rows(router, r0, RR, H, kp * (H // DKS), XPF, 0, CPU, ASM)
-                    elif t < T_SHUP:
+                        dt.prefetch_rows(router, r0, RR, H, kp * (H // DKS), RPF, 0, CPU, ASM)
+                elif XPF:
+                    if t < T_SHUP:
                         r0 = _share_row0(rank, (t - T_LATDOWN) // DKS, LPR, LAT, LB)
                         dt.prefetch_rows(latent_down, r0, LB, H, kp * (H // DKS), XPF, 0, CPU, ASM)
                     else:
@@ -421,7 +424,7 @@ def _k2_body(
                         RR,
                         RBK,
                         DKS,
-                        STAGES,
+                        RST,
                         P_LG,
                         CPU,
                         ASM,
@@ -548,7 +551,7 @@ def _k2_body(
                     CPU,
                 )
                 pt.ticket_finish(done, t, tag)
-            elif t < T_SHDOWN:
+            elif t < T_DOWN:
                 ok = dt.wait_items(
                     done, T_UNION, 1, 1, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
                 )
@@ -589,37 +592,6 @@ def _k2_body(
                     ASM,
                 )
                 pt.ticket_finish(done, t, tag)
-            elif t < T_DOWN:
-                ready = _shdown(
-                    t - T_SHDOWN,
-                    shared_w2,
-                    scratch,
-                    done,
-                    tag,
-                    ctl,
-                    health,
-                    peers,
-                    rank,
-                    world,
-                    S,
-                    H,
-                    SI,
-                    SB,
-                    SD,
-                    SDK,
-                    DKS,
-                    SHUP2,
-                    STAGES,
-                    T_SHUP,
-                    O_SMID,
-                    P_SH,
-                    R_ITEMS,
-                    CPU,
-                    ASM,
-                    TL,
-                )
-                if TL:
-                    t_ready = ready
             elif t < T_DSUM:
                 ready = _down(
                     (t - T_DOWN) // NG,
@@ -664,7 +636,7 @@ def _k2_body(
                 if TL:
                     t_ready = ready
                 pt.ticket_finish(done, t, tag)
-            elif t < T_LRED:
+            elif t < T_SHDOWN:
                 dt.wait_items(
                     done,
                     T_DOWN + (t - T_DSUM) * NG,
@@ -687,6 +659,39 @@ def _k2_body(
                 )  # fmt: skip
                 if TL:
                     t_mark = mark
+            elif t < T_LRED:
+                # (after dsum: its items fill the programs that idle while dsum and
+                # lred run, and no down item waits behind them for a program)
+                ready = _shdown(
+                    t - T_SHDOWN,
+                    shared_w2,
+                    scratch,
+                    done,
+                    tag,
+                    ctl,
+                    health,
+                    peers,
+                    rank,
+                    world,
+                    S,
+                    H,
+                    SI,
+                    SB,
+                    SD,
+                    SDK,
+                    DKS,
+                    SHUP2,
+                    STAGES,
+                    T_SHUP,
+                    O_SMID,
+                    P_SH,
+                    R_ITEMS,
+                    CPU,
+                    ASM,
+                    TL,
+                )
+                if TL:
+                    t_ready = ready
             elif t < T_UPPROJ:
                 ready, mark = _lred(
                     t - T_LRED,
@@ -1797,6 +1802,8 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         RING=bool(p.ring),
         UPF=p.upf,
         XPF=p.xpf,
+        RPF=p.rpf,
+        RST=p.rst,
         DRING=bool(p.dring) and b.frag,
         GNC2=p2(-(-b.max_slots // p.ng) * p.nc * p.uks),
         S2=p2(b.rows),
