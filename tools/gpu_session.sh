@@ -861,12 +861,14 @@ fi
 if has k2router; then
     # Stop 53's S = 1 timeline: the router's 224 items wait ~22 us for x while only oproj
     # streams, then work ~11.6 us at ~5 GB/s a program; at S = 16 the down stage's 224 items
-    # leave 40 of 264 programs idle for ~90 us. Times the router's own ring depth (rst) and
-    # L2 prefetch of its whole part (rpf) and 9 slot groups (ng), after K2's full-rank Gluon
-    # test under all three at once. ~350 s fresh (stop 53: 4 variants' S = 1 / 16 compiled in
-    # parallel in 49 s; an 8-layer timing of two widths needs more than 30 s).
-    V=("" "rst=8" "rst=13" "rpf=1792" "ng=9")
-    (export MONO_K2_TILES="rst=13,rpf=1792,ng=9"
+    # leave 40 of 264 programs idle for ~90 us. Times the router's own ring depth (rst), its
+    # rows asked of L2 (rpf) or into shared memory (rres) before its wait, and 9 slot groups
+    # (ng), after K2's full-rank Gluon test under rres, rst and ng at once (rpf only adds a
+    # prefetch) and test_frag's asked-rows GPU test. ~400 s fresh (stop 53: 4 variants' S =
+    # 1 / 16 compiled in parallel in 49 s; an 8-layer timing of two widths needs > 30 s).
+    V=("" "rst=8" "rst=13" "rpf=1792" "rres=1" "rres=1,rst=8" "ng=9")
+    tests frag 120 $P/mono-runtime/tests/test_frag.py -k "asked" --tb=short &
+    (export MONO_K2_TILES="rres=1,rst=8,ng=9"
      tests k2-all 250 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" \
         --tb=short) &
     for v in "${V[@]}"; do

@@ -147,7 +147,7 @@ def test_tile_overrides_are_checked(monkeypatch):
     monkeypatch.setenv(TILES_ENV, "uks=2")
     assert dict(stages(K2Build(real, 4, frag=True)))["up"] == 64 * 6 * 2
     # the router's own ring depth (0: stages) and prefetch, the down stage's slot groups
-    assert (gl.rst, gl.rpf, gl.ng) == (3, 0, 8)
+    assert (gl.rst, gl.rpf, gl.rres, gl.ng) == (3, 0, 0, 8)
     monkeypatch.setenv(TILES_ENV, "rst=13,rpf=1792,ng=9")
     p = K2Build(real, 16, frag=True).plan
     assert (p.rst, p.rpf, p.ng, dict(stages(K2Build(real, 16, frag=True)))["down"]) == (
@@ -156,7 +156,7 @@ def test_tile_overrides_are_checked(monkeypatch):
     monkeypatch.setenv(TILES_ENV, "stages=4")
     assert K2Build(real, 1).plan.rst == 4
     bad_tiles = ("obk=96", "sdk=8", "occ=3", "stages=0", "nope=1", "obk=x", "sb=24", "dks=3")
-    more = ("dring=2", "uks=4", "uks=3", "rst=16", "rpf=2048", "rpf=8", "ng=0")
+    more = ("dring=2", "uks=4", "uks=3", "rst=16", "rpf=2048", "rpf=8", "ng=0", "rres=2")
     for bad in bad_tiles + more:
         monkeypatch.setenv(TILES_ENV, bad)
         with pytest.raises(ValueError, match="K2 tiles|MONO_K2_TILES"):

@@ -300,6 +300,45 @@ def test_frag_row_pair_is_two_rings_in_one_on_the_gpu(f):
         assert got[0].isfinite().all() and got[0].abs().sum() > 0, (bn, bk, rows)
 
 
+@gluon.jit
+def _asked_kernel(
+    w, x, y, S, row0, K: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, ST: gl.constexpr
+):
+    """y[0] = rows row0.. of W times x by `bf16_stream_rows`; y[1] the same by
+    `bf16_rows_ask` then `bf16_stream_asked` with an ST-deep ring of x (fp32 [BN, 16])."""
+    a = fg.bf16_stream_rows(w, x, S, row0, 0, K // BK, K, BN, BK, 3, 4, 16)
+    wpre = fg.bf16_rows_ask(w, row0, 0, K // BK, K, BN, BK, 4)
+    b = fg.bf16_stream_asked(wpre, x, S, 0, K // BK, K, BN, BK, ST, 4, 16)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8]
+    )
+    n = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    t = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))
+    gl.store(y + n[:, None] * 16 + t[None, :], a)
+    gl.store(y + BN * 16 + n[:, None] * 16 + t[None, :], b)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_asked_rows_are_the_ring_on_the_gpu():
+    """bf16 rows asked into shared memory before their activations exist (`bf16_rows_ask`,
+    K2's router with tile `rres`), then streamed (`bf16_stream_asked`), give bit for bit
+    what `bf16_stream_rows` gives: every step's rows, the ring of x 2 or 8 deep."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("mma.sync bf16 needs sm_80+")
+    g = torch.Generator().manual_seed(11)
+    n, k = 64, 1792
+    w = (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16).cuda()
+    for s, st in ((1, 3), (16, 8)):
+        x = torch.randn(s, k, generator=g).to(torch.bfloat16).cuda()
+        y = torch.full((2, 16, 16), float("nan"), device="cuda")
+        _asked_kernel[(1,)](w, x, y, s, 32, k, 16, 128, st, num_warps=4)
+        got = y[:, :, :s].cpu()
+        assert torch.equal(got[0], got[1]), (s, st)
+        ref = w[32:48].double().cpu() @ x.double().cpu().T
+        assert torch.allclose(got[0].double(), ref, rtol=1e-2, atol=1e-2), (s, st)
+
+
 @triton.jit
 def _pairs_body(
     w, ws, x, y, S, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MX: tl.constexpr

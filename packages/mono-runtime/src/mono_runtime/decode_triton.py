@@ -160,6 +160,30 @@ def gl_stream_experts(
 
 
 @triton.jit
+def rows_ask(w, row0, k0, NSTEP: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """`frag_gluon.bf16_rows_ask` (4 warps) in a Gluon kernel: every step of a small item's
+    bf16 rows asked into shared memory before its wait; `asked_stream_rows` streams them."""
+    return fg.bf16_rows_ask(w, row0, k0, NSTEP, K, BN, BK, 4)
+
+
+@triton.jit
+def asked_stream_rows(
+    wpre,
+    x,
+    S: tl.constexpr,
+    k0,
+    NSTEP: tl.constexpr,
+    K: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """`frag_gluon.bf16_stream_asked` in a Gluon kernel: `gl_stream_rows`' result of the
+    rows `rows_ask` put in `wpre`, the activations through a STAGES-deep ring."""
+    return fg.bf16_stream_asked(wpre, x, S, k0, NSTEP, K, BN, BK, STAGES, 4, 16)
+
+
+@triton.jit
 def any_stream_rows(
     w,
     ws,

@@ -216,6 +216,7 @@ class Plan:
     xpf: int  # K columns of a latdown or shup item's part asked of L2 before x is in
     rpf: int  # the same for a router item's part
     rst: int  # a router item's ring depth
+    rres: int  # 1: a router item's rows into shared memory before its wait (Gluon build)
     dring: int  # 1: a down item streams its group's slots in one ring (Gluon build)
 
     @classmethod
@@ -306,6 +307,10 @@ class Plan:
             # the router ~6 us sooner. Untimed; part `k2router` times them
             rpf=0 if big else 16,
             rst=0,
+            # or every K step of a router item's rows (57 KB at TP 1) into shared memory
+            # before the wait (`rres`, the Gluon build; 69 KB with a 3-deep ring of x, the
+            # up items' 110.6 KB still the kernel's most). Untimed; part `k2router`
+            rres=0,
             # slot groups of the down stage (at most one a slot): at S = 16, 28 x 8 = 224
             # items on 264 programs, each ~90 us for ~28 slots while 40 programs idle
             # (stop 53); 9 groups make 252 items. Untimed; part `k2router` times it
@@ -338,6 +343,7 @@ class Plan:
         rsteps = (h // t["dks"]) // _step(h // t["dks"], t["rbk"])  # a router item's K steps
         check_tile("K2", "rst", t["rst"], least=0, most=rsteps + 1, pow2=False)
         check_tile("K2", "ng", t["ng"], least=1, pow2=False)
+        check_tile("K2", "rres", t["rres"], least=0, most=1, pow2=False)
         check_tile("K2", "dks", t["dks"], least=1, most=8)
         check_tile("K2", "rr", t["rr"], least=16, most=min(64, c.num_experts))
         ubk = _step(lat, 256 if big else 32)
@@ -384,6 +390,7 @@ class Plan:
             xpf=t["xpf"],
             rpf=t["rpf"],
             rst=t["rst"] or t["stages"],
+            rres=t["rres"],
             dring=t["dring"],
         )
 

@@ -144,6 +144,7 @@ def _k2_body(
     XPF: tl.constexpr,
     RPF: tl.constexpr,
     RST: tl.constexpr,
+    RRES: tl.constexpr,
     DRING: tl.constexpr,
     GNC2: tl.constexpr,
     S2: tl.constexpr,
@@ -376,47 +377,32 @@ def _k2_body(
                 pt.ticket_finish(done, t, tag)
             elif (t < T_ROUTE) | ((t >= T_LATDOWN) & (t < T_GATHER)):
                 # router, latent down and shared up, each split over DKS parts of K: all read
-                # x, every row of it; the first RPF (router) / XPF (the others) columns of
-                # their weights are asked of L2 while the norm items land.
+                # x, every row of it; the first RPF (router, or all of a router item's rows
+                # into shared memory: RRES) / XPF (the others) columns of their weights are
+                # asked for while the norm items land.
                 # u: the item's index in the three stages as one (the route and union items
                 # sit between the router's and latdown's tickets)
                 u = t - T_ROUTER - (t >= T_LATDOWN).to(tl.int32) * (T_LATDOWN - T_ROUTE)
                 kp = u % DKS  # every stage of the three has DKS parts an item
                 cnt = (scratch + O_COUNT).to(tl.pointer_type(tl.int32)) + u // DKS
                 buf = (scratch + O_KPART).to(tl.pointer_type(tl.float32))
-                if t < T_LATDOWN:
-                    if RPF:
-                        r0 = _share_row0(rank, (t - T_ROUTER) // DKS, EPR, E, RR)
-                        dt.prefetch_rows(router, r0, RR, H, kp * (H // DKS), RPF, 0, CPU, ASM)
-                elif XPF:
-                    if t < T_SHUP:
-                        r0 = _share_row0(rank, (t - T_LATDOWN) // DKS, LPR, LAT, LB)
-                        dt.prefetch_rows(latent_down, r0, LB, H, kp * (H // DKS), XPF, 0, CPU, ASM)
-                    else:
-                        r0 = ((t - T_SHUP) // DKS) * SB
-                        dt.prefetch_rows(shared_w13, r0, SB, H, kp * (H // DKS), XPF, 0, CPU, ASM)
-                        dt.prefetch_rows(
-                            shared_w13, SI + r0, SB, H, kp * (H // DKS), XPF, 0, CPU, ASM
-                        )
-                dt.wait_items(
-                    done, T_NORM, S * NCH, SNCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU
-                )
-                if TL:
-                    t_ready = pt.clock(0, CPU)
                 x = (scratch + O_X).to(tl.pointer_type(tl.bfloat16))
                 if t < T_LATDOWN:
                     g = (t - T_ROUTER) // DKS
-                    _router(
+                    ready = _router(
                         g,
                         kp,
                         x,
                         router,
                         buf + g * (DKS * RR * S),
                         cnt,
+                        done,
+                        tag,
+                        ctl,
+                        health,
                         peers,
                         rank,
                         world,
-                        tag,
                         S,
                         H,
                         E,
@@ -425,60 +411,88 @@ def _k2_body(
                         RBK,
                         DKS,
                         RST,
+                        RPF,
+                        RRES,
+                        T_NORM,
+                        NCH,
+                        SNCH2,
                         P_LG,
+                        R_ITEMS,
                         CPU,
                         ASM,
-                    )
-                elif t < T_SHUP:
-                    g = (t - T_LATDOWN) // DKS
-                    _latdown(
-                        g,
-                        kp,
-                        x,
-                        latent_down,
-                        buf + (NR * RR + g * LB) * (DKS * S),
-                        cnt,
-                        peers,
-                        rank,
-                        world,
-                        tag,
-                        S,
-                        H,
-                        LAT,
-                        LPR,
-                        LB,
-                        RBK,
-                        DKS,
-                        STAGES,
-                        P_LAT,
-                        CPU,
-                        ASM,
+                        TL,
                     )
                 else:
-                    c = (t - T_SHUP) // DKS
-                    _shup(
-                        c,
-                        kp,
-                        x,
-                        shared_w13,
-                        scratch,
-                        buf + (NR * RR + NL * LB) * (DKS * S) + c * (DKS * 2 * SB * S),
-                        cnt,
-                        S,
-                        H,
-                        SI,
-                        SB,
-                        RBK,
-                        DKS,
-                        STAGES,
-                        O_SMID,
-                        BETA,
-                        LBETA,
-                        CPU,
-                        ASM,
-                        RING,
-                    )
-                    pt.ticket_finish(done, t, tag)
+                    if XPF:
+                        if t < T_SHUP:
+                            r0 = _share_row0(rank, (t - T_LATDOWN) // DKS, LPR, LAT, LB)
+                            dt.prefetch_rows(
+                                latent_down, r0, LB, H, kp * (H // DKS), XPF, 0, CPU, ASM
+                            )
+                        else:
+                            r0 = ((t - T_SHUP) // DKS) * SB
+                            for half in tl.static_range(2):  # gate rows, then up rows
+                                dt.prefetch_rows(
+                                    shared_w13, half * SI + r0, SB, H, kp * (H // DKS), XPF, 0,
+                                    CPU, ASM,
+                                )  # fmt: skip
+                    dt.wait_items(
+                        done, T_NORM, S * NCH, SNCH2, tag, ctl, health, peers, rank, world,
+                        R_ITEMS, CPU,
+                    )  # fmt: skip
+                    ready = dt.ready_clock(TL, CPU)
+                    if t < T_SHUP:
+                        g = (t - T_LATDOWN) // DKS
+                        _latdown(
+                            g,
+                            kp,
+                            x,
+                            latent_down,
+                            buf + (NR * RR + g * LB) * (DKS * S),
+                            cnt,
+                            peers,
+                            rank,
+                            world,
+                            tag,
+                            S,
+                            H,
+                            LAT,
+                            LPR,
+                            LB,
+                            RBK,
+                            DKS,
+                            STAGES,
+                            P_LAT,
+                            CPU,
+                            ASM,
+                        )
+                    else:
+                        c = (t - T_SHUP) // DKS
+                        _shup(
+                            c,
+                            kp,
+                            x,
+                            shared_w13,
+                            scratch,
+                            buf + (NR * RR + NL * LB) * (DKS * S) + c * (DKS * 2 * SB * S),
+                            cnt,
+                            S,
+                            H,
+                            SI,
+                            SB,
+                            RBK,
+                            DKS,
+                            STAGES,
+                            O_SMID,
+                            BETA,
+                            LBETA,
+                            CPU,
+                            ASM,
+                            RING,
+                        )
+                        pt.ticket_finish(done, t, tag)
+                if TL:
+                    t_ready = ready
             elif t < T_UNION:
                 ready, mark = _route(
                     t - T_ROUTE,
@@ -1049,10 +1063,13 @@ def _router(
     router,
     buf,
     cnt,
+    done,
+    tag,
+    ctl,
+    health,
     peers,
     rank,
     world,
-    tag,
     S: tl.constexpr,
     H: tl.constexpr,
     E: tl.constexpr,
@@ -1060,22 +1077,41 @@ def _router(
     RR: tl.constexpr,
     RBK: tl.constexpr,
     DKS: tl.constexpr,
-    STAGES: tl.constexpr,
+    RST: tl.constexpr,
+    RPF: tl.constexpr,
+    RRES: tl.constexpr,
+    T_NORM: tl.constexpr,
+    NCH: tl.constexpr,
+    SNCH2: tl.constexpr,
     P_LG: tl.constexpr,
+    R_ITEMS: tl.constexpr,
     CPU: tl.constexpr,
     ASM: tl.constexpr,
+    TL: tl.constexpr,
 ):
-    """RR of this rank's router rows over K part kp; the last part: fp32 logits -> every
-    rank's lg (all-gather)."""
+    """RR of this rank's router rows over K part kp, once the norm items are done (their
+    first RPF columns asked of L2 before the wait; RRES, the Gluon build: every step of
+    them into shared memory); the last part: fp32 logits -> every rank's lg (all-gather).
+    Returns the timeline's ready clock."""
     r0, rows, keep = _share(rank, g, EPR, E, RR)
     KP: tl.constexpr = H // DKS
-    acc = dt.any_stream_rows(
-        router, router, x, r0, kp * KP, KP // RBK, H, RR, RBK, S, 0, STAGES, CPU, ASM
-    )
+    if RRES:
+        wpre = dt.rows_ask(router, r0, kp * KP, KP // RBK, H, RR, RBK)
+    elif RPF:
+        dt.prefetch_rows(router, r0, RR, H, kp * KP, RPF, 0, CPU, ASM)
+    dt.wait_items(done, T_NORM, S * NCH, SNCH2, tag, ctl, health, peers, rank, world, R_ITEMS, CPU)
+    ready = dt.ready_clock(TL, CPU)
+    if RRES:
+        acc = dt.asked_stream_rows(wpre, x, S, kp * KP, KP // RBK, H, RR, RBK, RST)
+    else:
+        acc = dt.any_stream_rows(
+            router, router, x, r0, kp * KP, KP // RBK, H, RR, RBK, S, 0, RST, CPU, ASM
+        )
     last, acc = dt.split_k(acc, buf, cnt, kp, DKS, RR, S)
     if last:
         payload = tl.trans(acc).to(tl.int32, bitcast=True)
         dt.push_pairs(peers, world, P_LG // 8, E, rows, payload, keep[None, :], tag, S)
+    return ready
 
 
 @triton.jit
@@ -1804,6 +1840,7 @@ def constexprs(b: K2Build, cpu: bool, asm: bool = True) -> dict:
         XPF=p.xpf,
         RPF=p.rpf,
         RST=p.rst,
+        RRES=bool(p.rres) and b.frag,
         DRING=bool(p.dring) and b.frag,
         GNC2=p2(-(-b.max_slots // p.ng) * p.nc * p.uks),
         S2=p2(b.rows),

@@ -54,6 +54,9 @@ and.b32 t, t, 0x00400040; and.b32 u, u, 0x81808180; or.b32 t, t, u; mul.rn.bf16x
     return asm + "}"
 
 
+# the bf16 tiles' and activation slices' shared layout (16-byte vectors, 8-way swizzle)
+_SW = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0]))
+
 _ASM = gl.constexpr(_decode_asm())
 _CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 4))
 
@@ -231,6 +234,70 @@ def bf16_stream_row_pair(
 
 
 @gluon.jit
+def bf16_rows_ask(
+    w,
+    row0,
+    k_begin,
+    NSTEP: gl.constexpr,
+    K: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    W: gl.constexpr,
+):
+    """Every one of a small item's NSTEP steps of BN bf16 weight rows, asked for at once into
+    shared memory (one cp.async group); returns the buffer for `bf16_stream_asked`. Weights
+    need no result: a program asks before it waits for the item's activations, so an item
+    taken long before its input (K2's router: ~22 us at S = 1) finds them there."""
+    wpre = gl.allocate_shared_memory(gl.bfloat16, [NSTEP, BN, BK], _SW)
+    w_off = _bf16_offsets(row0, row0, K, BN, BK, W, False)
+    for st in gl.static_range(NSTEP):
+        cp.async_copy_global_to_shared(wpre.index(st), w + w_off + k_begin + st * BK)
+    cp.commit_group()
+    return wpre
+
+
+@gluon.jit
+def bf16_stream_asked(
+    wpre,
+    x,
+    S,
+    k_begin,
+    NSTEP: gl.constexpr,
+    K: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    W: gl.constexpr,
+    NT: gl.constexpr,
+):
+    """`bf16_stream_rows` of the weights `bf16_rows_ask` put in `wpre` (its NSTEP, BN, BK):
+    only the activation slices go through the STAGES-deep ring."""
+    return _ring(
+        x, x, x, S, 0, 0, k_begin, NSTEP, K, BN, BK, STAGES, W, NT, 0, False, PRE=True, wpre=wpre
+    )
+
+
+@gluon.jit
+def _bf16_offsets(
+    row0,
+    row1,
+    K: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    W: gl.constexpr,
+    TWO: gl.constexpr,
+):
+    """The element offsets of a [BN, BK] bf16 tile of a row-major [*, K] weight (TWO: BN / 2
+    rows from row0, BN / 2 from row1), 16 bytes a thread: a ring slot's copy."""
+    TK: gl.constexpr = min(BK // 8, 32)  # threads along K
+    wc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TK, TK], [W, 1], [1, 0])
+    wn = gl.arange(0, BN, layout=gl.SliceLayout(1, wc_l))
+    wk = gl.arange(0, BK, layout=gl.SliceLayout(0, wc_l))
+    wrow = gl.where(wn < BN // 2, row0 + wn, row1 + wn - BN // 2) if TWO else row0 + wn
+    return wrow.to(gl.int64)[:, None] * K + wk[None, :]
+
+
+@gluon.jit
 def fp8_stream_rows(
     w,
     ws,
@@ -297,6 +364,8 @@ def _ring(
     wt=None,
     nj=1,
     EN: gl.constexpr = 0,
+    PRE: gl.constexpr = False,
+    wpre=None,
 ):
     """Every stream's loop: a STAGES-deep cp.async ring of BK-column steps (weights, their
     scale words for F 1, and the activation slice), two mma.sync accumulator chains over
@@ -306,13 +375,15 @@ def _ring(
     tiles read into it by ldmatrix. TWO: the tile's BN rows are BN / 2 from row0 and BN / 2
     from row1, their sums returned apart (two [BN / 2, NT]); else BN rows from row0 (row1
     unused), one [BN, NT]. MULTI (F 1, one part): `frag_stream_experts`' nj passes of
-    NSTEP steps over stacked [EN, K] experts, each pass's sums weighted by its wt row."""
+    NSTEP steps over stacked [EN, K] experts, each pass's sums weighted by its wt row. PRE
+    (F 0, one part): the weights of all NSTEP steps are in `wpre` (`bf16_rows_ask`), asked
+    for before the activations existed; only the activations go through the ring."""
+    gl.static_assert(not PRE or (F == 0 and not TWO and not MULTI), "PRE: bf16, one part")
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8]
     )
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    sw: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     AR: gl.constexpr = BN // 2 if TWO else BN  # rows of an accumulator
     WB: gl.constexpr = 128 if F == 1 else 256  # words of a 16 x 64 block (F 1, 2)
     if F != 0:
@@ -363,14 +434,14 @@ def _ring(
             zero = gl.zeros([AR, NT], gl.float32, mma)
     else:
         TK: gl.constexpr = min(BK // 8, 32)  # threads along K, 16 bytes each
-        wc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TK, TK], [W, 1], [1, 0])
         xc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TK, TK], [W, 1], [1, 0])
-        wbuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], sw)
-        wn = gl.arange(0, BN, layout=gl.SliceLayout(1, wc_l))
-        wk = gl.arange(0, BK, layout=gl.SliceLayout(0, wc_l))
-        wrow = gl.where(wn < BN // 2, row0 + wn, row1 + wn - BN // 2) if TWO else row0 + wn
-        w_off = wrow.to(gl.int64)[:, None] * K + wk[None, :]
-    xbuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, NT, BK], sw)
+        if PRE:  # every step's weights are in wpre already (`bf16_rows_ask`)
+            wbuf = wpre
+            w_off = 0
+        else:
+            wbuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], _SW)
+            w_off = _bf16_offsets(row0, row1, K, BN, BK, W, TWO)
+    xbuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, NT, BK], _SW)
     xn = gl.arange(0, NT, layout=gl.SliceLayout(1, xc_l))
     xk = gl.arange(0, BK, layout=gl.SliceLayout(0, xc_l))
     x_off = xn[:, None] * K + xk[None, :]
@@ -397,7 +468,7 @@ def _ring(
         wj = w
         wsj = ws
     for st in gl.static_range(STAGES - 1):
-        _copy_step(wj, x, wbuf, xbuf, st, w_off, x_off, x_live, k_begin + st * BK, F, WB)
+        _copy_step(wj, x, wbuf, xbuf, st, w_off, x_off, x_live, k_begin + st * BK, F, WB, PRE)
         if F == 1:
             cp.async_copy_global_to_shared(
                 sbuf.index(st), wsj + s_off + ((k_begin + st * BK) // 64) * 8
@@ -441,7 +512,7 @@ def _ring(
         elif nxt < NSTEP:
             k0 = k_begin + nxt * BK
             slot = nxt % STAGES
-            _copy_step(w, x, wbuf, xbuf, slot, w_off, x_off, x_live, k0, F, WB)
+            _copy_step(w, x, wbuf, xbuf, slot, w_off, x_off, x_live, k0, F, WB, PRE)
             if F == 1:
                 cp.async_copy_global_to_shared(sbuf.index(slot), ws + s_off + (k0 // 64) * 8)
         cp.commit_group()
@@ -484,8 +555,9 @@ def _ring(
             a0 = gl.convert_layout(a0, a_l)
             a1 = gl.convert_layout(a1, a_l)
         else:
-            a0 = wbuf.index(cur).slice(0, AR, dim=0).slice(0, BK // 2, dim=1).load(a_l)
-            a1 = wbuf.index(cur).slice(0, AR, dim=0).slice(BK // 2, BK // 2, dim=1).load(a_l)
+            wsl = wbuf.index(i if PRE else cur)  # (wpre holds every step)
+            a0 = wsl.slice(0, AR, dim=0).slice(0, BK // 2, dim=1).load(a_l)
+            a1 = wsl.slice(0, AR, dim=0).slice(BK // 2, BK // 2, dim=1).load(a_l)
             if TWO:
                 c0 = wbuf.index(cur).slice(AR, AR, dim=0).slice(0, BK // 2, dim=1).load(a_l)
                 c1 = wbuf.index(cur).slice(AR, AR, dim=0).slice(BK // 2, BK // 2, dim=1)
@@ -521,12 +593,15 @@ def _ring(
 
 
 @gluon.jit
-def _copy_step(w, x, wbuf, xbuf, slot, w_off, x_off, x_live, k0, F: gl.constexpr, WB: gl.constexpr):
+def _copy_step(
+    w, x, wbuf, xbuf, slot, w_off, x_off, x_live, k0, F: gl.constexpr, WB: gl.constexpr,
+    PRE: gl.constexpr = False,
+):  # fmt: skip
     """One ring slot's weight and activation copies of the step at column k0 (the caller
-    adds the mxfp4 scale words and commits the group)."""
+    adds the mxfp4 scale words and commits the group); PRE: the activation's only."""
     if F != 0:
         cp.async_copy_global_to_shared(wbuf.index(slot), w + w_off + (k0 // 64) * WB)
-    else:
+    elif not PRE:
         cp.async_copy_global_to_shared(wbuf.index(slot), w + w_off + k0)
     cp.async_copy_global_to_shared(xbuf.index(slot), x + x_off + k0, mask=x_live)
 
