@@ -271,7 +271,8 @@ def bf16_stream_asked(
     NT: gl.constexpr,
 ):
     """`bf16_stream_rows` of the weights `bf16_rows_ask` put in `wpre` (its NSTEP, BN, BK):
-    only the activation slices go through the STAGES-deep ring."""
+    only the activation slices go through the STAGES-deep ring (its weight arguments
+    unused: x stands in for them)."""
     return _ring(
         x, x, x, S, 0, 0, k_begin, NSTEP, K, BN, BK, STAGES, W, NT, 0, False, PRE=True, wpre=wpre
     )
