@@ -220,6 +220,18 @@ def test_frag_gemv_matches_float64_on_the_gpu(s):
 
 
 @gluon.jit
+def _store_two(y, a, b, BN: gl.constexpr):
+    """y[0] = a, y[1] = b: two streams' fp32 [BN, 16] results in their mma.sync layout."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8]
+    )
+    n = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    t = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))
+    gl.store(y + n[:, None] * 16 + t[None, :], a)
+    gl.store(y + BN * 16 + n[:, None] * 16 + t[None, :], b)
+
+
+@gluon.jit
 def _pair_kernel(
     w,
     ws,
@@ -257,13 +269,7 @@ def _pair_kernel(
         else:
             a = fg.bf16_stream_rows(w, x, S, row_a, 0, K // BK, K, BN, BK, 3, 4, 16)
             b = fg.bf16_stream_rows(w, x, S, row_b, 0, K // BK, K, BN, BK, 3, 4, 16)
-    mma: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8]
-    )
-    n = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    t = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))
-    gl.store(y + n[:, None] * 16 + t[None, :], a)
-    gl.store(y + BN * 16 + n[:, None] * 16 + t[None, :], b)
+    _store_two(y, a, b, BN)
 
 
 @pytest.mark.gpu
@@ -309,13 +315,7 @@ def _asked_kernel(
     a = fg.bf16_stream_rows(w, x, S, row0, 0, K // BK, K, BN, BK, 3, 4, 16)
     wpre = fg.bf16_rows_ask(w, row0, 0, K // BK, K, BN, BK, 4)
     b = fg.bf16_stream_asked(wpre, x, S, 0, K // BK, K, BN, BK, ST, 4, 16)
-    mma: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8]
-    )
-    n = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    t = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))
-    gl.store(y + n[:, None] * 16 + t[None, :], a)
-    gl.store(y + BN * 16 + n[:, None] * 16 + t[None, :], b)
+    _store_two(y, a, b, BN)
 
 
 @pytest.mark.gpu
