@@ -49,6 +49,21 @@ ncu_launch() {  # report name, kernel regex, launches to skip, command...: Nsigh
         --section WarpStateStats --section SchedulerStats --section SourceCounters \
         --section MemoryWorkloadAnalysis --import-source yes -o "$LOG/$name" -f "$@"
 }
+k2_warm() {  # limit, MONO_K2_TILES values...: each variant's Gluon K2 at S = 1 / 4 / 16
+    # compiled in a process of its own, in the background (the caller waits)
+    local limit=$1 v; shift
+    for v in "$@"; do
+        step "warm-k2-${v//[=,]/_}" "$limit" env MONO_K2_TILES="$v" python3 -m \
+            mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 1 --no-baseline --engine gluon &
+    done
+}
+k2_time() {  # name prefix, limit, MONO_K2_TILES values...: each timed alone, 8 layers a graph
+    local pre=$1 limit=$2 v; shift 2
+    for v in "$@"; do
+        step "$pre-${v//[=,]/_}" "$limit" env MONO_K2_TILES="$v" python3 -m \
+            mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 8 --no-baseline --engine gluon
+    done
+}
 warm_ffn() {  # name, timeout, widths, format, MONO_FFN_TILES ("": none): compile, time nothing
     step "warm-ffn-$1" "$2" env MONO_FFN_TILES="$5" python3 -m mono_kernels_minimax.ffn.bench \
         --rows "$3" --formats "$4" --layers 1 --no-baseline
@@ -644,10 +659,7 @@ if has rings; then
     # build at stages 4 and 5 (61,440 B at 3; 81,920 / 102,400 B), then the FFN's S = 1 and
     # 16 timelines (ffn.tune takes ~25 s a variant; K2's compiles are the long pole). ~500 s.
     K2V=("" "stages=4" "stages=5")
-    for v in "${K2V[@]}"; do
-        step "warm-k2-${v//[=,]/_}" 300 env MONO_K2_TILES="$v" python3 -m \
-            mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 1 --no-baseline --engine gluon &
-    done
+    k2_warm 300 "${K2V[@]}"
     F8=("" "ust=6" "ust=8" "ust=8,dst=4")  # FP8, S <= 4
     MX=("" "ust=4" "ust=6,dst=4")  # MXFP4, S <= 4 (the default is ust=6)
     for v in "${F8[@]}"; do
@@ -661,10 +673,7 @@ if has rings; then
         --variants "$(IFS='|'; echo "${F8[*]}")"
     step tune-mx 90 python3 -m mono_kernels_minimax.ffn.tune --rows 1,2,4 --format mxfp4 \
         --variants "$(IFS='|'; echo "${MX[*]}")"
-    for v in "${K2V[@]}"; do
-        step "k2ring-${v//[=,]/_}" 90 env MONO_K2_TILES="$v" python3 -m mono_kernels_kimi.k2.bench \
-            --rows 1,4,16 --layers 8 --no-baseline --engine gluon
-    done
+    k2_time k2ring 90 "${K2V[@]}"
     step timeline-ffn 60 python3 -m mono_kernels_minimax.ffn.tune --rows 1,16 \
         --format mxfp4 --timeline "$LOG/bench"
 fi
@@ -871,15 +880,9 @@ if has k2router; then
     (export MONO_K2_TILES="rres=1,rst=8,ng=9"
      tests k2-all 250 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" \
         --tb=short) &
-    for v in "${V[@]}"; do
-        step "warm-k2-${v//[=,]/_}" 250 env MONO_K2_TILES="$v" python3 -m \
-            mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 1 --no-baseline --engine gluon &
-    done
+    k2_warm 250 "${V[@]}"
     wait
-    for v in "${V[@]}"; do
-        step "k2router-${v//[=,]/_}" 90 env MONO_K2_TILES="$v" python3 -m \
-            mono_kernels_kimi.k2.bench --rows 1,4,16 --layers 8 --no-baseline --engine gluon
-    done
+    k2_time k2router 90 "${V[@]}"
 fi
 if has mini; then
     # The least a change to K2 needs on a GPU, in ~240 s fresh: its full-rank Gluon test
