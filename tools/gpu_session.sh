@@ -6,10 +6,19 @@
 # (phase 2) runs `mono bench` one kernel at a time on a quiet GPU; part "tune" times the
 # tuning tables (engine GEMV variants, FFN layouts, a timeline), part "tiles" FFN tiles.
 # Logs go to one archive and the plots/JSON beside it, so few files land in $OUT.
-# Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]", parts: check+bench, tune,
+# Usage (repo root): OUT=dir tools/gpu_session.sh "PART [PART ...]" (part bisect: first
+# `tools/gpu_session.sh --prepare REV...` here), parts: check+bench, tune,
 # tiles, diag, stream, fixes, drafter, kimi, drafter-tune, sanitize, k2perf, k2occ,
-# k2-tune, kimi-tune, tables, k2check, k2tables, k2router, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, mini, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
+# k2-tune, kimi-tune, tables, k2check, bisect, k2tables, k2router, naps, icache, l2fill, k1step, acquire, split, verify, k2prof, mini, k2-backoff, k1, k1-tests, ffn, frag, gluon, gluon-tune, gluon-waves, gluon-down, gluon-final, k2-gluon, ffn-both, k2-both, fp8, fp8-route, sdown, stages, rings, s16-router, rmma, fulltests, push, pubstore, backoff, confirm, toy, order, k1-drafter, k1-tune, pair, gemv, stock, upstage, router, gemvprof, profile, profile-drafter, latency, all.
 set -uo pipefail
+if [[ ${1:-} == --prepare ]]; then  # here, before a call of part "bisect": each REV's code
+    shift
+    rm -rf .bisect
+    for rev in "$@"; do
+        mkdir -p ".bisect/$rev" && git archive "$rev" packages | tar x -C ".bisect/$rev"
+    done
+    exit
+fi
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
 LOG=$(mktemp -d)
@@ -866,6 +875,33 @@ if has k2tables; then
         --timeline "$LOG/bench"
     step bench-kda 90 $MONO bench kda --rows 1,4,8,16 --out "$LOG/bench"
     step bench-ffn 100 $MONO bench ffn --rows 1,2,4,8,16 --format mxfp4 --out "$LOG/bench"
+fi
+if has bisect; then
+    # Which commit slowed a kernel: K2 (or BISECT_MODULE's bench) at BISECT_ROWS (default 8)
+    # for this tree and every revision under .bisect/ (made here by `tools/gpu_session.sh
+    # --prepare REV...`; carry: [".bisect"]), compiled side by side, then timed one after
+    # another, this tree first and last (the drift between them is the noise). Stop 54:
+    # 09ef461 228.3 us at S = 8, b364073's dsum layout 252.3.
+    ROWS=${BISECT_ROWS:-8}
+    MOD=${BISECT_MODULE:-mono_kernels_kimi.k2.bench --engine gluon}
+    REVS=(head $(ls .bisect 2>/dev/null))
+    src() {  # a revision's PYTHONPATH
+        local r=.bisect/$1 p
+        [[ $1 == head ]] && r=.
+        p=$r/packages/mono-peer/src:$r/packages/mono-runtime/src
+        echo "$p:$r/packages/mono-kernels-minimax/src:$r/packages/mono-kernels-kimi/src"
+    }
+    for r in "${REVS[@]}"; do
+        PYTHONPATH=$(src "$r") step "warm-bisect-$r" 200 python3 -m $MOD --rows "$ROWS" \
+            --layers 1 --no-baseline &
+    done
+    wait
+    n=0
+    for r in "${REVS[@]}" head; do
+        n=$((n + 1))
+        PYTHONPATH=$(src "$r") step "bisect-$n-$r" 60 python3 -m $MOD --rows "$ROWS" \
+            --layers 8 --no-baseline
+    done
 fi
 if has k2router; then
     # Stop 53's S = 1 timeline: the router's 224 items wait ~22 us for x while only oproj
