@@ -491,8 +491,9 @@ def drafter_kernel(
                 i = u - T_COMB
                 if i // NHG < nreq:
                     _comb(
-                        i // NHG, i % NHG, lw, scratch, L, P, V, NH, Q, ROWSP, HG, NHG, QHR,
-                        NSPLIT, NSP2, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES, CST, CPU, ASM,
+                        i // NHG, i % NHG, lw, scratch, seq_lens, BS, L, P, V, NH, Q, ROWSP,
+                        HG, NHG, QHR, NSPLIT, NSP2, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES,
+                        CST, CPU, ASM,
                     )  # fmt: skip
             elif u < T_GU:  # oproj (post items are row stages)
                 _project_push(
@@ -788,6 +789,14 @@ def _split_pages(seq, j, BS: tl.constexpr, NSPLIT: tl.constexpr):
 
 
 @triton.jit
+def _live_splits(seq, BS: tl.constexpr, NSPLIT: tl.constexpr):
+    """How many of `_split_pages`' splits hold a page (the first ones; 0 at seq 0)."""
+    pages = (seq + BS - 1) // BS
+    per = tl.maximum((pages + NSPLIT - 1) // NSPLIT, 1)
+    return (pages + per - 1) // per
+
+
+@triton.jit
 def _attn(
     r, g, j, lw, block_table, seq_lens, scratch, bt_stride, L: tl.constexpr,
     R: tl.constexpr, Q: tl.constexpr, BS: tl.constexpr, KC: tl.constexpr,
@@ -854,7 +863,8 @@ def _attn(
 
 @triton.jit
 def _comb(
-    r, g, lw, scratch, L: tl.constexpr, P: tl.constexpr, V: tl.constexpr,
+    r, g, lw, scratch, seq_lens, BS: tl.constexpr, L: tl.constexpr, P: tl.constexpr,
+    V: tl.constexpr,
     NH: tl.constexpr, Q: tl.constexpr, ROWSP: tl.constexpr, HG: tl.constexpr,
     NHG: tl.constexpr, QHR: tl.constexpr, NSPLIT: tl.constexpr, NSP2: tl.constexpr,
     LK: tl.constexpr, O_PO: tl.constexpr, O_PM: tl.constexpr, O_PL: tl.constexpr,
@@ -863,7 +873,9 @@ def _comb(
 ):  # fmt: skip
     """Request r, head group g: the splits' partials merged in a fixed order (a padding
     request's rows, seq_len 0, come out 0) -> latent (bf16); then each head's W_UV
-    (kv_b_proj's v rows: the dot's wide side) -> v (bf16)."""
+    (kv_b_proj's v rows: the dot's wide side) -> v (bf16). Only the splits that hold
+    pages are read (the others weigh 0): each is one 32 KB load a trip (stop 54, H100: a
+    comb item took 21.8 us at one request and 1K cached tokens, 17 of 32 splits live)."""
     i = tl.arange(0, QHR)
     li = tl.arange(0, L)
     js = tl.arange(0, NSP2)
@@ -880,7 +892,8 @@ def _comb(
     lsum = tl.sum(wjs * tl.load(pl, mask=live, other=0.0, cache_modifier=".cg"), 0)
     po = (scratch + O_PO).to(tl.pointer_type(tl.float32)) + (part0 * QHR + i)[:, None] * L
     acc = tl.zeros((QHR, L), tl.float32)
-    for j in tl.range(0, NSPLIT, num_stages=CST):  # CST > 1: the next splits' loads in flight
+    nlive = _live_splits(tl.load(seq_lens + r), BS, NSPLIT)
+    for j in tl.range(0, nlive, num_stages=CST):  # CST > 1: the next splits' loads in flight
         wj = tl.sum(tl.where((js == j)[:, None], wjs, 0.0), 0)
         acc += wj[:, None] * tl.load(po + j * QHR * L + li[None, :], cache_modifier=".cg")
     lat = tl.where(lsum[:, None] > 0, acc / lsum[:, None], 0.0)
