@@ -46,7 +46,8 @@ def interpreted() -> dict:
 def test_live_splits_are_the_first_splits_with_pages():
     got, _ = child_json([__file__], 180, TRITON_INTERPRET="1")
     for n in NSPLITS:
-        for seq, live, pages in zip(SEQS, got[str(n)]["live"], got[str(n)]["pages"]):
+        rows = zip(SEQS, got[str(n)]["live"], got[str(n)]["pages"], strict=True)
+        for seq, live, pages in rows:
             held = [p > 0 for p in pages]
             assert held == [j < live for j in range(n)], (n, seq, live, pages)
             assert sum(max(p, 0) for p in pages) == -(-seq // BS), (n, seq, pages)  # all pages
