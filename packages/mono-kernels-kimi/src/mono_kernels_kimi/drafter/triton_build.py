@@ -407,6 +407,12 @@ def drafter_kernel(
                     _prefetch(_ptr(lw, _W_QB, tl.bfloat16), r0, 0, QL, QL, QBN, CPU, ASM)
                 elif PF == 2:
                     pass
+                elif (u >= T_COMB) & (u < T_OPROJ):
+                    # comb: its head group's W_UV rows (kv_b_proj's v rows), streamed after
+                    # the splits' merge (stop 54: 21.8 us a comb item, one program each)
+                    for hh in tl.static_range(HG):
+                        r0 = ((u - T_COMB) % NHG * HG + hh) * (P + V) + P
+                        _prefetch(_ptr(lw, _W_KVB, tl.bfloat16), r0, 0, L, L, V, CPU, ASM)
                 elif (u >= T_OPROJ) & (u < T_POST):
                     r0 = (u - T_OPROJ) * OC
                     _prefetch(_ptr(lw, _W_O, tl.bfloat16), r0, 0, NH * V, NH * V, OC, CPU, ASM)
