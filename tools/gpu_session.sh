@@ -15,7 +15,8 @@ if [[ ${1:-} == --prepare ]]; then  # here, before a call of part "bisect": each
     shift
     rm -rf .bisect
     for rev in "$@"; do
-        mkdir -p ".bisect/$rev" && git archive "$rev" packages | tar x -C ".bisect/$rev"
+        mkdir -p ".bisect/$rev" && git archive "$rev" packages integration tools |
+            tar x -C ".bisect/$rev"
     done
     exit
 fi
@@ -889,7 +890,8 @@ if has bisect; then
         local r=.bisect/$1 p
         [[ $1 == head ]] && r=.
         p=$r/packages/mono-peer/src:$r/packages/mono-runtime/src
-        echo "$p:$r/packages/mono-kernels-minimax/src:$r/packages/mono-kernels-kimi/src"
+        p=$p:$r/packages/mono-kernels-minimax/src:$r/packages/mono-kernels-kimi/src
+        echo "$p:$r/integration/src:$r/tools/src"
     }
     for r in "${REVS[@]}"; do
         PYTHONPATH=$(src "$r") step "warm-bisect-$r" 200 python3 -m $MOD --rows "$ROWS" \
