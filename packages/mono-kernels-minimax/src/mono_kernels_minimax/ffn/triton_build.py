@@ -843,21 +843,28 @@ def _route_rows(
     ids_p, topw_p = _topk_table(scratch, O_TABLE, T_IDS, T_TOPW)
     taken = lg.zeros((RT, E), tl.int32)
     wsum = lg.zeros((RT,), tl.float32)
+    # pick k's id and score kept in lane k of an [RT, E] tile as picked (K <= E): no
+    # reductions after the loop (two a pick, on the route's one program, before)
+    kid = lg.zeros((RT, E), tl.int32)
+    ksc = lg.zeros((RT, E), tl.float32)
     for k in tl.static_range(K):
         avail = taken == 0
         m = tl.max(tl.where(avail, key, float("-inf")), 1)
         pick = tl.min(tl.where(avail & (key == m[:, None]), ex[None, :], E), 1)
         hit = ex[None, :] == pick[:, None]
         taken = tl.where(hit, k + 1, taken)
-        wsum += tl.sum(tl.where(hit, score, 0.0), 1)
+        sc = tl.sum(tl.where(hit, score, 0.0), 1)
+        wsum += sc
+        kid = tl.where(ex[None, :] == k, pick[:, None], kid)
+        ksc = tl.where(ex[None, :] == k, sc[:, None], ksc)
     wfull = tl.where(taken > 0, score, 0.0) / wsum[:, None] * RSF
     wfull = tl.where(live[:, None], wfull, 0.0)
-    for k in tl.static_range(K):
-        hit = taken == k + 1
-        kid = tl.sum(tl.where(hit, ex[None, :], 0), 1)
-        kw = tl.sum(tl.where(hit, wfull, 0.0), 1)
-        tl.store(ids_p + rows * K + k, tl.where(live, kid, -1), mask=rmask)
-        tl.store(topw_p + rows * K + k, kw, mask=rmask)
+    kw = ksc / wsum[:, None] * RSF  # (wfull's value at each pick)
+    kl = live[:, None]
+    at = rows[:, None] * K + ex[None, :]
+    km = rmask[:, None] & (ex[None, :] < K)
+    tl.store(ids_p + at, tl.where(kl, kid, -1), mask=km)
+    tl.store(topw_p + at, tl.where(kl, kw, 0.0), mask=km)
     return taken, wfull, live, rows
 
 
