@@ -26,7 +26,13 @@ LOG=$(mktemp -d)
 PART=${1:-check+bench}
 has() { [[ " $PART " == *" $1 "* ]]; }  # PART: one or more part names
 export PYTHONUNBUFFERED=1
-export PYTHONPATH=packages/mono-peer/src:packages/mono-runtime/src:packages/mono-kernels-minimax/src:packages/mono-kernels-kimi/src:integration/src:tools/src
+src_path() {  # the PYTHONPATH of the repo's tree at prefix $1 ("": this one; ".bisect/REV/")
+    local p=${1}packages/mono-peer/src:${1}packages/mono-runtime/src
+    p=$p:${1}packages/mono-kernels-minimax/src:${1}packages/mono-kernels-kimi/src
+    echo "$p:${1}integration/src:${1}tools/src"
+}
+PYTHONPATH=$(src_path "")
+export PYTHONPATH
 # humming (vLLM's HUMMING kernels, the FFN bench's stock baseline), carried from the synced
 # environment: `carry: [".venv/lib/python3.11/site-packages/humming"]`
 HUMMING_SITE=.venv/lib/python3.11/site-packages
@@ -886,12 +892,8 @@ if has bisect; then
     ROWS=${BISECT_ROWS:-8}
     MOD=${BISECT_MODULE:-mono_kernels_kimi.k2.bench --engine gluon}
     REVS=(head $(ls .bisect 2>/dev/null))
-    src() {  # a revision's PYTHONPATH
-        local r=.bisect/$1 p
-        [[ $1 == head ]] && r=.
-        p=$r/packages/mono-peer/src:$r/packages/mono-runtime/src
-        p=$p:$r/packages/mono-kernels-minimax/src:$r/packages/mono-kernels-kimi/src
-        echo "$p:$r/integration/src:$r/tools/src"
+    src() {  # a revision's PYTHONPATH ("head": this tree)
+        if [[ $1 == head ]]; then src_path ""; else src_path ".bisect/$1/"; fi
     }
     for r in "${REVS[@]}"; do
         PYTHONPATH=$(src "$r") step "warm-bisect-$r" 200 python3 -m $MOD --rows "$ROWS" \
