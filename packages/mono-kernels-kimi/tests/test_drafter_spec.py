@@ -56,6 +56,7 @@ def test_every_wait_names_a_smaller_ticket_and_the_plan_covers_the_shapes(b):
     assert p.no * p.oc == c.hidden_size and p.ngu * p.gb == c.local_intermediate
     assert p.nhg * p.hg == c.local_heads and p.qhr >= p.hg * c.query_len
     assert p.nla * p.la == c.kv_lora_rank and b.rows % p.rb == 0
+    assert p.nlc * p.lc == c.kv_lora_rank and p.nvb * p.vb == c.v_head_dim  # comb, uv
     # a row group's items in each row stage: the whole row, or one a chunk of rc columns
     assert p.ri in (1, -(-c.hidden_size // p.rc)) and dict(layer_stages(b))["post"] == (
         b.groups * p.ri
@@ -167,6 +168,7 @@ def test_tile_overrides_are_checked(monkeypatch):
     assert (p.qa, p.nsplit, p.gb, p.hk, p.occ) == (64, 32, 32, 128, 1)
     assert (p.qks, p.nqa, p.gks, p.ngu, p.ast) == (4, 33, 4, 72, 2)
     assert (p.rc, p.ri, p.gpair) == (2048, 4, 1)  # a narrow row group: one item a chunk
+    assert (p.lc, p.nlc, p.vb, p.nvb) == (128, 4, 32, 4)  # comb's latent chunks, uv's rows
     w = DrafterBuild(real, True).plan  # the wide build: whole-row items
     assert (w.gks, w.ngu, w.rc, w.ri) == (4, 72, 2048, 1)
     rope = cos_sin_cache(real)
@@ -180,6 +182,10 @@ def test_tile_overrides_are_checked(monkeypatch):
     assert (narrow.gb, narrow.ngu, narrow.hk, narrow.occ, narrow.ast) == (16, 144, 256, 2, 3)
     assert (narrow.gpair, wide.gpair, narrow.cst, wide.cst) == (0, 0, 2, 2)
     assert refusals(real, 1, caches, rope, 132, 264) == []
+    monkeypatch.setenv(TILES_ENV, "gks=7")  # K parts need not be a power of two
+    seven = DrafterBuild(real, False).plan
+    assert (seven.gks, seven.ngu * seven.gks, seven.hk) == (7, 504, 128)
+    assert (real.hidden_size // seven.qks) % seven.hk == 0  # one K step serves both splits
     assert DrafterBuild(DrafterConfig.tiny(2), False).plan.occ == 1
     bads = (
         "qa=24",
@@ -191,6 +197,9 @@ def test_tile_overrides_are_checked(monkeypatch):
         "ast=0",
         "gpair=3",
         "cst=5",
+        "gks=5",
+        "lc=96",
+        "vb=256",
         "nope=1",
         "qa=x",
     )

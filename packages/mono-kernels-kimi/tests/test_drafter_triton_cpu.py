@@ -129,7 +129,7 @@ def _no_work(b, nreq, t):
     if stage == "attn":
         return i // (p.nhg * p.nsplit) >= nreq
     if stage == "comb":
-        return i // p.nhg >= nreq
+        return i // (p.nhg * p.nlc) >= nreq
     return False
 
 

@@ -25,8 +25,10 @@ interpreter, where programs run one after another:
     attn    REQ x NHG x NSPLIT  request r, head group g, split j of the request's KV pages:
                     non-causal latent MQA of the group's query rows over the split's pages
                     (online softmax) -> the split's partial (`po`, `pm`, `pl`)
-    comb    REQ x NHG  the splits' partials merged in a fixed order -> latent (`lat`),
-                    then each head's W_UV rows -> `v` (bf16)
+    comb    REQ x NHG x NLC  request r, head group g, LC latent columns: the splits'
+                    partials merged in a fixed order -> latent (`lat`, bf16)
+    uv      n x NVB  head h, VB of its W_UV rows (kv_b_proj's v rows): every row's latent
+                    -> `v` (bf16), W_UV read once for all requests
     oproj   NO      OC columns of o_proj -> bf16 partial -> every rank's `ar1`
     post    GROUPS x RI  row group s: the ranks' partials in rank order -> bf16, + residual
                     -> the new residual, post_attention_layernorm -> `xm`
@@ -57,6 +59,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from math import gcd
 
 from mono_runtime.kernel.tiles import check_tile, tile_overrides
 from mono_runtime.timeline import stamp_bytes
@@ -202,6 +205,10 @@ class Plan:
     nqb: int
     la: int  # latent columns of an absorb item
     nla: int
+    lc: int  # latent columns of a comb item (its share of every split's partial)
+    nlc: int
+    vb: int  # W_UV rows of a uv item (of a head's v_head_dim)
+    nvb: int
     hg: int  # heads of an attention group
     nhg: int
     qhr: int  # query rows of an attention tile (hg x query_len, padded)
@@ -229,13 +236,13 @@ class Plan:
     warps: int
     occ: int  # programs an SM the runner launches (2 fits: <= 113 KB shared, 255 registers)
     # which items ask L2 for their weight rows before their wait: 0 none, 1 every
-    # projection's (comb's W_UV rows too), 2 only qkv_a's and q_b's (a layer's MLP and
+    # projection's (uv's W_UV rows too), 2 only qkv_a's and q_b's (a layer's MLP and
     # o_proj rows are more than L2 holds: their requests queue ahead of every other
     # stage's misses)
     pf: int
     gpair: int  # a gu item's gate and up rows in one loop (stream_row_pair): 1 two dots, 2 one
     ast: int  # software-pipeline depth of an attn item's loop over its KV chunks (1: none)
-    cst: int  # software-pipeline depth of a comb item's loop over its splits (1: none)
+    cst: int  # software-pipeline depth of a comb item's loop over its split pairs (1: none)
 
     @classmethod
     def of(cls, b: DrafterBuild) -> Plan:
@@ -246,6 +253,15 @@ class Plan:
             qa=64 if big else 16,
             qbn=64 if big else 16,
             la=_step(c.kv_lora_rank, 128),
+            # a (request, head group)'s merge in latent column chunks: one item the whole
+            # [16, 512] fp32 partials took 21.8 us a comb item (stop 54, H100: one program
+            # serially loading 17 splits of 32 KB, then 2 heads' W_UV), which everything
+            # after waited for; 128 columns hold 8 KB a split, two splits a trip in
+            # registers. Tiny: 2 chunks, so that the interpreter tests the split
+            lc=_step(c.kv_lora_rank, 128 if big else 16),
+            # W_UV in its own stage, heads x 32-row items, one stream over all the launch's
+            # rows (comb streamed a head's 128 KB once a request)
+            vb=_step(c.v_head_dim, 32 if big else 16),
             oc=_step(c.hidden_size, 64 if big else 16),
             gb=_step(c.local_intermediate, 32 if big else 16),
             # KV splits at 1-2 requests: 32 is 17% faster than 16 at 32K cached tokens, 2%
@@ -268,8 +284,8 @@ class Plan:
             # and 8K / 32K cached tokens, 13% / 22% at 8 requests (H200, stop 32; three
             # deep 1-2% less); asking L2 for a split's pages first was no better (-1..+3%)
             ast=2,
-            # a comb item's merge of its splits' fp32 partials ([16, 512] each, one L2
-            # latency a split in a plain loop) loaded while the last is summed: two deep
+            # a comb item's loop over its split pairs, the next pair loaded while this one
+            # is summed (CST 2): at the whole latent's [16, 512] partials two deep was
             # within 1.6% either way at 1 and 8 requests, 16 splits (stop 33)
             cst=1,
             # a row item's columns a trip (the last trip masked): 2048 is 2.5-7% faster
@@ -283,9 +299,10 @@ class Plan:
             # leave SMs idle; in 4 parts each (132 and 288 items at TP8) a layer is 12-17%
             # faster at 8 requests and 1K-8K cached tokens (stop 31); gate_up in 8 parts
             # within 3% either way at 8 requests in two calls, 2-6% slower at 1 (stop 32).
-            # Tiny builds split in 2, so that the interpreter tests the parts' sums
+            # Tiny builds split in 2 (gate_up in 3 at a hidden size of 48), so that the
+            # interpreter tests the parts' sums, a count not a power of two among them
             qks=4 if big else 2,
-            gks=4 if big else 2,
+            gks=4 if big else 3 - bool(c.hidden_size % 48),
         )
         if big:  # a real-shape build's, for tuning
             t = _checked(tile_overrides(TILES_ENV, t), c)
@@ -293,7 +310,7 @@ class Plan:
         qbn = min(t["qbn"], max(16, p2(c.q_b_rows) // 2))
         # a head group's query rows: one 16-row tile (its fp32 [rows, L] output in registers)
         hg = max(d for d in range(1, n + 1) if n % d == 0 and d * q <= 16)
-        la, oc, gb, kstep = t["la"], t["oc"], t["gb"], t["kstep"]
+        la, lc, vb, oc, gb, kstep = t["la"], t["lc"], t["vb"], t["oc"], t["gb"], t["kstep"]
         rc = min(p2(c.hidden_size), t["rc"])  # the last chunk masked
         return cls(
             qa=qa,
@@ -303,6 +320,10 @@ class Plan:
             nqb=-(-c.q_b_rows // qbn),
             la=la,
             nla=c.kv_lora_rank // la,
+            lc=lc,
+            nlc=c.kv_lora_rank // lc,
+            vb=vb,
+            nvb=c.v_head_dim // vb,
             hg=hg,
             nhg=n // hg,
             qhr=max(16, p2(hg * q)),
@@ -314,7 +335,7 @@ class Plan:
             gb=gb,
             ngu=c.local_intermediate // gb,
             gks=t["gks"],
-            hk=_step(c.hidden_size // max(t["qks"], t["gks"]), kstep),
+            hk=_step(gcd(c.hidden_size // t["qks"], c.hidden_size // t["gks"]), kstep),
             qk=_step(c.q_lora_rank, kstep),
             vk=_step(c.o_proj_in, kstep),
             ik=_step(c.local_intermediate, kstep),
@@ -336,11 +357,14 @@ class Plan:
 def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     """Overridden tiles refused by name unless each is a power of two (>= 16 for a dot's
     side) dividing what it tiles, with 1..64 splits, 1..8 stages, 1 or 2 programs an SM,
-    prefetch mode 0..2, K parts of qkv_a and gate_up leaving >= 16 columns a part."""
+    prefetch mode 0..2, K parts of qkv_a and gate_up (any count) leaving a whole number of
+    16-column steps a part."""
     walks = dict(
         qa=None,
         qbn=None,
         la=c.kv_lora_rank,
+        lc=c.kv_lora_rank,
+        vb=c.v_head_dim,
         oc=c.hidden_size,
         gb=c.local_intermediate,
         kc=c.block_size,
@@ -356,8 +380,9 @@ def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     check_tile("drafter", "ast", t["ast"], least=1, most=4, pow2=False)
     check_tile("drafter", "cst", t["cst"], least=1, most=4, pow2=False)
     check_tile("drafter", "rs", t["rs"], least=0, most=1, pow2=False)
-    for name in ("qks", "gks"):
-        check_tile("drafter", name, t[name], least=1, divides=c.hidden_size // 16)
+    for name in ("qks", "gks"):  # any count: 7 parts of gate_up's 72 row tiles fill 3.8
+        # waves of 132 programs where 4 parts fill 2.2 (the third a fifth full)
+        check_tile("drafter", name, t[name], least=1, divides=c.hidden_size // 16, pow2=False)
     return t
 
 
@@ -369,6 +394,7 @@ LAYER_STAGES = (
     "absorb",
     "attn",
     "comb",
+    "uv",
     "oproj",
     "post",
     "gu",
@@ -387,7 +413,8 @@ def layer_stages(b: DrafterBuild) -> list[tuple[str, int]]:
         qb=p.nqb,
         absorb=b.cfg.local_heads * p.nla,
         attn=r * p.nhg * p.nsplit,
-        comb=r * p.nhg,
+        comb=r * p.nhg * p.nlc,
+        uv=b.cfg.local_heads * p.nvb,
         oproj=p.no,
         post=s * p.ri,
         gu=p.ngu * p.gks,
@@ -456,14 +483,15 @@ def waits(b: DrafterBuild) -> dict[int, list[int]]:
             ("qb", "qkvn"),
             ("absorb", "qb"),
             ("attn", "absorb"),
-            ("oproj", "comb"),
+            ("uv", "comb"),
+            ("oproj", "uv"),
             ("gu", "post"),
             ("down", "gu"),
         ):
             for t in span(k, stage):
                 out[t] = span(k, after)
-        for rg in range(b.requests * p.nhg):
-            out[base + st["comb"] + rg] = span(k, "attn", rg * p.nsplit, p.nsplit)
+        for i in range(counts["comb"]):  # its (request, head group)'s splits
+            out[base + st["comb"] + i] = span(k, "attn", i // p.nlc * p.nsplit, p.nsplit)
     for s in range(b.groups * ri):
         out[final_start(b) + s] = span(b.cfg.num_hidden_layers - 1, "post", s // ri * ri, ri)
     return out

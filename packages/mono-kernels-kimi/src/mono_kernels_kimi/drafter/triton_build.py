@@ -135,10 +135,10 @@ def _wait(
 @triton.jit
 def _deps(
     k, u, ngroups, nreq, NL: tl.constexpr, PER_LAYER: tl.constexpr, NRG: tl.constexpr,
-    RS: tl.constexpr, NHG: tl.constexpr, NSPLIT: tl.constexpr, T_QKVA: tl.constexpr,
-    T_QKVN: tl.constexpr, T_QB: tl.constexpr, T_ABSORB: tl.constexpr, T_ATTN: tl.constexpr,
-    T_COMB: tl.constexpr, T_OPROJ: tl.constexpr, T_POST: tl.constexpr, T_GU: tl.constexpr,
-    T_DOWN: tl.constexpr,
+    RS: tl.constexpr, NHG: tl.constexpr, NSPLIT: tl.constexpr, NLC: tl.constexpr,
+    T_QKVA: tl.constexpr, T_QKVN: tl.constexpr, T_QB: tl.constexpr, T_ABSORB: tl.constexpr,
+    T_ATTN: tl.constexpr, T_COMB: tl.constexpr, T_UV: tl.constexpr, T_OPROJ: tl.constexpr,
+    T_POST: tl.constexpr, T_GU: tl.constexpr, T_DOWN: tl.constexpr,
 ):  # fmt: skip
     """(first, count) of the items ticket (layer k, local u) waits for: spec.waits, and
     nothing for an item without work (a row group or request past the launch's). A row
@@ -167,12 +167,15 @@ def _deps(
     elif u < T_COMB:  # attn: every absorb item (the block's cache entries came before)
         first = base + T_ABSORB
         n = ((u - T_ATTN) // (NHG * NSPLIT) < nreq).to(tl.int32) * (T_ATTN - T_ABSORB)
-    elif u < T_OPROJ:  # comb: its request and group's splits
-        first = base + T_ATTN + (u - T_COMB) * NSPLIT
-        n = ((u - T_COMB) // NHG < nreq).to(tl.int32) * NSPLIT
-    elif u < T_POST:
+    elif u < T_UV:  # comb: its request and group's splits
+        first = base + T_ATTN + (u - T_COMB) // NLC * NSPLIT
+        n = ((u - T_COMB) // (NLC * NHG) < nreq).to(tl.int32) * NSPLIT
+    elif u < T_OPROJ:  # uv: every comb item (each head's latent, every request's rows)
         first = base + T_COMB
-        n = u * 0 + (T_OPROJ - T_COMB)
+        n = u * 0 + (T_UV - T_COMB)
+    elif u < T_POST:
+        first = base + T_UV
+        n = u * 0 + (T_OPROJ - T_UV)
     elif u < T_GU:  # post: the group's norm items (the residual)
         first = base + (u - T_POST) // RS * RS
         n = ((u - T_POST) // RS < ngroups).to(tl.int32) * RS
@@ -294,6 +297,10 @@ def drafter_kernel(
     QBN: tl.constexpr,
     LA: tl.constexpr,
     NLA: tl.constexpr,
+    LC: tl.constexpr,
+    NLC: tl.constexpr,
+    VB: tl.constexpr,
+    NVB: tl.constexpr,
     HG: tl.constexpr,
     NHG: tl.constexpr,
     QHR: tl.constexpr,
@@ -327,6 +334,7 @@ def drafter_kernel(
     T_ABSORB: tl.constexpr,
     T_ATTN: tl.constexpr,
     T_COMB: tl.constexpr,
+    T_UV: tl.constexpr,
     T_OPROJ: tl.constexpr,
     T_POST: tl.constexpr,
     T_GU: tl.constexpr,
@@ -407,12 +415,9 @@ def drafter_kernel(
                     _prefetch(_ptr(lw, _W_QB, tl.bfloat16), r0, 0, QL, QL, QBN, CPU, ASM)
                 elif PF == 2:
                     pass
-                elif (u >= T_COMB) & (u < T_OPROJ):
-                    # comb: its head group's W_UV rows (kv_b_proj's v rows), streamed after
-                    # the splits' merge (stop 54: 21.8 us a comb item, one program each)
-                    for hh in tl.static_range(HG):
-                        r0 = ((u - T_COMB) % NHG * HG + hh) * (P + V) + P
-                        _prefetch(_ptr(lw, _W_KVB, tl.bfloat16), r0, 0, L, L, V, CPU, ASM)
+                elif (u >= T_UV) & (u < T_OPROJ):  # uv: its W_UV rows (kv_b_proj's v rows)
+                    r0 = (u - T_UV) // NVB * (P + V) + P + (u - T_UV) % NVB * VB
+                    _prefetch(_ptr(lw, _W_KVB, tl.bfloat16), r0, 0, L, L, VB, CPU, ASM)
                 elif (u >= T_OPROJ) & (u < T_POST):
                     r0 = (u - T_OPROJ) * OC
                     _prefetch(_ptr(lw, _W_O, tl.bfloat16), r0, 0, NH * V, NH * V, OC, CPU, ASM)
@@ -425,8 +430,8 @@ def drafter_kernel(
                     r0 = (u - T_DOWN) * OC
                     _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), r0, 0, IL, IL, OC, CPU, ASM)
             first, n = _deps(
-                k, u, ngroups, nreq, NL, PER_LAYER, NRG, RS, NHG, NSPLIT, T_QKVA, T_QKVN, T_QB,
-                T_ABSORB, T_ATTN, T_COMB, T_OPROJ, T_POST, T_GU, T_DOWN,
+                k, u, ngroups, nreq, NL, PER_LAYER, NRG, RS, NHG, NSPLIT, NLC, T_QKVA, T_QKVN,
+                T_QB, T_ABSORB, T_ATTN, T_COMB, T_UV, T_OPROJ, T_POST, T_GU, T_DOWN,
             )  # fmt: skip
             if n > 0:
                 _wait(done, first, n, tag0, ctl, health, peers, rank, world, W2, R_ITEMS, CPU)
@@ -493,14 +498,18 @@ def drafter_kernel(
                         seq_lens, scratch, bt_stride, L, R, Q, BS, KC, ROWSP, HG, NHG, QHR, RP,
                         NSPLIT, O_QLAT, O_QPE, O_PO, O_PM, O_PL, SCALE, FP8, AST, CPU,
                     )  # fmt: skip
-            elif u < T_OPROJ:
-                i = u - T_COMB
-                if i // NHG < nreq:
+            elif u < T_UV:
+                rg = (u - T_COMB) // NLC  # its (request, head group)
+                if rg // NHG < nreq:
                     _comb(
-                        i // NHG, i % NHG, lw, scratch, seq_lens, BS, L, P, V, NH, Q, ROWSP,
-                        HG, NHG, QHR, NSPLIT, NSP2, LK, O_PO, O_PM, O_PL, O_LAT, O_V, STAGES,
-                        CST, CPU, ASM,
+                        rg // NHG, rg % NHG, (u - T_COMB) % NLC, scratch, seq_lens, BS, L, Q,
+                        ROWSP, LC, HG, NHG, QHR, NSPLIT, NSP2, O_PO, O_PM, O_PL, O_LAT, CST,
                     )  # fmt: skip
+            elif u < T_OPROJ:
+                _uv(
+                    (u - T_UV) // NVB, (u - T_UV) % NVB, lw, scratch, nrows, L, P, V, NH, ROWSP,
+                    RPASS, VB, LK, O_LAT, O_V, STAGES, CPU, ASM,
+                )  # fmt: skip
             elif u < T_GU:  # oproj (post items are row stages)
                 _project_push(
                     u - T_OPROJ, _ptr(lw, _W_O, tl.bfloat16),
@@ -869,21 +878,18 @@ def _attn(
 
 @triton.jit
 def _comb(
-    r, g, lw, scratch, seq_lens, BS: tl.constexpr, L: tl.constexpr, P: tl.constexpr,
-    V: tl.constexpr,
-    NH: tl.constexpr, Q: tl.constexpr, ROWSP: tl.constexpr, HG: tl.constexpr,
-    NHG: tl.constexpr, QHR: tl.constexpr, NSPLIT: tl.constexpr, NSP2: tl.constexpr,
-    LK: tl.constexpr, O_PO: tl.constexpr, O_PM: tl.constexpr, O_PL: tl.constexpr,
-    O_LAT: tl.constexpr, O_V: tl.constexpr, STAGES: tl.constexpr, CST: tl.constexpr,
-    CPU: tl.constexpr, ASM: tl.constexpr,
+    r, g, c, scratch, seq_lens, BS: tl.constexpr, L: tl.constexpr, Q: tl.constexpr,
+    ROWSP: tl.constexpr, LC: tl.constexpr, HG: tl.constexpr, NHG: tl.constexpr,
+    QHR: tl.constexpr, NSPLIT: tl.constexpr, NSP2: tl.constexpr, O_PO: tl.constexpr,
+    O_PM: tl.constexpr, O_PL: tl.constexpr, O_LAT: tl.constexpr, CST: tl.constexpr,
 ):  # fmt: skip
-    """Request r, head group g: the splits' partials merged in a fixed order (a padding
-    request's rows, seq_len 0, come out 0) -> latent (bf16); then each head's W_UV
-    (kv_b_proj's v rows: the dot's wide side) -> v (bf16). Only the splits that hold
-    pages are read (the others weigh 0): each is one 32 KB load a trip (stop 54, H100: a
-    comb item took 21.8 us at one request and 1K cached tokens, 17 of 32 splits live)."""
+    """Request r, head group g, latent columns [c LC, (c + 1) LC): the splits' partials
+    merged in a fixed order (a padding request's rows, seq_len 0, come out 0) -> latent
+    (bf16). Only the splits that hold pages are read (the others weigh 0), two a trip: a
+    chunk's loads in flight together, where the whole latent's [16, 512] fp32 tile was one
+    serial 32 KB load a split (stop 54, H100: 21.8 us a comb item)."""
     i = tl.arange(0, QHR)
-    li = tl.arange(0, L)
+    li = c * LC + tl.arange(0, LC)
     js = tl.arange(0, NSP2)
     part0 = (r * NHG + g) * NSPLIT
     # the splits' max and sum at once, [NSP2, QHR] (a split past NSPLIT weighs 0); L2 loads
@@ -897,11 +903,14 @@ def _comb(
     wjs = tl.where(mjs == float("-inf"), 0.0, tl.exp(mjs - big[None, :]))
     lsum = tl.sum(wjs * tl.load(pl, mask=live, other=0.0, cache_modifier=".cg"), 0)
     po = (scratch + O_PO).to(tl.pointer_type(tl.float32)) + (part0 * QHR + i)[:, None] * L
-    acc = tl.zeros((QHR, L), tl.float32)
+    acc = tl.zeros((QHR, LC), tl.float32)
     nlive = _live_splits(tl.load(seq_lens + r), BS, NSPLIT)
-    for j in tl.range(0, nlive, num_stages=CST):  # CST > 1: the next splits' loads in flight
-        wj = tl.sum(tl.where((js == j)[:, None], wjs, 0.0), 0)
-        acc += wj[:, None] * tl.load(po + j * QHR * L + li[None, :], cache_modifier=".cg")
+    for j in tl.range(0, nlive, 2, num_stages=CST):  # splits j, j + 1 (weight 0 past nlive)
+        x0 = tl.load(po + j * QHR * L + li[None, :], cache_modifier=".cg")
+        x1 = tl.load(po + (j + 1) * QHR * L + li[None, :], mask=j + 1 < nlive, other=0.0,
+                     cache_modifier=".cg")  # fmt: skip
+        acc += tl.sum(tl.where((js == j)[:, None], wjs, 0.0), 0)[:, None] * x0
+        acc += tl.sum(tl.where((js == j + 1)[:, None], wjs, 0.0), 0)[:, None] * x1
     lat = tl.where(lsum[:, None] > 0, acc / lsum[:, None], 0.0)
     head = g * HG + i // Q
     tok = r * Q + i % Q
@@ -911,22 +920,33 @@ def _comb(
         _bf16(lat).to(tl.bfloat16),
         mask=(i < HG * Q)[:, None],
     )
-    tl.debug_barrier()
+
+
+@triton.jit
+def _uv(
+    h, c, lw, scratch, nrows, L: tl.constexpr, P: tl.constexpr, V: tl.constexpr,
+    NH: tl.constexpr, ROWSP: tl.constexpr, RPASS: tl.constexpr, VB: tl.constexpr,
+    LK: tl.constexpr, O_LAT: tl.constexpr, O_V: tl.constexpr, STAGES: tl.constexpr,
+    CPU: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """Head h, v columns [c VB, (c + 1) VB): every row's latent @ W_UV (kv_b_proj's v rows,
+    the dot's wide side) -> v (bf16), RPASS rows a pass over the weights."""
     kvb = _ptr(lw, _W_KVB, tl.bfloat16)
+    lat = (scratch + O_LAT).to(tl.pointer_type(tl.bfloat16)) + h * ROWSP * L
     vp = (scratch + O_V).to(tl.pointer_type(tl.bfloat16))
-    n = tl.arange(0, 16)
-    vi = tl.arange(0, V)
-    for hh in range(0, HG):
-        h = g * HG + hh
-        vh = st.stream_rows(
-            kvb, kvb, latp + (h * ROWSP + r * Q) * L, h * (P + V) + P, 0, L // LK, L, V,
-            LK, Q, 0, STAGES, CPU, ASM,
-        )  # fmt: skip
-        tl.store(
-            vp + (r * Q + n)[None, :] * (NH * V) + (h * V + vi)[:, None],
-            _bf16(vh).to(tl.bfloat16),
-            mask=(n < Q)[None, :],
-        )
+    m = h * V + c * VB + tl.arange(0, VB)
+    for p in range(0, ROWSP // RPASS):
+        if p * RPASS < nrows:
+            vh = st.stream_rows(
+                kvb, kvb, lat + p * RPASS * L, h * (P + V) + P + c * VB, 0, L // LK, L, VB,
+                LK, RPASS, 0, STAGES, CPU, ASM,
+            )  # fmt: skip
+            tok = p * RPASS + tl.arange(0, RPASS)
+            tl.store(
+                vp + tok[None, :] * (NH * V) + m[:, None],
+                _bf16(vh).to(tl.bfloat16),
+                mask=(tok < nrows)[None, :],
+            )
 
 
 @triton.jit
@@ -1032,6 +1052,10 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         QBN=p.qbn,
         LA=p.la,
         NLA=p.nla,
+        LC=p.lc,
+        NLC=p.nlc,
+        VB=p.vb,
+        NVB=p.nvb,
         HG=p.hg,
         NHG=p.nhg,
         QHR=p.qhr,
