@@ -226,7 +226,7 @@ class Plan:
     ik: int  # K = local intermediate
     lk: int  # K = kv_lora_rank
     rc: int  # columns of a row item's chunk: H padded to a power of two, <= 4096 (masked)
-    qc: int  # columns of a qkvn item's chunk (q_lora_rank)
+    qc: int  # columns of a qkvn item's q_c block: q_lora_rank padded to a power of two
     rb: int  # rows of a row item (norm, qkvn, post, final): a power of two dividing Q
     # a row group's norm / post / final items: 1 (one item the whole row), or one a chunk
     # of rc columns (tile rs: each its chunk's all-reduce and residual at once; the last to
@@ -342,7 +342,7 @@ class Plan:
             lk=_step(c.kv_lora_rank, kstep),
             rc=rc,
             ri=-(-c.hidden_size // rc) if t["rs"] else 1,
-            qc=_step(c.q_lora_rank, 512),
+            qc=p2(c.q_lora_rank),  # masked past q_lora_rank
             rb=1 if big else q & -q,
             stages=t["stages"],
             warps=4,
