@@ -615,14 +615,15 @@ def _add_chunk(
     """Row group g, chunk c (`fused_allreduce_rms_norm`'s first pass): the ranks' bf16 pairs
     at `src` (peer region `region`, tagged `tag`) summed in rank order -> bf16, plus the
     residual in fp32 (poisoned where a wait gave up) -> the new residual (bf16) and the
-    norm's fp32 input; its sum of squares."""
+    norm's fp32 input; its sum of squares. The residual is loaded before the polls (the
+    item's wait made it visible), so its latency passes while they spin."""
     row, p, live = _lanes(g, c, nrows, H, RB, RC)
+    res = (scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p
+    old = tl.load(res, mask=live, other=0)
     lo, hi, ok = pt.reduce_bf16x2(
         src + row * (H // 2) + p, MAXROWS * (H // 2), live, tag, ctl, health, peers, rank,
         world, region, g * RB * (H // 2) + c * (RC // 2), CPU,
     )  # fmt: skip
-    res = (scratch + O_RES).to(tl.pointer_type(tl.int32)) + row * (H // 2) + p
-    old = tl.load(res, mask=live, other=0)
     lo = tl.where(ok, _bf16(lo) + pt.bf16x2_lo(old), float("nan"))
     hi = tl.where(ok, _bf16(hi) + pt.bf16x2_hi(old), float("nan"))
     tl.store(res, pt.bf16x2_pack(lo, hi), mask=live)
