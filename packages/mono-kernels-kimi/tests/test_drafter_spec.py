@@ -21,6 +21,7 @@ from mono_kernels_kimi.drafter.spec import (
     NARROW,
     DrafterBuild,
     layer_stages,
+    layer_starts,
     peer_bytes,
     peer_layout,
     per_layer,
@@ -65,6 +66,36 @@ def test_every_wait_names_a_smaller_ticket_and_the_plan_covers_the_shapes(b):
     assert stage_of(b, tickets(b) - 1) == (c.num_hidden_layers, "final", b.groups * p.ri - 1)
     attn = dict(layer_stages(b))["attn"]
     assert attn == b.requests * p.nhg * p.nsplit  # the long-context split
+
+
+def _down_waits_cover_their_columns(b):
+    p, c = b.plan, b.cfg
+    want, first, per = waits(b), layer_starts(b), c.local_intermediate // p.dks
+    for i in range(dict(layer_stages(b))["down"]):
+        got = want[first["down"] + i]
+        tiles = {(t - first["gu"]) // p.gks for t in got}
+        parts = sorted((t - first["gu"]) % p.gks for t in got)
+        assert parts == sorted(list(range(p.gks)) * len(tiles)), (i, got)
+        cols = {col for tile in tiles for col in range(tile * p.gb, (tile + 1) * p.gb)}
+        kp = i // p.no
+        assert cols == set(range(kp * per, (kp + 1) * per)), (i, kp, sorted(tiles))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("b", BUILDS, ids=_ids)
+def test_a_down_part_waits_for_every_gate_up_item_of_its_columns(b, monkeypatch):
+    """Down's K parts read `mid` columns that gate_up's row tiles write, the last of a
+    tile's K parts to finish: a down item must wait for every part of every tile in its
+    columns (the interpreter runs tickets in order, so a short wait fails only on a GPU).
+    The tiny builds split down in 2 where they can; a real one is checked in 3 parts."""
+    _down_waits_cover_their_columns(b)
+    if b.cfg.hidden_size >= 2048:
+        from mono_kernels_kimi.drafter.spec import TILES_ENV
+
+        monkeypatch.setenv(TILES_ENV, "dks=3")
+        three = DrafterBuild(b.cfg, b.wide)
+        assert three.plan.dks == 3 and dict(layer_stages(three))["down"] == 3 * three.plan.no
+        _down_waits_cover_their_columns(three)
 
 
 @pytest.mark.timeout(30)
@@ -198,6 +229,7 @@ def test_tile_overrides_are_checked(monkeypatch):
         "gpair=3",
         "cst=5",
         "gks=5",
+        "dks=5",
         "lc=96",
         "vb=256",
         "nope=1",

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
@@ -387,29 +388,28 @@ def _warm_variant(tiles: str) -> str:
         return f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
 
 
-def tune(variants, requests=(1, 8), contexts=(8192,), jobs: int = 8) -> list[dict]:
+def tune(variants, requests=(1, 8), contexts=(8192,), jobs: int = 8) -> Iterator[dict]:
     """us per launch of each MONO_DRAFTER_TILES variant ("" the default) at each
     (requests, context), no op-by-op path: every variant compiled side by side in child
-    processes first, then timed one after another here. One row a variant and case."""
+    processes first, then timed one after another here. One row a variant and case, each
+    yielded as it is timed (a call that runs out of time keeps what it timed)."""
     requests, contexts = check(requests, contexts)
     ctx = torch.multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(min(jobs, len(variants)), mp_context=ctx) as pool:
         errors = dict(zip(variants, pool.map(_warm_variant, variants), strict=True))
-    out = []
     for tiles in variants:
         if errors[tiles]:
-            out.append(dict(tiles=tiles, error=errors[tiles]))
+            yield dict(tiles=tiles, error=errors[tiles])
             continue
         os.environ[TILES_ENV] = tiles
         try:
             rows = bench(requests, contexts, baseline=False)
         except Exception as err:  # noqa: BLE001 (a variant that fails is a row)
-            out.append(dict(tiles=tiles, error=f"{type(err).__name__}: {err}"[:200]))
+            yield dict(tiles=tiles, error=f"{type(err).__name__}: {err}"[:200])
             continue
         finally:
             os.environ.pop(TILES_ENV, None)
-        out += [dict(r, tiles=tiles) for r in rows]
-    return out
+        yield from (dict(r, tiles=tiles) for r in rows)
 
 
 COLUMNS = (

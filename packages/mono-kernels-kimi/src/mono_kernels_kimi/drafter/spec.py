@@ -34,7 +34,9 @@ interpreter, where programs run one after another:
                     -> the new residual, post_attention_layernorm -> `xm`
     gu      NGU x GKS  GB gate + GB up rows of gate_up_proj over K part j; the last part
                     to finish sums the parts, act_and_mul -> `mid` (bf16)
-    down    ND      OC columns of down_proj -> bf16 partial -> every rank's `ar2`
+    down    ND x DKS  OC columns of down_proj over K part j (the part's gate_up row tiles:
+                    part 0's items start while the last row tiles are still streamed); the
+                    last part to finish sums the parts -> bf16 partial -> every rank's `ar2`
     final   GROUPS x RI  row group s: the last layer's `ar2` + residual, final_norm -> out
                     (0 on padding requests, seq_len 0)
 
@@ -220,6 +222,7 @@ class Plan:
     gb: int  # gate (and up) rows of a gu item
     ngu: int  # row tiles of gate_up: ngu x gks gu items
     gks: int  # K parts of a gu tile (the last part to finish activates: dt.split_k)
+    dks: int  # K parts of a down item, part-major tickets (the last to finish pushes)
     hk: int  # K steps: K = H
     qk: int  # K = q_lora_rank
     vk: int  # K = local heads x v
@@ -303,6 +306,10 @@ class Plan:
             # interpreter tests the parts' sums, a count not a power of two among them
             qks=4 if big else 2,
             gks=4 if big else 3 - bool(c.hidden_size % 48),
+            # K parts of down_proj, each waiting only for its share of gate_up's row tiles
+            # (untimed: 1 until part `drafter-tune` says). Tiny builds split in 2 where
+            # gate_up's row tiles do, so that the interpreter tests the parts and waits
+            dks=1 if big else 2 - (c.local_intermediate // 16) % 2,
         )
         if big:  # a real-shape build's, for tuning
             t = _checked(tile_overrides(TILES_ENV, t), c)
@@ -335,10 +342,11 @@ class Plan:
             gb=gb,
             ngu=c.local_intermediate // gb,
             gks=t["gks"],
+            dks=t["dks"],
             hk=_step(gcd(c.hidden_size // t["qks"], c.hidden_size // t["gks"]), kstep),
             qk=_step(c.q_lora_rank, kstep),
             vk=_step(c.o_proj_in, kstep),
-            ik=_step(c.local_intermediate, kstep),
+            ik=_step(c.local_intermediate // t["dks"], kstep),
             lk=_step(c.kv_lora_rank, kstep),
             rc=rc,
             ri=-(-c.hidden_size // rc) if t["rs"] else 1,
@@ -380,6 +388,10 @@ def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     check_tile("drafter", "ast", t["ast"], least=1, most=4, pow2=False)
     check_tile("drafter", "cst", t["cst"], least=1, most=4, pow2=False)
     check_tile("drafter", "rs", t["rs"], least=0, most=1, pow2=False)
+    # down's K parts each wait for a whole number of gate_up's row tiles
+    check_tile(
+        "drafter", "dks", t["dks"], least=1, divides=c.local_intermediate // t["gb"], pow2=False
+    )
     for name in ("qks", "gks"):  # any count: 7 parts of gate_up's 72 row tiles fill 3.8
         # waves of 132 programs where 4 parts fill 2.2 (the third a fifth full)
         check_tile("drafter", name, t[name], least=1, divides=c.hidden_size // 16, pow2=False)
@@ -418,7 +430,7 @@ def layer_stages(b: DrafterBuild) -> list[tuple[str, int]]:
         oproj=p.no,
         post=s * p.ri,
         gu=p.ngu * p.gks,
-        down=p.no,
+        down=p.no * p.dks,
     )
     return [(name, counts[name]) for name in LAYER_STAGES]
 
@@ -486,10 +498,12 @@ def waits(b: DrafterBuild) -> dict[int, list[int]]:
             ("uv", "comb"),
             ("oproj", "uv"),
             ("gu", "post"),
-            ("down", "gu"),
         ):
             for t in span(k, stage):
                 out[t] = span(k, after)
+        tiles = p.ngu // p.dks * p.gks  # gu items of one down K part's row tiles
+        for i in range(counts["down"]):
+            out[base + st["down"] + i] = span(k, "gu", i // p.no * tiles, tiles)
         for i in range(counts["comb"]):  # its (request, head group)'s splits
             out[base + st["comb"] + i] = span(k, "attn", i // p.nlc * p.nsplit, p.nsplit)
     for s in range(b.groups * ri):
@@ -535,6 +549,8 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
     mid    bf16[ROWS, I]   act_and_mul's output
     gup    fp32[NGU, PASSES, GKS, 2 GB, PASS]  gate_up's K parts (none when GKS = 1)
     gcnt   int32[NGU, PASSES]  their arrival counts (dt.split_k: 0 between launches)
+    dup    fp32[ND, PASSES, DKS, OC, PASS]  down's K parts (none when DKS = 1)
+    dcnt   int32[ND, PASSES]  their arrival counts
     tot    fp32[ROWS, H]   a row norm's input (residual + reduced partials) between passes
     rss    fp32[GROUPS, RI, RB]  a row group's chunk items' sums of squares (RI > 1 only)
     rcnt   int32[GROUPS]   their arrival count (dt.last_arrival: 0 between launches)
@@ -564,6 +580,8 @@ def scratch_layout(b: DrafterBuild) -> dict[str, tuple[int, int]]:
             ("mid", 2 * rows * c.local_intermediate),
             ("gup", 4 * p.ngu * p.gks * 2 * p.gb * rows if p.gks > 1 else 0),
             ("gcnt", 4 * p.ngu * rows // b.pass_rows if p.gks > 1 else 0),
+            ("dup", 4 * p.no * p.dks * p.oc * rows if p.dks > 1 else 0),
+            ("dcnt", 4 * p.no * rows // b.pass_rows if p.dks > 1 else 0),
             ("tot", 4 * rows * h),
             ("rss", 4 * b.groups * p.ri * p.rb if p.ri > 1 else 0),
             ("rcnt", 4 * b.groups if p.ri > 1 else 0),

@@ -136,16 +136,17 @@ def _wait(
 def _deps(
     k, u, ngroups, nreq, NL: tl.constexpr, PER_LAYER: tl.constexpr, NRG: tl.constexpr,
     RS: tl.constexpr, NHG: tl.constexpr, NSPLIT: tl.constexpr, NLC: tl.constexpr,
-    T_QKVA: tl.constexpr, T_QKVN: tl.constexpr, T_QB: tl.constexpr, T_ABSORB: tl.constexpr,
-    T_ATTN: tl.constexpr, T_COMB: tl.constexpr, T_UV: tl.constexpr, T_OPROJ: tl.constexpr,
-    T_POST: tl.constexpr, T_GU: tl.constexpr, T_DOWN: tl.constexpr,
+    DKS: tl.constexpr, NO: tl.constexpr, T_QKVA: tl.constexpr, T_QKVN: tl.constexpr,
+    T_QB: tl.constexpr, T_ABSORB: tl.constexpr, T_ATTN: tl.constexpr, T_COMB: tl.constexpr,
+    T_UV: tl.constexpr, T_OPROJ: tl.constexpr, T_POST: tl.constexpr, T_GU: tl.constexpr,
+    T_DOWN: tl.constexpr,
 ):  # fmt: skip
     """(first, count) of the items ticket (layer k, local u) waits for: spec.waits, and
     nothing for an item without work (a row group or request past the launch's). A row
     group has RS items in each row stage; one waits for all of its group's in the last."""
     base = k * PER_LAYER
-    first = base + T_GU
-    n = u * 0 + (T_DOWN - T_GU)  # down
+    first = base + T_GU + (u - T_DOWN) // NO * ((T_DOWN - T_GU) // DKS)
+    n = u * 0 + (T_DOWN - T_GU) // DKS  # down: its K part's gate_up row tiles
     if k == NL:  # the final norm of group u // RS: the last layer's post items (residual)
         first = base - PER_LAYER + T_POST + u // RS * RS
         n = (u // RS < ngroups).to(tl.int32) * RS
@@ -308,6 +309,8 @@ def drafter_kernel(
     NSPLIT: tl.constexpr,
     QKS: tl.constexpr,
     GKS: tl.constexpr,
+    DKS: tl.constexpr,
+    NO: tl.constexpr,
     NSP2: tl.constexpr,
     PF: tl.constexpr,
     GPAIR: tl.constexpr,
@@ -358,6 +361,8 @@ def drafter_kernel(
     O_MID: tl.constexpr,
     O_GUP: tl.constexpr,
     O_GCNT: tl.constexpr,
+    O_DUP: tl.constexpr,
+    O_DCNT: tl.constexpr,
     O_TOT: tl.constexpr,
     O_RSS: tl.constexpr,
     O_RCNT: tl.constexpr,
@@ -426,12 +431,13 @@ def drafter_kernel(
                     c0 = ((u - T_GU) % GKS) * (H // GKS)
                     _prefetch(_ptr(lw, _W_GU, tl.bfloat16), r0, c0, H, H // GKS, GB, CPU, ASM)
                     _prefetch(_ptr(lw, _W_GU, tl.bfloat16), IL + r0, c0, H, H // GKS, GB, CPU, ASM)
-                elif u >= T_DOWN:
-                    r0 = (u - T_DOWN) * OC
-                    _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), r0, 0, IL, IL, OC, CPU, ASM)
+                elif u >= T_DOWN:  # its K part's columns
+                    r0 = (u - T_DOWN) % NO * OC
+                    c0 = (u - T_DOWN) // NO * (IL // DKS)
+                    _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), r0, c0, IL, IL // DKS, OC, CPU, ASM)
             first, n = _deps(
-                k, u, ngroups, nreq, NL, PER_LAYER, NRG, RS, NHG, NSPLIT, NLC, T_QKVA, T_QKVN,
-                T_QB, T_ABSORB, T_ATTN, T_COMB, T_UV, T_OPROJ, T_POST, T_GU, T_DOWN,
+                k, u, ngroups, nreq, NL, PER_LAYER, NRG, RS, NHG, NSPLIT, NLC, DKS, NO, T_QKVA,
+                T_QKVN, T_QB, T_ABSORB, T_ATTN, T_COMB, T_UV, T_OPROJ, T_POST, T_GU, T_DOWN,
             )  # fmt: skip
             if n > 0:
                 _wait(done, first, n, tag0, ctl, health, peers, rank, world, W2, R_ITEMS, CPU)
@@ -512,10 +518,10 @@ def drafter_kernel(
                 )  # fmt: skip
             elif u < T_GU:  # oproj (post items are row stages)
                 _project_push(
-                    u - T_OPROJ, _ptr(lw, _W_O, tl.bfloat16),
-                    (scratch + O_V).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
-                    P_AR1 // 8 + rank * MAXROWS * (H // 2), tag, NH * V, VK, H, OC, ROWSP,
-                    RPASS, STAGES, CPU, ASM,
+                    u - T_OPROJ, 0, _ptr(lw, _W_O, tl.bfloat16),
+                    (scratch + O_V).to(tl.pointer_type(tl.bfloat16)), scratch, nrows, peers,
+                    world, P_AR1 // 8 + rank * MAXROWS * (H // 2), tag, NH * V, VK, H, OC, 1,
+                    ROWSP, RPASS, 0, 0, STAGES, CPU, ASM,
                 )  # fmt: skip
             elif u < T_DOWN:
                 _gu(
@@ -525,10 +531,10 @@ def drafter_kernel(
                 )  # fmt: skip
             else:
                 _project_push(
-                    u - T_DOWN, _ptr(lw, _W_DOWN, tl.bfloat16),
-                    (scratch + O_MID).to(tl.pointer_type(tl.bfloat16)), nrows, peers, world,
-                    P_AR2 // 8 + rank * MAXROWS * (H // 2), tag, IL, IK, H, OC, ROWSP, RPASS,
-                    STAGES, CPU, ASM,
+                    (u - T_DOWN) % NO, (u - T_DOWN) // NO, _ptr(lw, _W_DOWN, tl.bfloat16),
+                    (scratch + O_MID).to(tl.pointer_type(tl.bfloat16)), scratch, nrows, peers,
+                    world, P_AR2 // 8 + rank * MAXROWS * (H // 2), tag, IL, IK, H, OC, DKS,
+                    ROWSP, RPASS, O_DUP, O_DCNT, STAGES, CPU, ASM,
                 )  # fmt: skip
             if (k < NL) & ((u < T_OPROJ) | ((u >= T_POST) & (u < T_DOWN))):
                 pt.ticket_finish(done, t, tag0)
@@ -952,19 +958,29 @@ def _uv(
 
 @triton.jit
 def _project_push(
-    i, w, x, nrows, peers, world, off, tag, K: tl.constexpr, BK: tl.constexpr,
-    H: tl.constexpr, OC: tl.constexpr, ROWSP: tl.constexpr, RPASS: tl.constexpr,
-    STAGES: tl.constexpr, CPU: tl.constexpr, ASM: tl.constexpr,
+    i, part, w, x, scratch, nrows, peers, world, off, tag, K: tl.constexpr, BK: tl.constexpr,
+    H: tl.constexpr, OC: tl.constexpr, PARTS: tl.constexpr, ROWSP: tl.constexpr,
+    RPASS: tl.constexpr, O_BUF: tl.constexpr, O_CNT: tl.constexpr, STAGES: tl.constexpr,
+    CPU: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """OC output columns of a row-parallel projection (o_proj, down_proj) over the launch's
-    ROWSP padded rows, RPASS a pass over the weights: this rank's bf16 partial -> every
-    rank's reduction region (pairs at `off`)."""
-    for p in range(0, ROWSP // RPASS):
+    ROWSP padded rows, RPASS a pass over the weights, over K part `part` of PARTS: this
+    rank's bf16 partial -> every rank's reduction region (pairs at `off`), pushed by the
+    part that finishes last with the parts' fp32 sums in part order (dt.split_k; the
+    parts at O_BUF, their counts at O_CNT)."""
+    KP: tl.constexpr = K // PARTS
+    NP: tl.constexpr = ROWSP // RPASS
+    for p in range(0, NP):
         if p * RPASS < nrows:
-            acc = st.stream_rows(w, w, x + p * RPASS * K, i * OC, 0, K // BK, K, OC, BK, RPASS,
-                                 0, STAGES, CPU, ASM)  # fmt: skip
-            tok = p * RPASS + tl.arange(0, RPASS)
-            _push(peers, world, off, tok, nrows, acc, OC, i * (OC // 2), tag, H // 2)
+            acc = st.stream_rows(w, w, x + p * RPASS * K, i * OC, part * KP, KP // BK, K, OC,
+                                 BK, RPASS, 0, STAGES, CPU, ASM)  # fmt: skip
+            j = i * NP + p  # the (column block, pass)'s K parts and their count
+            buf = (scratch + O_BUF).to(tl.pointer_type(tl.float32)) + j * (PARTS * OC * RPASS)
+            cnt = (scratch + O_CNT).to(tl.pointer_type(tl.int32)) + j
+            last, acc = dt.split_k(acc, buf, cnt, part, PARTS, OC, RPASS)
+            if last:
+                tok = p * RPASS + tl.arange(0, RPASS)
+                _push(peers, world, off, tok, nrows, acc, OC, i * (OC // 2), tag, H // 2)
 
 
 @triton.jit
@@ -1064,6 +1080,8 @@ def constexprs(b: DrafterBuild, cpu: bool, asm: bool = True) -> dict:
         NSPLIT=p.nsplit,
         QKS=p.qks,
         GKS=p.gks,
+        DKS=p.dks,
+        NO=p.no,
         NSP2=p2(p.nsplit),
         PF=p.pf,
         GPAIR=p.gpair,
