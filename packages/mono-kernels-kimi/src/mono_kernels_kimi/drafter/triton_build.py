@@ -576,26 +576,41 @@ def _store_tot(
 
 
 @triton.jit
+def _normed_inputs(
+    g, c, w, scratch, nrows, H: tl.constexpr, RC: tl.constexpr, RB: tl.constexpr,
+    O_TOT: tl.constexpr,
+):  # fmt: skip
+    """Chunk c of row group g's norm input (fp32 pairs, from L2) and weight (0 past the
+    row: a chunk past the last loads nothing)."""
+    row, p, live = _lanes(g, c, nrows, H, RB, RC)
+    tot = (scratch + O_TOT).to(tl.pointer_type(tl.float32)) + row * H + 2 * p
+    lo = tl.load(tot, mask=live, other=0.0, cache_modifier=".cg")
+    hi = tl.load(tot + 1, mask=live, other=0.0, cache_modifier=".cg")
+    wl = tl.load(w + 2 * p, mask=live, other=0.0).to(tl.float32)
+    wh = tl.load(w + 2 * p + 1, mask=live, other=0.0).to(tl.float32)
+    return lo, hi, wl, wh
+
+
+@triton.jit
 def _normed_store(
     g, w, dst, scratch, nrows, ss, zero, H: tl.constexpr, RC: tl.constexpr,
     RB: tl.constexpr, O_TOT: tl.constexpr, EPS,
 ):  # fmt: skip
     """Second pass of a row norm (`ir.ops.rms_norm`): each row's fp32 values (tot) times
     rstd, rounded to bf16, times the weight (a bf16 product) -> dst pairs (0 on rows
-    where `zero`, [RB] per row)."""
+    where `zero`, [RB] per row). The next chunk's loads are issued before this chunk's
+    store: one memory latency for the pass, not one a chunk."""
     tl.debug_barrier()
     rstd = 1.0 / tl.sqrt_rn(ss / H + EPS)
     r = tl.reshape(tl.broadcast_to(rstd[:, None], (RB, RC // 2)), (RB * (RC // 2),))
     z = tl.reshape(tl.broadcast_to(zero[:, None], (RB, RC // 2)), (RB * (RC // 2),))
+    lo, hi, wl, wh = _normed_inputs(g, 0, w, scratch, nrows, H, RC, RB, O_TOT)
     for c in range(0, (H + RC - 1) // RC):
+        nlo, nhi, nwl, nwh = _normed_inputs(g, c + 1, w, scratch, nrows, H, RC, RB, O_TOT)
         row, p, live = _lanes(g, c, nrows, H, RB, RC)
-        tot = (scratch + O_TOT).to(tl.pointer_type(tl.float32)) + row * H + 2 * p
-        lo = tl.load(tot, mask=live, other=0.0, cache_modifier=".cg")
-        hi = tl.load(tot + 1, mask=live, other=0.0, cache_modifier=".cg")
-        wl = tl.load(w + 2 * p, mask=live, other=0.0).to(tl.float32)
-        wh = tl.load(w + 2 * p + 1, mask=live, other=0.0).to(tl.float32)
         packed = pt.bf16x2_pack(_bf16(lo * r) * wl, _bf16(hi * r) * wh)
         tl.store(dst + row * (H // 2) + p, tl.where(z, 0, packed), mask=live)
+        lo, hi, wl, wh = nlo, nhi, nwl, nwh
 
 
 @triton.jit
