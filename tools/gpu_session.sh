@@ -199,18 +199,18 @@ fi
 if has drafter-tune; then
     # Drafter tiles (MONO_DRAFTER_TILES) compiled side by side and timed one after another
     # (stop 32 made rc = 2048, rs = 1 at 1-2 requests and ast = 2 the defaults from this
-    # part, stop 33 gpair = 1 and nsplit = 32). Stop 55's (untimed): comb's latent chunks
-    # (lc) and uv's W_UV rows (vb), gate_up in 7 K parts (504 items: 3.8 waves of 132
-    # programs where 4 parts' 288 fill 2.2), with 64-row tiles (252: 1.9 waves), two
-    # programs an SM, comb's split pairs pipelined, down in K parts (each waits only for
-    # its share of gate_up's row tiles), q_b in 96 items of 16 rows (24 of 64:
-    # 10 us a layer on 24 SMs, stop 54), 16 KV splits (comb merges 9 at 1K, not 17); then
-    # the default's timelines at 1K (the short contexts at one request: 0.61x op-by-op at
-    # stop 33). Its GPU tests and `mono bench drafter`: part `drafter` or `kimi` (with a
-    # variant: MONO_DRAFTER_TILES set).
+    # part, stop 33 gpair = 1 and nsplit = 32). Stop 55's (untimed): two programs an SM
+    # (the new default) against one (occ=1); comb's latent chunks (lc) and uv's W_UV rows
+    # (vb); gate_up in 7 K parts (504 items: 1.9 waves of 264 programs, where 4 parts' 288
+    # are 1.1), with 64-row tiles (252); down in K parts (each waits only for its share of
+    # gate_up's row tiles); comb's split pairs pipelined; q_b in 96 items of 16 rows (24 of
+    # 64: 10 us a layer on 24 SMs, stop 54); 16 KV splits (comb merges 9 at 1K, not 17);
+    # then the default's timelines at 1K (the short contexts at one request: 0.61x
+    # op-by-op at stop 33). Its GPU tests and `mono bench drafter`: part `drafter` or
+    # `kimi` (with a variant: MONO_DRAFTER_TILES set).
     step tune-drafter 450 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 1024,32768 \
-        --variants "|gks=7|qbn=16|dks=3|gb=64,gks=7|dks=2|lc=64|vb=64|cst=2|occ=2|nsplit=16"
+        --variants "|occ=1|gks=7|qbn=16|dks=3|gb=64,gks=7|dks=2|lc=64|vb=64|cst=2|nsplit=16"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 1024 --timeline "$LOG/bench"
 fi

@@ -209,7 +209,8 @@ def test_fp8_cache_and_tp4_wide(tp, cases):
 @pytest.mark.timeout(60)
 def test_runner_host_side(monkeypatch):
     """stale() after a re-bind, close(), the refusals as MonoUnsupported and bad input as
-    ValueError naming the argument (no kernel runs: in this process)."""
+    ValueError naming the argument; warm() runs one program a CU where a build does not fit
+    the plan's two, unless the grid was asked for (no kernel runs: in this process)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     stale = ranks.stale_and_close(0, 1, None)
     assert stale == dict(
@@ -220,6 +221,9 @@ def test_runner_host_side(monkeypatch):
         assert message.startswith(arg), f"{arg}: the error does not name it: {message}"
     for what, message in ranks.refused(0, 1, None):
         assert message is not None and what in message, (what, message)
+    fit = ranks.grid_fallback(0, 1, None)  # a build that does not fit two programs a CU
+    assert fit[False] == dict(seen=[(False, 8), (True, 8), (True, 4)], programs=4), fit
+    assert fit[True]["seen"] == [(False, 8), (True, 8)] and "8 programs" in fit[True]["refused"]
 
 
 @pytest.mark.timeout(150)

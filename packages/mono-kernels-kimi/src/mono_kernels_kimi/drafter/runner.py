@@ -172,6 +172,10 @@ class DrafterRunner(MonoHooks):
         cus = None
         if self.device.type == "cuda":
             cus = torch.cuda.get_device_properties(self.device).multi_processor_count
+        # the plan's programs a CU unless asked for a grid: one a CU where a build does not
+        # fit two (warm)
+        self._fit_grid = programs is None and cus is not None
+        self._cus = cus
         if programs is None:
             programs = programs_per_cu(cfg) * cus if cus is not None else 2
         reasons = refusals(cfg, world, caches, rope, cus, programs)
@@ -240,7 +244,11 @@ class DrafterRunner(MonoHooks):
     # -- launches -------------------------------------------------------------------------
     def warm(self) -> None:
         """Compile both builds before memory profiling and graph capture; refuse a build
-        whose grid cannot be resident (GPU only: the interpreter compiles nothing)."""
+        whose grid cannot be resident (GPU only: the interpreter compiles nothing). Without
+        a grid asked for, a build that does not fit the plan's programs a CU (`occ` 2: two
+        fit an H100 or H200 at ~60 / 96 KB of shared memory; a CU that holds less, or a
+        tile variant's larger build, may not) runs one a CU: the kernel's items finish at
+        any residency."""
         self._live()
         q, h, dev = self.cfg.query_len, self.cfg.hidden_size, self.device
         for wide, kernel in self.kernels.items():
@@ -257,7 +265,13 @@ class DrafterRunner(MonoHooks):
                 n,
                 0,
             )
-            kernel.warm(self.programs, **args)
+            try:
+                kernel.warm(self.programs, **args)
+            except MonoUnsupported:
+                if not self._fit_grid or self.programs <= self._cus:
+                    raise
+                self.programs = self._cus
+                kernel.warm(self.programs, **args)
 
     def _args(self, wide, embeds, positions, slots, block_table, seq_lens, out, n, slot):
         b = self.builds[wide]

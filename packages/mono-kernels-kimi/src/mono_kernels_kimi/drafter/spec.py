@@ -274,7 +274,10 @@ class Plan:
             kc=min(c.block_size, 32),
             kstep=128,  # K steps: 3 stages of a 64 x 128 bf16 tile and its rows in 60 KB
             stages=3 if big else 2,
-            occ=1,
+            # two programs an SM (60 / 96 KB of shared memory, 255 registers: two fit),
+            # so that one streams while the other waits: K2 21-35% faster with two (H200,
+            # stop 29); the drafter's not yet timed (part `drafter-tune`: occ=1). Tiny: one
+            occ=2 if big else 1,
             pf=1,
             # gate and up rows of a gu item in one loop (one pipeline ramp), as two dots a K
             # step (1): the drafter 1-6% faster at 1 and 8 requests, 1K-32K cached tokens
@@ -392,8 +395,8 @@ def _checked(t: dict[str, int], c: DrafterConfig) -> dict[str, int]:
     check_tile(
         "drafter", "dks", t["dks"], least=1, divides=c.local_intermediate // t["gb"], pow2=False
     )
-    for name in ("qks", "gks"):  # any count: 7 parts of gate_up's 72 row tiles fill 3.8
-        # waves of 132 programs where 4 parts fill 2.2 (the third a fifth full)
+    for name in ("qks", "gks"):  # any count: 7 parts of gate_up's 72 row tiles are 504
+        # items, 1.9 waves of 264 programs (two an SM), where 4 parts' 288 are 1.1
         check_tile("drafter", name, t[name], least=1, divides=c.hidden_size // 16, pow2=False)
     return t
 
