@@ -556,7 +556,27 @@ def k1_kernel(
             dk = tl.arange(0, D)
             if vc < NVC:
                 # -- 4 kda: f_b + gate, conv update, l2norm, delta rule on BV state rows,
-                # once the f_a/beta rows and this head's q, k, v rows are projected --
+                # once the f_a/beta rows and this head's q, k, v rows are projected. What
+                # does not come from proj (weights, the state rows: a previous launch's) is
+                # loaded before the waits, its latency passing while they poll --
+                dv = vc * BV + tl.arange(0, BV)
+                qch = h * D + dk
+                kch = P + h * D + dk
+                vch = 2 * P + h * D + dv
+                li = tl.arange(0, RT)
+                fcol = tl.arange(0, DFA)
+                fbw = tl.load(f_b + (h * D + dk)[:, None] * DFA + fcol[None, :])
+                a = tl.exp(tl.load(a_log + h).to(F32))
+                dtb = tl.load(dt_bias + h * D + dk).to(F32)
+                jj = tl.arange(0, 4)
+                wq = tl.load(conv_w + qch[:, None] * 4 + jj[None, :]).to(F32)
+                wk = tl.load(conv_w + kch[:, None] * 4 + jj[None, :]).to(F32)
+                wv = tl.load(conv_w + vch[:, None] * 4 + jj[None, :]).to(F32)
+                hoff = h * D * D
+                sp = state + islot * state_slot_stride + hoff + dv[:, None] * D + dk[None, :]
+                stt = tl.load(sp, mask=live, other=0.0).to(F32)
+                if FUSED:  # the gated norm's weight (this item normalizes the head)
+                    wo = tl.load(o_norm + dv).to(F32)
                 ok = pt.wait_done(
                     done,
                     E2,
@@ -590,36 +610,18 @@ def k1_kernel(
                 )
                 if TL:
                     t_ready = pt.clock(0, INTERPRET)
-                dv = vc * BV + tl.arange(0, BV)
-                qch = h * D + dk
-                kch = P + h * D + dk
-                vch = 2 * P + h * D + dv
                 allk = dk < D
                 allv = dv < D
                 # f_b_proj (bf16 GEMM) for the request's L tokens, then the gate of
                 # fused_recurrent_kda_fwd_kernel: lower_bound * sigmoid(exp(A_log) * (g + dt_bias))
-                li = tl.arange(0, RT)
-                fcol = tl.arange(0, DFA)
                 fa = tl.load(
                     proj + (r * L + li)[:, None] * NP + FA_OFF + fcol[None, :],
                     mask=(li < L)[:, None],
                     other=0.0,
                     cache_modifier=".cg",
                 )
-                fbw = tl.load(f_b + (h * D + dk)[:, None] * DFA + fcol[None, :])
                 g1 = _rne(_dot(fa, tl.trans(fbw), INTERPRET))
-                a = tl.exp(tl.load(a_log + h).to(F32))
-                dtb = tl.load(dt_bias + h * D + dk).to(F32)
                 decay = tl.exp(lower_bound * tl.sigmoid(a * (g1 + dtb[None, :])))
-                jj = tl.arange(0, 4)
-                wq = tl.load(conv_w + qch[:, None] * 4 + jj[None, :]).to(F32)
-                wk = tl.load(conv_w + kch[:, None] * 4 + jj[None, :]).to(F32)
-                wv = tl.load(conv_w + vch[:, None] * 4 + jj[None, :]).to(F32)
-                hoff = h * D * D
-                sp = state + islot * state_slot_stride + hoff + dv[:, None] * D + dk[None, :]
-                stt = tl.load(sp, mask=live, other=0.0).to(F32)
-                if FUSED:  # the gated norm's weight (this item normalizes the head)
-                    wo = tl.load(o_norm + dv).to(F32)
                 for tt in range(L):
                     s = r * L + tt
                     q = _conv_token(
