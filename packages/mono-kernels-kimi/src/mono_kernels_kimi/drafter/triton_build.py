@@ -420,6 +420,11 @@ def drafter_kernel(
                     _prefetch(_ptr(lw, _W_QB, tl.bfloat16), r0, 0, QL, QL, QBN, CPU, ASM)
                 elif PF == 2:
                     pass
+                elif u < T_ATTN:  # absorb: its head's W_UK rows (kv_b_proj's k_nope rows)
+                    if P <= 128:  # (a prefetch's rows: one a thread at most)
+                        r0 = (u - T_ABSORB) // NLA * (P + V)
+                        c0 = (u - T_ABSORB) % NLA * LA
+                        _prefetch(_ptr(lw, _W_KVB, tl.bfloat16), r0, c0, L, LA, P, CPU, ASM)
                 elif (u >= T_UV) & (u < T_OPROJ):  # uv: its W_UV rows (kv_b_proj's v rows)
                     r0 = (u - T_UV) // NVB * (P + V) + P + (u - T_UV) % NVB * VB
                     _prefetch(_ptr(lw, _W_KVB, tl.bfloat16), r0, 0, L, L, VB, CPU, ASM)
@@ -925,14 +930,21 @@ def _comb(
     wjs = tl.where(mjs == float("-inf"), 0.0, tl.exp(mjs - big[None, :]))
     lsum = tl.sum(wjs * tl.load(pl, mask=live, other=0.0, cache_modifier=".cg"), 0)
     po = (scratch + O_PO).to(tl.pointer_type(tl.float32)) + (part0 * QHR + i)[:, None] * L
+    pmj = (scratch + O_PM).to(tl.pointer_type(tl.float32)) + (part0 * QHR + i)[:, None]
+    top = big[:, None]
     acc = tl.zeros((QHR, LC), tl.float32)
     nlive = _live_splits(tl.load(seq_lens + r), BS, NSPLIT)
-    for j in tl.range(0, nlive, 2, num_stages=CST):  # splits j, j + 1 (weight 0 past nlive)
+    # splits j, j + 1 (weight 0 past nlive), each split's weight from its own max, loaded
+    # beside its partial: picking it out of `wjs` took a cross-warp sum (8 barriers a trip)
+    for j in tl.range(0, nlive, 2, num_stages=CST):
+        m0 = tl.load(pmj + j * QHR, cache_modifier=".cg")
+        m1 = tl.load(pmj + (j + 1) * QHR, mask=j + 1 < nlive, other=float("-inf"),
+                     cache_modifier=".cg")  # fmt: skip
         x0 = tl.load(po + j * QHR * L + li[None, :], cache_modifier=".cg")
         x1 = tl.load(po + (j + 1) * QHR * L + li[None, :], mask=j + 1 < nlive, other=0.0,
                      cache_modifier=".cg")  # fmt: skip
-        acc += tl.sum(tl.where((js == j)[:, None], wjs, 0.0), 0)[:, None] * x0
-        acc += tl.sum(tl.where((js == j + 1)[:, None], wjs, 0.0), 0)[:, None] * x1
+        acc += tl.where(m0 == float("-inf"), 0.0, tl.exp(m0 - top)) * x0
+        acc += tl.where(m1 == float("-inf"), 0.0, tl.exp(m1 - top)) * x1
     lat = tl.where(lsum[:, None] > 0, acc / lsum[:, None], 0.0)
     head = g * HG + i // Q
     tok = r * Q + i % Q
