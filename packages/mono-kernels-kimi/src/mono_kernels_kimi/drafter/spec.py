@@ -76,7 +76,7 @@ PAIR = 8  # bytes of a mailbox pair
 ALIGN = 256
 TPS = (1, 2, 4, 8)
 TILE = 16  # token rows of every dot tile's activation side
-TILES_ENV = "MONO_DRAFTER_TILES"  # e.g. "nsplit=32,occ=2": a benchmark's tile variant
+TILES_ENV = "MONO_DRAFTER_TILES"  # e.g. "gks=7,occ=1": a benchmark's tile variant
 
 
 def p2(n: int) -> int:
