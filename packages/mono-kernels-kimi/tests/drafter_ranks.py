@@ -235,37 +235,6 @@ def stale_and_close(rank, world, group):
     )
 
 
-def grid_fallback(rank, world, group):
-    """warm() where the wide build does not fit the default grid (two programs a CU of a
-    4-CU device, a stand-in warm refusing more than 4): the grid every warm saw, and the
-    runner's after it; with the grid asked for, the refusal's message instead."""
-    from mono_runtime.errors import MonoUnsupported
-
-    cfg = DrafterConfig.tiny(1)
-    step = step_inputs(cfg, random_weights(cfg), 1, seed=2)
-    out = {}
-    for asked in (False, True):
-        runner = _runner(cfg, group, rank, [c.clone() for c in step.caches], 0)
-        runner._cus, runner._fit_grid, runner.programs = 4, not asked, 8
-        seen = []
-        for wide, kernel in runner.kernels.items():
-
-            def warm(programs, wide=wide, seen=seen, **args):
-                seen.append((wide, programs))
-                if wide and programs > 4:
-                    raise MonoUnsupported(f"a grid of {programs} programs cannot be resident")
-
-            kernel.warm = warm
-        try:
-            runner.warm()
-            out[asked] = dict(seen=seen, programs=runner.programs)
-        except MonoUnsupported as err:
-            out[asked] = dict(seen=seen, refused=str(err))
-        finally:
-            runner.close()
-    return out
-
-
 def bad_inputs(rank, world, group):
     """Every bad argument of DrafterRunner.__call__ -> its ValueError message (None:
     accepted)."""

@@ -196,7 +196,7 @@ def test_tile_overrides_are_checked(monkeypatch):
 
     real = rank_config()
     p = DrafterBuild(real, False).plan
-    assert (p.qa, p.nsplit, p.gb, p.hk, p.occ) == (64, 32, 32, 128, 2)
+    assert (p.qa, p.nsplit, p.gb, p.hk, p.occ, p.dks) == (64, 32, 32, 128, 1, 3)
     assert (p.qks, p.nqa, p.gks, p.ngu, p.ast) == (4, 33, 4, 72, 2)
     assert (p.rc, p.ri, p.gpair) == (2048, 4, 1)  # a narrow row group: one item a chunk
     assert (p.lc, p.nlc, p.vb, p.nvb) == (128, 4, 32, 4)  # comb's latent chunks, uv's rows
@@ -204,16 +204,17 @@ def test_tile_overrides_are_checked(monkeypatch):
     assert (w.gks, w.ngu, w.rc, w.ri) == (4, 72, 2048, 1)
     rope = cos_sin_cache(real)
     caches = _caches(real, blocks=2)
-    assert refusals(real, 1, caches, rope, 132, 264) == []  # two programs an SM by default
-    assert refusals(real, 1, caches, rope, 132, 396)
+    assert refusals(real, 1, caches, rope, 132, 132) == []  # one program an SM by default
+    assert refusals(real, 1, caches, rope, 132, 264)
     monkeypatch.setenv(
-        TILES_ENV, "nsplit=8,nsplit_wide=8,qa=16,gb=16,kstep=256,occ=1,ast=3,gpair=0,cst=2"
+        TILES_ENV, "nsplit=8,nsplit_wide=8,qa=16,gb=16,kstep=256,occ=2,ast=3,gpair=0,cst=2"
     )
     narrow, wide = DrafterBuild(real, False).plan, DrafterBuild(real, True).plan
     assert (narrow.nsplit, wide.nsplit, narrow.qa, narrow.nqa) == (8, 8, 16, 132)
-    assert (narrow.gb, narrow.ngu, narrow.hk, narrow.occ, narrow.ast) == (16, 144, 256, 1, 3)
+    assert (narrow.gb, narrow.ngu, narrow.hk, narrow.occ, narrow.ast) == (16, 144, 256, 2, 3)
     assert (narrow.gpair, wide.gpair, narrow.cst, wide.cst) == (0, 0, 2, 2)
-    assert refusals(real, 1, caches, rope, 132, 264)
+    assert refusals(real, 1, caches, rope, 132, 264) == []
+    assert refusals(real, 1, caches, rope, 132, 396)
     monkeypatch.setenv(TILES_ENV, "gks=7")  # K parts need not be a power of two
     seven = DrafterBuild(real, False).plan
     assert (seven.gks, seven.ngu * seven.gks, seven.hk) == (7, 504, 128)

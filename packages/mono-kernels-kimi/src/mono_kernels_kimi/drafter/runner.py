@@ -172,10 +172,6 @@ class DrafterRunner(MonoHooks):
         cus = None
         if self.device.type == "cuda":
             cus = torch.cuda.get_device_properties(self.device).multi_processor_count
-        # the plan's programs a CU unless asked for a grid: one a CU where a build does not
-        # fit two (warm)
-        self._fit_grid = programs is None and cus is not None
-        self._cus = cus
         if programs is None:
             programs = programs_per_cu(cfg) * cus if cus is not None else 2
         reasons = refusals(cfg, world, caches, rope, cus, programs)
@@ -265,13 +261,7 @@ class DrafterRunner(MonoHooks):
                 n,
                 0,
             )
-            try:
-                kernel.warm(self.programs, **args)
-            except MonoUnsupported:
-                if not self._fit_grid or self.programs <= self._cus:
-                    raise
-                self.programs = self._cus
-                kernel.warm(self.programs, **args)
+            kernel.warm(self.programs, **args)
 
     def _args(self, wide, embeds, positions, slots, block_table, seq_lens, out, n, slot):
         b = self.builds[wide]

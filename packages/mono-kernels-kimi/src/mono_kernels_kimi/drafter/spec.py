@@ -274,10 +274,12 @@ class Plan:
             kc=min(c.block_size, 32),
             kstep=128,  # K steps: 3 stages of a 64 x 128 bf16 tile and its rows in 60 KB
             stages=3 if big else 2,
-            # two programs an SM (60 / 96 KB of shared memory, 255 registers: two fit),
-            # so that one streams while the other waits: K2 21-35% faster with two (H200,
-            # stop 29); the drafter's not yet timed (part `drafter-tune`: occ=1). Tiny: one
-            occ=2 if big else 1,
+            # one program an SM: two fit (60 / 96 KB of shared memory, 255 registers) and
+            # made K2 21-35% faster (H200, stop 29), but the drafter's row items then took
+            # 20 us of work beside a neighbour, 1.3 alone: 923.9 / 1323.8 / 1441.8 /
+            # 5318.5 us at 1 / 8 requests x 1K / 32K cached tokens against 888.9 / 1272.8
+            # / 1336.0 / 4480.0 with one (H100, stop 56, part `drafter-tune`)
+            occ=1,
             pf=1,
             # gate and up rows of a gu item in one loop (one pipeline ramp), as two dots a K
             # step (1): the drafter 1-6% faster at 1 and 8 requests, 1K-32K cached tokens
@@ -309,10 +311,12 @@ class Plan:
             # interpreter tests the parts' sums, a count not a power of two among them
             qks=4 if big else 2,
             gks=4 if big else 3 - bool(c.hidden_size % 48),
-            # K parts of down_proj, each waiting only for its share of gate_up's row tiles
-            # (untimed: 1 until part `drafter-tune` says). Tiny builds split in 2 where
-            # gate_up's row tiles do, so that the interpreter tests the parts and waits
-            dks=1 if big else 2 - (c.local_intermediate // 16) % 2,
+            # K parts of down_proj, each waiting only for its share of gate_up's row tiles:
+            # in 3, 837.2 / 1242.0 / 1279.5 / 4200.7 us at 1 / 8 requests x 1K / 32K cached
+            # tokens against 887.0 / 1272.0 / 1339.7 / 4480.1 in one (H100, stop 56, one
+            # program an SM, same call). Tiny builds split in 2 where gate_up's row tiles
+            # do, so that the interpreter tests the parts and waits
+            dks=3 if big else 2 - (c.local_intermediate // 16) % 2,
         )
         if big:  # a real-shape build's, for tuning
             t = _checked(tile_overrides(TILES_ENV, t), c)
