@@ -15,7 +15,8 @@ if [[ ${1:-} == --prepare ]]; then  # here, before a call of part "bisect": each
     shift
     rm -rf .bisect
     for rev in "$@"; do
-        mkdir -p ".bisect/$rev" && git archive "$rev" packages integration tools |
+        mkdir -p ".bisect/$rev" && git archive "$rev" packages integration tools conftest.py \
+            pyproject.toml |
             tar x -C ".bisect/$rev"
     done
     exit
@@ -903,23 +904,35 @@ if has bisect; then
     # --prepare REV...`; carry: [".bisect"]), compiled side by side, then timed one after
     # another, this tree first and last (the drift between them is the noise). Stop 54:
     # 09ef461 228.3 us at S = 8, b364073's dsum layout 252.3.
+    # With BISECT_TEST (a GPU test file) and BISECT_K (its -k expression): which commit
+    # broke it, that test at every revision side by side instead (stop 56: the Triton
+    # FFN's tiny bf16 test, wrong at S = 16).
     ROWS=${BISECT_ROWS:-8}
     MOD=${BISECT_MODULE:-mono_kernels_kimi.k2.bench --engine gluon}
     REVS=(head $(ls .bisect 2>/dev/null))
     src() {  # a revision's PYTHONPATH ("head": this tree)
         if [[ $1 == head ]]; then src_path ""; else src_path ".bisect/$1/"; fi
     }
-    for r in "${REVS[@]}"; do
-        PYTHONPATH=$(src "$r") step "warm-bisect-$r" 200 python3 -m $MOD --rows "$ROWS" \
-            --layers 1 --no-baseline &
-    done
-    wait
-    n=0
-    for r in "${REVS[@]}" head; do
-        n=$((n + 1))
-        PYTHONPATH=$(src "$r") step "bisect-$n-$r" 60 python3 -m $MOD --rows "$ROWS" \
-            --layers 8 --no-baseline
-    done
+    if [[ -n ${BISECT_TEST:-} ]]; then
+        for r in "${REVS[@]}"; do
+            dir=.; [[ $r == head ]] || dir=.bisect/$r
+            (cd "$dir" && PYTHONPATH=$(src_path "") step "test-$r" 280 python3 -m pytest \
+                -m gpu -x -q -p no:cacheprovider --tb=line "$BISECT_TEST" -k "${BISECT_K:-}") &
+        done
+        wait
+    else
+        for r in "${REVS[@]}"; do
+            PYTHONPATH=$(src "$r") step "warm-bisect-$r" 200 python3 -m $MOD --rows "$ROWS" \
+                --layers 1 --no-baseline &
+        done
+        wait
+        n=0
+        for r in "${REVS[@]}" head; do
+            n=$((n + 1))
+            PYTHONPATH=$(src "$r") step "bisect-$n-$r" 60 python3 -m $MOD --rows "$ROWS" \
+                --layers 8 --no-baseline
+        done
+    fi
 fi
 if has k2router; then
     # Stop 53's S = 1 timeline: the router's 224 items wait ~22 us for x while only oproj
@@ -1222,7 +1235,7 @@ for name in icache icache-l2 crowd qualify shapes-kda tune-drafter pair-drafter 
     echo "== $name"
     tail -40 "$LOG/$name.txt"
 done
-for f in "$LOG"/k2occ-*.txt "$LOG"/k2ring-*.txt "$LOG"/k1tile-*.txt "$LOG"/pair-*.txt "$LOG"/k2-*.txt "$LOG"/backoff-ns*.txt; do  # each K2 / K1 tile variant's table
+for f in "$LOG"/test-*.txt "$LOG"/k2occ-*.txt "$LOG"/k2ring-*.txt "$LOG"/k1tile-*.txt "$LOG"/pair-*.txt "$LOG"/k2-*.txt "$LOG"/backoff-ns*.txt; do  # each K2 / K1 tile variant's table
     [[ -f $f ]] || continue
     echo "== $(basename "$f" .txt)"
     tail -9 "$f"
