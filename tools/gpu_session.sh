@@ -203,20 +203,15 @@ fi
 if has drafter-tune; then
     # Drafter tiles (MONO_DRAFTER_TILES) compiled side by side and timed one after another
     # (stop 32 made rc = 2048, rs = 1 at 1-2 requests and ast = 2 the defaults from this
-    # part, stop 33 gpair = 1 and nsplit = 32). Stop 55's (untimed): two programs an SM
-    # (the new default) against one (occ=1); comb's latent chunks (lc); gate_up in 7 K
-    # parts (504 items: 1.9 waves of 264 programs, where 4 parts' 288 are 1.1), with
-    # 64-row tiles (252); qkv_a in 8 K parts (264 items: one wave, where 4 parts' 132 leave
-    # one program of each SM idle); down in K parts (each waits only for its share of
-    # gate_up's row tiles); the wide build's row items a chunk each (224 at 8 requests: one
-    # wave of 264 programs; 1-4% slower on 132, stop 32); q_b in 96 items of 16 rows (24 of
-    # 64: 10 us a layer on 24 SMs, stop 54); 16 KV splits (comb merges 9 at 1K, not 17);
-    # then the default's timelines at 1K (the short contexts at one request: 0.61x
-    # op-by-op at stop 33). Its GPU tests and `mono bench drafter`: part `drafter` or
-    # `kimi` (with a variant: MONO_DRAFTER_TILES set).
+    # part, stop 33 gpair = 1 and nsplit = 32, stop 56 occ = 1 and dks = 3: two programs
+    # an SM 4-19% slower, down in 3 K parts 3-6% faster). Next: two programs an SM again,
+    # down in 2 / 6 K parts, gate_up in 7 (504 items: 1.9 waves where 4 parts' 288 are 1.1
+    # of 132 programs), with 64-row tiles, q_b in 96 items of 16 rows; then the default's
+    # timelines at 1K (the short contexts at one request: 0.61x op-by-op at stop 33). Its
+    # GPU tests and `mono bench drafter`: part `drafter` or `kimi` (with a variant:
+    # MONO_DRAFTER_TILES set).
     step tune-drafter 450 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 1024,32768 \
-        --variants "|occ=1|gks=7|qks=8|qbn=16|dks=3|gb=64,gks=7|dks=2|rs=1|lc=64|nsplit=16"
+        --context 1024,32768 --variants "|occ=2|dks=2|dks=6|gks=7|gb=64,gks=7|qbn=16"
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
         --context 1024 --timeline "$LOG/bench"
 fi

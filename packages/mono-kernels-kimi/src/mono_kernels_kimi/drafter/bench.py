@@ -32,7 +32,7 @@ Cache values are random (timing does not depend on them). Figures, all from one 
 `bench(...)` returns one row dict per (requests, context) (`mono bench drafter` wraps it);
 from a shell: `python3 -m mono_kernels_kimi.drafter.bench --requests 1,4 --context 1024`;
 `--timeline DIR` instead prints each R's item timeline and draws it in DIR (rows beside it
-as JSON); `--variants "|occ=1|gks=7"` instead times each MONO_DRAFTER_TILES variant
+as JSON); `--variants "|occ=2|gks=7"` instead times each MONO_DRAFTER_TILES variant
 (all compiled side by side first), a table for tuning.
 """
 
