@@ -45,11 +45,13 @@ def check_steps(
     caches hold every step's blocks; per step the distances to the reference, whether the
     caches match it and what the launch left alone (the padding requests' rows 0, every
     slot but the block's untouched). `device`: "cuda" on a GPU (test_drafter_gpu.py);
-    `hidden_size` (q_lora_rank too), `speculative` (num_speculative_tokens): the tiny
-    model's, changed."""
+    `hidden_size` (q_lora_rank and intermediate_size too), `speculative`
+    (num_speculative_tokens): the tiny model's, changed."""
     cfg = DrafterConfig.tiny(world, cache_dtype)
     if hidden_size is not None:
-        cfg = replace(cfg, hidden_size=hidden_size, q_lora_rank=hidden_size)
+        cfg = replace(
+            cfg, hidden_size=hidden_size, q_lora_rank=hidden_size, intermediate_size=hidden_size
+        )
     if speculative is not None:
         cfg = replace(cfg, num_speculative_tokens=speculative)
     weights = [random_weights(cfg, seed=seed, rank=r, device=device) for r in range(world)]

@@ -64,7 +64,8 @@ def test_tp1_hidden_not_a_power_of_two():
     the real model's 7168 in chunks of 2048 does, in a row item that walks both chunks
     (narrow) and in the wide build's chunk items (one a chunk, the last normalizing);
     gate_up in 3 K parts; a q_lora_rank of 48 in qkvn's 64-column block (the real 1536 in
-    2048)."""
+    2048); an intermediate of 48: down in 3 K parts (the real default), each waiting for
+    its one gate_up row tile."""
     steps = [NARROW_ONE, WIDE_LONG]
     (records,) = spawn(ranks.check_steps, 1, 140, steps, 0, "auto", "cpu", 48, env=ENV)
     _check(records)

@@ -84,6 +84,12 @@ def p2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _tiny_parts(tiles: int) -> int:
+    """K parts of a tiny build's down items over `tiles` gate_up row tiles: 3 where 3
+    divide them, else 2 where 2 do, else 1."""
+    return 3 if tiles % 3 == 0 else 2 if tiles % 2 == 0 else 1
+
+
 def _step(k: int, want: int) -> int:
     """The largest power-of-two step <= `want` that divides k."""
     while k % want:
@@ -314,9 +320,10 @@ class Plan:
             # K parts of down_proj, each waiting only for its share of gate_up's row tiles:
             # in 3, 837.2 / 1242.0 / 1279.5 / 4200.7 us at 1 / 8 requests x 1K / 32K cached
             # tokens against 887.0 / 1272.0 / 1339.7 / 4480.1 in one (H100, stop 56, one
-            # program an SM, same call). Tiny builds split in 2 where gate_up's row tiles
-            # do, so that the interpreter tests the parts and waits
-            dks=3 if big else 2 - (c.local_intermediate // 16) % 2,
+            # program an SM, same call). Tiny builds split in 3 where gate_up's row tiles
+            # do (an intermediate of 48), else in 2 where they do, so that the interpreter
+            # tests the parts and waits, the default's count among them
+            dks=3 if big else _tiny_parts(c.local_intermediate // 16),
         )
         if big:  # a real-shape build's, for tuning
             t = _checked(tile_overrides(TILES_ENV, t), c)
