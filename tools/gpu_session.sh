@@ -877,9 +877,11 @@ if has k2tables; then
     # same-run tables (K2 first, its S = 1 / 16 timeline, then K1 and the FFN while the
     # budget lasts). ~560 s fresh.
     tests k2 250 $P/mono-kernels-kimi/tests/test_k2_gpu.py -k "full_rank and gluon" --tb=short &
-    # stop 54's untimed FFN route and drafter comb changes: their GPU tests beside
-    tests ffn 250 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "not bench and not opbyop" \
-        --tb=short &
+    # the FFN's and the drafter's GPU tests beside; the FFN's in two steps (its tiny widths,
+    # each a compile, and its full-rank shapes did not fit one step's 250 s in stop 56)
+    tests ffn 250 $P/mono-kernels-minimax/tests/test_ffn_gpu.py -k "full_rank" --tb=short &
+    tests ffn2 250 $P/mono-kernels-minimax/tests/test_ffn_gpu.py \
+        -k "not bench and not opbyop and not full_rank" --tb=short &
     tests drafter 250 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short &
     step warm-k2 250 python3 -m mono_kernels_kimi.k2.bench --rows 1,2,4,8,16 --layers 1 &
     step warm-tl-k2 250 python3 -m mono_kernels_kimi.k2.bench --rows 1,16 --layers 1 \
