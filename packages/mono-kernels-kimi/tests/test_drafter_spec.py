@@ -197,6 +197,8 @@ def test_tile_overrides_are_checked(monkeypatch):
     real = rank_config()
     p = DrafterBuild(real, False).plan
     assert (p.qa, p.nsplit, p.gb, p.hk, p.occ, p.dks) == (64, 32, 32, 128, 1, 3)
+    # down in 2 K parts where 3 do not divide gate_up's row tiles (64 of 32 rows)
+    assert DrafterBuild(replace(real, intermediate_size=2048 * real.tp), False).plan.dks == 2
     assert (p.qks, p.nqa, p.gks, p.ngu, p.ast) == (4, 33, 4, 72, 2)
     assert (p.rc, p.ri, p.gpair) == (2048, 4, 1)  # a narrow row group: one item a chunk
     assert (p.lc, p.nlc, p.vb, p.nvb) == (128, 4, 32, 4)  # comb's latent chunks, uv's rows

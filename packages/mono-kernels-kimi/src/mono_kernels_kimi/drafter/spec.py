@@ -84,9 +84,9 @@ def p2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _tiny_parts(tiles: int) -> int:
-    """K parts of a tiny build's down items over `tiles` gate_up row tiles: 3 where 3
-    divide them, else 2 where 2 do, else 1."""
+def _down_parts(tiles: int) -> int:
+    """K parts of down_proj's items over `tiles` gate_up row tiles (each part waits for a
+    whole number of them): 3 where 3 divide them, else 2 where 2 do, else 1."""
     return 3 if tiles % 3 == 0 else 2 if tiles % 2 == 0 else 1
 
 
@@ -258,6 +258,7 @@ class Plan:
         c = b.cfg
         big = c.hidden_size >= 2048  # real shapes: tiles for bandwidth; tiny: several items
         n, q = c.local_heads, c.query_len
+        gb = _step(c.local_intermediate, 32 if big else 16)
         t = dict(
             qa=64 if big else 16,
             qbn=64 if big else 16,
@@ -272,7 +273,7 @@ class Plan:
             # rows (comb streamed a head's 128 KB once a request)
             vb=_step(c.v_head_dim, 32 if big else 16),
             oc=_step(c.hidden_size, 64 if big else 16),
-            gb=_step(c.local_intermediate, 32 if big else 16),
+            gb=gb,
             # KV splits at 1-2 requests: 32 is 17% faster than 16 at 32K cached tokens, 2%
             # at 8K, 4% slower at 1K (H200, stop 33); 8 splits 41% slower at 32K
             nsplit=32 if big else 3,
@@ -320,10 +321,10 @@ class Plan:
             # K parts of down_proj, each waiting only for its share of gate_up's row tiles:
             # in 3, 837.2 / 1242.0 / 1279.5 / 4200.7 us at 1 / 8 requests x 1K / 32K cached
             # tokens against 887.0 / 1272.0 / 1339.7 / 4480.1 in one (H100, stop 56, one
-            # program an SM, same call). Tiny builds split in 3 where gate_up's row tiles
-            # do (an intermediate of 48), else in 2 where they do, so that the interpreter
-            # tests the parts and waits, the default's count among them
-            dks=3 if big else _tiny_parts(c.local_intermediate // 16),
+            # program an SM, same call); in 2, or none, where 3 do not divide gate_up's row
+            # tiles (a model's intermediate size is its own). Tiny builds the same (3 at an
+            # intermediate of 48, 2 at 64), so that the interpreter tests the parts and waits
+            dks=_down_parts(c.local_intermediate // gb),
         )
         if big:  # a real-shape build's, for tuning
             t = _checked(tile_overrides(TILES_ENV, t), c)
