@@ -240,11 +240,7 @@ class DrafterRunner(MonoHooks):
     # -- launches -------------------------------------------------------------------------
     def warm(self) -> None:
         """Compile both builds before memory profiling and graph capture; refuse a build
-        whose grid cannot be resident (GPU only: the interpreter compiles nothing). Without
-        a grid asked for, a build that does not fit the plan's programs a CU (`occ` 2: two
-        fit an H100 or H200 at ~60 / 96 KB of shared memory; a CU that holds less, or a
-        tile variant's larger build, may not) runs one a CU: the kernel's items finish at
-        any residency."""
+        whose grid cannot be resident (GPU only: the interpreter compiles nothing)."""
         self._live()
         q, h, dev = self.cfg.query_len, self.cfg.hidden_size, self.device
         for wide, kernel in self.kernels.items():
