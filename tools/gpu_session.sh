@@ -176,15 +176,17 @@ fi
 if has drafter; then
     # Issue 17 on the H200: the drafter's GPU tests (tiny cases, then a TP8 rank's full
     # shapes eager and from a graph), then `mono bench drafter` (1, 2, 4, 8 requests at
-    # 1K / 8K / 32K cached tokens, with its op-by-op path), then its item timelines. With
-    # part "fixes" in the same call its tests ran there; DRAFTER_TESTS=0 skips them (an
-    # earlier call ran them: part "k2tables" does).
+    # 1K / 8K / 32K cached tokens, with its op-by-op path), then its item timelines at 1K.
+    # With part "fixes" in the same call its tests ran there; DRAFTER_TESTS=0 skips them
+    # (an earlier call ran them: part "k2tables" does).
     if ! has fixes && [[ ${DRAFTER_TESTS:-1} != 0 ]]; then
         tests drafter 300 $P/mono-kernels-kimi/tests/test_drafter_gpu.py --tb=short
     fi
     step bench-drafter 200 $MONO bench drafter --rows 1,2,4,8 --out "$LOG/bench"
+    # (1K: the short context, where the drafter trails its op-by-op path; with the critical
+    # path: what held the launch's end, hand-offs against work)
     step timeline-drafter 100 python3 -m mono_kernels_kimi.drafter.bench --requests 1,8 \
-        --context 8192 --timeline "$LOG/bench"
+        --context 1024 --timeline "$LOG/bench"
 fi
 if has kimi; then
     # After a change to the drafter or K2: both kernels' GPU tests side by side (full rank

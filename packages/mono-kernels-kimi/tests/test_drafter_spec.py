@@ -28,6 +28,7 @@ from mono_kernels_kimi.drafter.spec import (
     scratch_layout,
     stage_of,
     tickets,
+    timeline_deps,
     waits,
 )
 from mono_runtime.kernel import RUNTIME_ARGS, registry
@@ -66,6 +67,26 @@ def test_every_wait_names_a_smaller_ticket_and_the_plan_covers_the_shapes(b):
     assert stage_of(b, tickets(b) - 1) == (c.num_hidden_layers, "final", b.groups * p.ri - 1)
     attn = dict(layer_stages(b))["attn"]
     assert attn == b.requests * p.nhg * p.nsplit  # the long-context split
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("b", BUILDS[:2], ids=_ids)
+def test_timeline_deps_add_the_pushes_a_row_item_polls_for(b):
+    """The critical path steps back through a row item's pushes too: post reads its
+    layer's o_proj pushes, norm (past layer 0) and the final norm the layer before's down
+    pushes; everything else reads only what it waits for."""
+    deps, w, st, pl = timeline_deps(b), waits(b), layer_starts(b), per_layer(b)
+    counts = dict(layer_stages(b))
+    for t, got in deps.items():
+        k, stage, _ = stage_of(b, t)
+        assert set(w.get(t, [])) <= set(got) and all(d < t for d in got), (t, stage)
+        pushed = set(got) - set(w.get(t, []))
+        src = {"post": (k, "oproj"), "norm": (k - 1, "down"), "final": (k - 1, "down")}
+        if stage in src and (stage != "norm" or k):
+            kk, s2 = src[stage]
+            assert pushed == set(range(kk * pl + st[s2], kk * pl + st[s2] + counts[s2])), t
+        else:
+            assert not pushed, (t, stage)
 
 
 def _down_waits_cover_their_columns(b):

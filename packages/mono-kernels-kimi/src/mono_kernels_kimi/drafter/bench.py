@@ -66,7 +66,7 @@ from .reference import (
     to_cache,
 )
 from .runner import DrafterRunner
-from .spec import MAX_REQUESTS, NARROW, TILES_ENV
+from .spec import MAX_REQUESTS, NARROW, TILES_ENV, timeline_deps
 from .weights import DrafterWeights, random_weights
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -364,6 +364,7 @@ def timelines(requests=(1, 8), context=8192, device: str = "cuda", seed: int = 0
                 f"drafter timeline R={r} context={context} (us from the launch's first item)",
                 None if out is None else f"{out}/timeline-drafter-r{r}.png",
                 f"drafter, R = {r}, {context} cached",
+                timeline_deps(runner.builds[r > NARROW]),
             )
     finally:
         runner.close()

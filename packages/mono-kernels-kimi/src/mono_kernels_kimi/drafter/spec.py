@@ -526,6 +526,29 @@ def waits(b: DrafterBuild) -> dict[int, list[int]]:
     return out
 
 
+def timeline_deps(b: DrafterBuild) -> dict[int, list[int]]:
+    """Ticket -> every ticket whose output it reads: its `waits`, and for a row item the
+    items whose pushes it polls for (post: its layer's oproj; norm and final: the layer
+    before's down), which no done pair names. What `mono_runtime.timeline.critical_path`
+    steps back through."""
+    out, st, pl = waits(b), layer_starts(b), per_layer(b)
+    counts = dict(layer_stages(b))
+    layers, rows = b.cfg.num_hidden_layers, b.groups * b.plan.ri
+
+    def pushes(k: int, stage: str) -> list[int]:
+        return list(range(k * pl + st[stage], k * pl + st[stage] + counts[stage]))
+
+    for k in range(layers + 1):
+        for i in range(rows):
+            if k < layers:
+                post = k * pl + st["post"] + i
+                out[post] = out.get(post, []) + pushes(k, "oproj")
+            if k:
+                t = final_start(b) + i if k == layers else k * pl + st["norm"] + i
+                out[t] = out.get(t, []) + pushes(k - 1, "down")
+    return out
+
+
 # -- layouts ---------------------------------------------------------------------------
 
 
