@@ -117,22 +117,6 @@ def _prefetch(
 
 
 @triton.jit
-def _wait(
-    done, first, n, tag, ctl, health, peers, rank, world, W2: tl.constexpr,
-    R_ITEMS: tl.constexpr, CPU: tl.constexpr,
-):  # fmt: skip
-    """Wait (bounded) for items first..first+n-1 (smaller tickets; n = 0: none), then
-    acquire them: their stores are visible to this program (pt.wait_done with a count
-    known at run time, so that one wait serves every stage)."""
-    i = tl.arange(0, W2)
-    m = i < n
-    _, ok = pt.poll(done + first + i, m, tag, ctl, health, peers, rank, world, R_ITEMS, first, CPU)
-    tl.atomic_add(done + first + i, 0, mask=m, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-    return ok
-
-
-@triton.jit
 def _deps(
     k, u, ngroups, nreq, NL: tl.constexpr, PER_LAYER: tl.constexpr, NRG: tl.constexpr,
     RS: tl.constexpr, NHG: tl.constexpr, NSPLIT: tl.constexpr, NLC: tl.constexpr,
@@ -445,7 +429,11 @@ def drafter_kernel(
                 T_QKVN, T_QB, T_ABSORB, T_ATTN, T_COMB, T_UV, T_OPROJ, T_POST, T_GU, T_DOWN,
             )  # fmt: skip
             if n > 0:
-                _wait(done, first, n, tag0, ctl, health, peers, rank, world, W2, R_ITEMS, CPU)
+                # (mono_runtime's wait: an acquire load a pair where this kernel's own had
+                # made an acquire add, a read-modify-write every waiter of a stage sent to
+                # the same words)
+                dt.wait_items(done, first, n, W2, tag0, ctl, health, peers, rank, world, R_ITEMS,
+                              CPU)  # fmt: skip
                 if TL:
                     t_ready = pt.clock(0, CPU)
             if (k == NL) | (u < T_QKVA) | ((u >= T_POST) & (u < T_GU)):
