@@ -12,6 +12,7 @@ import pytest
 import torch
 from mono_kernels_minimax.config import MiniMaxM3Config
 from mono_kernels_minimax.ffn import flydsl_build, triton_build
+from mono_kernels_minimax.ffn import runner as ffn_runner
 from mono_kernels_minimax.ffn.runner import FfnRunner, choose_build
 from mono_kernels_minimax.ffn.spec import ARGS, Experts, FfnBuild, peer_bytes, scratch_bytes
 from mono_kernels_minimax.ffn.weights import FfnWeights
@@ -270,3 +271,19 @@ def test_runner_keywords_give_triton_the_spec_argument_list(cpu_launch):
 def test_runner_keywords_give_flydsl_the_spec_argument_list(cpu_launch):
     r, w, part, (_, k) = cpu_launch
     assert flydsl_build.kernel_args(**k) == _expected_args(r, w, part, k)
+
+
+@pytest.mark.timeout(60)
+def test_nvidia_refuses_the_triton_builds_bf16_shared_expert_from_8_rows(monkeypatch):
+    """The Triton build's bf16 shared-expert down stage is wrong on GPUs from 8 rows (stop
+    57, not yet found): such a runner is refused at construction, before any allocation,
+    naming the width (MonoUnsupported: the engine's own path runs); FP8 experts stay."""
+    monkeypatch.setattr(ffn_runner, "target_name", lambda device: "sm90")
+    monkeypatch.setattr(ffn_runner, "_arch", lambda device: 90)
+    with pytest.raises(MonoUnsupported, match="width 8: the FFN's Triton build computes"):
+        FfnRunner(CFG, WeightFormat.BF16, None, 0, 1, DEV, widths=(1, 8), runner=SimpleNamespace())
+    with pytest.raises(MonoUnsupported, match="width 16"):  # vLLM's own MXFP4 tensors
+        FfnRunner(
+            CFG, WeightFormat.MXFP4, None, 0, 1, DEV, widths=(16,), runner=SimpleNamespace(),
+            pack=False,
+        )  # fmt: skip

@@ -16,7 +16,7 @@ from mono_kernels_minimax.ffn import build as ffn_build
 from mono_kernels_minimax.ffn import flydsl_build, triton_build
 from mono_kernels_minimax.ffn.build import FfnFlyDsl, FfnGluon, FfnTriton, launch_spec
 from mono_kernels_minimax.ffn.runner import FfnRunner
-from mono_kernels_minimax.ffn.spec import FfnBuild
+from mono_kernels_minimax.ffn.spec import Experts, FfnBuild
 from mono_kernels_minimax.formats import WeightFormat
 from mono_runtime.errors import MonoUnsupported
 from mono_runtime.kernel import RUNTIME_ARGS, Compiled, registry
@@ -69,6 +69,13 @@ def test_the_launch_spec_is_the_backends_keywords():
         (FfnGluon(replace(FRAG8, cfg=CFG, tp=1)), "sm90", "one K step"),
         (FfnTriton(FRAG8), "sm90", "in the FFN's Gluon build"),
         (FfnTriton(FRAG), "sm90", "in the FFN's Gluon build"),
+        # its bf16 shared expert's down stage, wrong on GPUs from 8 rows (build.sdown_fault)
+        (FfnTriton(replace(MX, rows=8)), "sm90", "width 8: the FFN's Triton build computes"),
+        (FfnTriton(replace(MX, rows=16)), "sm100", "its bf16 shared expert's down stage"),
+        (FfnTriton(replace(MX, rows=16)), "interpreter", None),
+        (FfnTriton(replace(MX, rows=7)), "sm90", None),
+        (FfnTriton(replace(MX, rows=16, experts=Experts.ROUTED)), "sm90", None),
+        (FfnTriton(replace(FP8, rows=16)), "sm90", None),
         (FfnGluon(replace(FRAG, tp=2)), "sm90", "one K step (routed down (I = 64 a rank)"),
     ],
 )

@@ -33,7 +33,7 @@ from mono_runtime.kernel.triton_build import TritonBuild, gluon_refusal, warm_tr
 from ..config import MiniMaxM3Config
 from ..formats import WeightFormat
 from . import flydsl_build, triton_build
-from .spec import ARGS, FfnBuild
+from .spec import ARGS, Experts, FfnBuild
 from .weights import FfnWeights
 
 OWN_ARGS = (  # name, type, layout; "weights" stands for spec.ARGS norm..sw2_scale
@@ -81,6 +81,28 @@ class _Ffn(Build):
         return launch_spec(self.key)
 
 
+SDOWN_FAULT_ROWS = 8
+"""Rows from which the Triton build's bf16 shared-expert down stage is wrong on a GPU."""
+
+
+def sdown_fault(b: FfnBuild) -> str | None:
+    """Why the Triton build must not run `b` on a GPU, or None. Its shared expert's down
+    stage (`sdown`, stop 41) in bf16 lands nothing on an H100 at S = 8 and 16 (tiny
+    shapes, bf16 and MXFP4 experts: the shared expert's output is zero, its `mid` and the
+    routed experts exact) and at S = 8 at a TP4 rank's shapes (MXFP4: out rel-L2 0.73);
+    S = 1-7, 9 and 12 were right, FP8's shared expert and the Gluon build at every width.
+    Not found yet (stop 57): widths from SDOWN_FAULT_ROWS are refused rather than served
+    wrong; the interpreter computes them right."""
+    shared = b.experts is not Experts.ROUTED
+    if shared and b.weights.shared_format is WeightFormat.BF16 and b.rows >= SDOWN_FAULT_ROWS:
+        return (
+            f"width {b.rows}: the FFN's Triton build computes its bf16 shared expert's down "
+            f"stage wrong on CUDA GPUs at {SDOWN_FAULT_ROWS} rows and more (found in stop 57, "
+            "not yet fixed); packed MXFP4 or FP8 experts take the Gluon build, which is right"
+        )
+    return None
+
+
 @register
 class FfnTriton(TritonBuild, _Ffn):
     """The Triton build (triton_build): the streaming plan, tuned on the H200."""
@@ -92,8 +114,10 @@ class FfnTriton(TritonBuild, _Ffn):
     def supports(self, target: str) -> str | None:
         if self.key.frag:
             return "frag layouts stream in the FFN's Gluon build, not its Triton build"
-        if target == INTERPRETER or target.startswith("sm"):
+        if target == INTERPRETER:
             return None
+        if target.startswith("sm"):
+            return sdown_fault(self.key)
         return f"the FFN's Triton build serves CUDA GPUs; on {target} its FlyDSL build does"
 
     def warm(self, programs: int, **args: Any) -> None:
