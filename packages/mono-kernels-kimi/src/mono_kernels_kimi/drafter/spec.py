@@ -244,10 +244,11 @@ class Plan:
     stages: int
     warps: int
     occ: int  # programs an SM the runner launches (2 fits: <= 113 KB shared, 255 registers)
-    # which items ask L2 for their weight rows before their wait: 0 none, 1 every
-    # projection's (absorb's W_UK and uv's W_UV rows too), 2 only qkv_a's and q_b's (a
-    # layer's MLP and o_proj rows are more than L2 holds: their requests queue ahead of
-    # every other stage's misses)
+    # which items ask L2 for their weight rows before their wait (only while their inputs
+    # are not in: `decode_triton.done_already`): 0 none, 1 every projection's (absorb's
+    # W_UK and uv's W_UV rows too), 2 only qkv_a's and q_b's (a layer's MLP and o_proj
+    # rows are more than L2 holds: their requests queue ahead of every other stage's
+    # misses)
     pf: int
     gpair: int  # a gu item's gate and up rows in one loop (stream_row_pair): 1 two dots, 2 one
     ast: int  # software-pipeline depth of an attn item's loop over its KV chunks (1: none)

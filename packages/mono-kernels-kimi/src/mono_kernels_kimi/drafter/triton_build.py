@@ -389,8 +389,18 @@ def drafter_kernel(
             u = t.to(tl.int32) - k * PER_LAYER
             lw = table + tl.minimum(k, NL - 1) * _NPTR
             tag = pt.step_tag(ctl, slot + k)  # layer k's pushes (spec: one slot a layer)
-            if ASM and (not CPU) and (PF > 0):  # the item's weight rows, asked of L2 before
-                # its wait (NVIDIA); PF 2: only qkv_a's and q_b's (spec.Plan.pf)
+            first, n = _deps(
+                k, u, ngroups, nreq, NL, PER_LAYER, NRG, RS, NHG, NSPLIT, NLC, DKS, NO, T_QKVA,
+                T_QKVN, T_QB, T_ABSORB, T_ATTN, T_COMB, T_UV, T_OPROJ, T_POST, T_GU, T_DOWN,
+            )  # fmt: skip
+            # the item's weight rows, asked of L2 before its wait (NVIDIA; PF 2: only qkv_a's
+            # and q_b's, spec.Plan.pf), unless its inputs are in already: then the requests
+            # only queue ahead of its stream's (a later wave's gate_up and down items spent
+            # 4-5 us before their first load, stop 57's timeline)
+            ahead = 1
+            if ASM and (not CPU) and (PF > 0):
+                ahead = dt.done_already(done, first, n, W2, tag0)
+            if ahead == 0:
                 if (k == NL) | (u < T_QKVA):
                     pass
                 elif u < T_QKVN:
@@ -424,10 +434,6 @@ def drafter_kernel(
                     r0 = (u - T_DOWN) % NO * OC
                     c0 = (u - T_DOWN) // NO * (IL // DKS)
                     _prefetch(_ptr(lw, _W_DOWN, tl.bfloat16), r0, c0, IL, IL // DKS, OC, CPU, ASM)
-            first, n = _deps(
-                k, u, ngroups, nreq, NL, PER_LAYER, NRG, RS, NHG, NSPLIT, NLC, DKS, NO, T_QKVA,
-                T_QKVN, T_QB, T_ABSORB, T_ATTN, T_COMB, T_UV, T_OPROJ, T_POST, T_GU, T_DOWN,
-            )  # fmt: skip
             if n > 0:
                 # (mono_runtime's wait: an acquire load a pair where this kernel's own had
                 # made an acquire add, a read-modify-write every waiter of a stage sent to
