@@ -53,6 +53,19 @@ def test_tiny_every_width_one_rank(fmt):  # the Triton build (Gluon's: below)
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.xfail(strict=True, reason="build.sdown_fault: open since stop 57")
+@pytest.mark.parametrize("s", [8, 16])
+def test_triton_bf16_shared_expert_from_8_rows(s, monkeypatch):
+    """The fault the Triton build's refusal stands for (build.sdown_fault), run past the
+    refusal: its bf16 shared expert alone, whose term came out zero at S = 8 and 16 on an
+    H100 (stop 57). Strict: once it passes, the refusal can go."""
+    from mono_kernels_minimax.ffn import build as ffn_build
+
+    monkeypatch.setattr(ffn_build, "sdown_fault", lambda b: None)
+    _check(ranks.check_steps(0, 1, None, "bf16", [s], 1, "cuda", True, "shared", (True,), "triton"))
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("experts", ["all", "routed", "shared"])
 def test_gluon_tiny_every_width_one_rank(experts):
     widths = [1, 2, 3, 4, 6, 8, 12, 16] if experts == "all" else [1, 16]
