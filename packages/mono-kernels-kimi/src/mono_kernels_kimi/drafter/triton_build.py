@@ -397,9 +397,24 @@ def drafter_kernel(
             # and q_b's, spec.Plan.pf), unless its inputs are in already: then the requests
             # only queue ahead of its stream's (a later wave's gate_up and down items spent
             # 4-5 us before their first load, stop 57's timeline)
-            ahead = 1
+            ahead = u * 0 + 1
             if ASM and (not CPU) and (PF > 0):
-                ahead = dt.done_already(done, first, n, W2, tag0)
+                # (the look only where the stage prefetches: it costs a round trip before
+                # the item's wait)
+                pre = (k < NL) & (
+                    ((u >= T_QKVA) & (u < T_QKVN))
+                    | ((u >= T_QB) & (u < T_ABSORB))
+                    | (
+                        (PF == 1)
+                        & (
+                            ((u >= T_ABSORB) & (u < T_ATTN) & (P <= 128))
+                            | ((u >= T_UV) & (u < T_POST))
+                            | (u >= T_GU)
+                        )
+                    )
+                )
+                if pre:
+                    ahead = dt.done_already(done, first, n, W2, tag0)
             if ahead == 0:
                 if (k == NL) | (u < T_QKVA):
                     pass
